@@ -1,0 +1,171 @@
+"""Command line: select snapshots, explore, replay, and read the views of a run.
+
+Each command parses its options, makes one library call and renders the result.
+stdout carries data only; progress and warnings go to stderr. Errors the project
+raises on purpose become ``Error: <message>`` with exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ingest.errors import ProjectError
+from ingest.log import DATA_ENV, default_data_dir
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Group(click.Group):
+    """Turns ProjectError into a clean ``Error: ...`` message and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ProjectError as err:
+            raise click.ClickException(str(err)) from err
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+@click.version_option("0.1.0", prog_name="teacher-mcts")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar=DATA_ENV,
+    default=None,
+    help=f"Directory holding runs/ (default ./data, or ${DATA_ENV}).",
+)
+@click.pass_context
+def cli(ctx: click.Context, data_dir: Path | None) -> None:
+    """Token-aware MCTS data collection over an event-sourced log."""
+    ctx.obj = {"data_dir": data_dir or default_data_dir()}
+
+
+def _data_dir() -> Path:
+    return click.get_current_context().obj["data_dir"]
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str, allow_nan=False))
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+# ------------------------------------------------------------------ views
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def views(as_json: bool) -> None:
+    """List the views of the catalog with what each derives and its grain.
+
+    \b
+    Example:
+        python cli.py views
+    """
+    from engine.catalog import read_views
+
+    defs = read_views()
+    if as_json:
+        _echo_json(
+            [
+                {"view": v.name, "summary": v.summary, "grain": list(v.grain),
+                 "sources": list(v.sources), "notes": v.notes}
+                for v in defs.values()
+            ]
+        )  # fmt: skip
+        return
+    for v in defs.values():
+        click.echo(f"{v.name}\n    {v.summary}\n    grain: {', '.join(v.grain)}")
+        click.echo(f"    sources: {', '.join(v.sources)}")
+
+
+# -------------------------------------------------------- select-snapshots
+
+
+@cli.command("select-snapshots")
+@click.argument("all_snapshots", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--task", required=True, help="Task name recorded with every fact.")
+@click.option(
+    "--direction",
+    type=click.Choice(["maximize", "minimize"]),
+    default=None,
+    help="Score direction (default: the snapshots' CORAL config, else maximize).",
+)
+@click.option("--num-roots", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--run-id", default=None, help="Id of the run to record (default: generated).")
+@click.option("--overwrite", is_flag=True, help="Replace the contents of a non-empty OUT.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def select_snapshots(
+    all_snapshots: Path,
+    out: Path,
+    task: str,
+    direction: str | None,
+    num_roots: int,
+    run_id: str | None,
+    overwrite: bool,
+    as_json: bool,
+) -> None:
+    """Choose the MCTS roots of a task and copy them to OUT (SPEC §1).
+
+    \b
+    Example:
+        python cli.py select-snapshots data/student_run/all_snapshots data/out/roots --task demo
+    """
+    from engine.select import select_snapshots as run
+
+    result = run(
+        all_snapshots, out, task, _data_dir(), direction, num_roots, run_id, overwrite
+    )
+    for warning in result.warnings:
+        click.echo(f"Warning: {warning}", err=True)
+    if as_json:
+        _echo_json(
+            {
+                "run_id": result.run_id, "task": result.task, "direction": result.direction,
+                "num_roots": result.num_roots, "out": str(result.out), "stages": result.stages,
+                "picks": [
+                    {k: p[k] for k in ("snapshot", "global_index", "agent_id", "score", "stage",
+                                       "selection_reason")}
+                    for p in result.picks
+                ],
+                "skipped": result.skipped, "warnings": result.warnings,
+            }
+        )  # fmt: skip
+        return
+    click.echo(f"run {result.run_id}: task {result.task} ({result.direction}), R={result.num_roots}")
+    columns = ["stage", "candidates", "eligible", "quota", "picked_quota", "fills", "picked"]
+    click.echo(_table(result.stages, columns))
+    total = sum(s["picked"] for s in result.stages)
+    click.echo(f"picked {total} snapshots -> {result.out}")
+    if result.skipped:
+        click.echo(f"skipped {len(result.skipped)} folders:")
+        for s in result.skipped:
+            click.echo(f"  {s['snapshot']}: {s['skip_reason']}")
+
+
+if __name__ == "__main__":
+    cli()

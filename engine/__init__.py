@@ -1,0 +1,1 @@
+"""The view catalog, the engines that decide by querying it, and replay."""

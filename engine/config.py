@@ -1,0 +1,145 @@
+"""Run configuration: every parameter and weight, recorded whole in ``RunStarted``.
+
+The defaults are SPEC §2-§4's. Views read the recorded values through the view
+``run_config``; nothing in Python or SQL assumes a default that is not written here.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ingest.errors import InputError
+
+SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
+KNOWLEDGE_KINDS = r"(notes|skills|attempts|roles|logs)"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SelectionConfig(_Strict):
+    """Snapshot selection (SPEC §1)."""
+
+    num_roots: int = Field(30, ge=1)
+
+
+class TreeConfig(_Strict):
+    """Tree shape and stop limits (SPEC §2)."""
+
+    root_children: int = Field(3, ge=1)
+    max_children: int = Field(2, ge=1)
+    max_depth: int = Field(4, ge=1)
+    hard_token_limit: int = Field(100_000, ge=1)
+    target_good_leaves: int = Field(12, ge=1)
+    max_valid_edges: int = Field(40, ge=1)
+    max_failed_expansions: int = Field(2, ge=1)
+    tool_error_prune: float = Field(0.30, gt=0, le=1)
+    alpha: float = Field(0.50, ge=0)
+
+
+class SoftWeights(_Strict):
+    """The soft verifier (SPEC §2)."""
+
+    outcome: float = 0.30
+    cleanliness: float = 0.20
+    knowledge: float = 0.20
+    regression: float = 0.30
+    outcome_improved: float = 1.0
+    outcome_not_improved: float = 0.7
+    cleanliness_clean: float = 1.0
+    cleanliness_start: float = 0.8
+    cleanliness_slope: float = 0.5
+    cleanliness_floor: float = 0.3
+    knowledge_improved_with: float = 1.0
+    knowledge_improved_without: float = 0.8
+    knowledge_not_improved_with: float = 0.6
+    knowledge_not_improved_without: float = 0.4
+
+
+class QWeights(_Strict):
+    """Node quality Q (SPEC §2)."""
+
+    score_rank: float = 0.40
+    best_rank: float = 0.30
+    process: float = 0.30
+
+
+class PathWeights(_Strict):
+    """PathScore weights (SPEC §3); ``top_k`` paths are selected per root."""
+
+    max: float = 0.35
+    avg: float = 0.25
+    clean: float = 0.20
+    know: float = 0.20
+    top_k: int = Field(6, ge=1)
+
+
+class KnowledgeConfig(_Strict):
+    """Which tool calls are knowledge actions (SPEC §4); regexes over the call's target."""
+
+    file_tools: list[str] = [
+        "read", "write", "edit", "multiedit", "patch", "list", "ls", "glob", "grep", "view",
+    ]  # fmt: skip
+    shell_tools: list[str] = ["bash", "shell"]
+    path_regex: str = rf"(^|[/\s\"'=]){SHARED_DIRS}/{KNOWLEDGE_KINDS}(/|$|[\s\"'])"
+    command_regex: str = r"(^|[;&|(\s])coral\s+(notes|skills|log|show|kb)\b"
+
+
+class RunConfig(_Strict):
+    """Everything a run is configured with; recorded in its first event."""
+
+    task: str | None = None
+    direction: Literal["maximize", "minimize"] = "maximize"
+    seed: int = 0
+    backend: str = "sim"
+    schedule: Literal["rounds", "async"] = "rounds"
+    parallel: int = Field(4, ge=1)
+    selection: SelectionConfig = SelectionConfig()
+    tree: TreeConfig = TreeConfig()
+    soft: SoftWeights = SoftWeights()
+    q: QWeights = QWeights()
+    paths: PathWeights = PathWeights()
+    knowledge: KnowledgeConfig = KnowledgeConfig()
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _tree_is_possible(self) -> RunConfig:
+        if self.tree.root_children < 1 or self.tree.max_depth < 1:
+            raise ValueError("tree.root_children and tree.max_depth must be at least 1")
+        return self
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
+    """The run config from an optional TOML file plus command-line overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as err:
+            raise InputError(f"{path}: cannot read the config file ({err.strerror})") from err
+        except tomllib.TOMLDecodeError as err:
+            raise InputError(f"{path}: invalid TOML ({err})") from err
+    data = _merge(data, {k: v for k, v in overrides.items() if v is not None})
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        where = f"{path}: " if path else ""
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in err.errors()
+        )
+        raise InputError(f"{where}invalid configuration ({problems})") from err

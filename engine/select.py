@@ -1,0 +1,229 @@
+"""Snapshot selection end to end: scan, record the facts, ask the views, record the pick, copy.
+
+Stages, quotas and picks are defined only in ``views/`` (``snapshots`` and
+``snapshot_stages``); this module moves files and events around them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from engine.catalog import Catalog
+from engine.config import RunConfig, SelectionConfig
+from ingest.errors import InputError
+from ingest.events import RunStarted, SnapshotsPicked, to_arrow
+from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.snapshots import read_direction, scan
+
+TOOL_VERSION = "0.1.0"
+
+
+@dataclass
+class SelectionResult:
+    """What ``select-snapshots`` did, for the CLI to render."""
+
+    run_id: str
+    task: str
+    direction: str
+    num_roots: int
+    out: Path | None
+    stages: list[dict[str, Any]]
+    picks: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+def default_run_id(data_dir: Path, prefix: str, task: str) -> str:
+    """A new run id ``<prefix>-<task>-<UTC time>`` that no run uses yet."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    safe_task = "".join(ch if ch.isalnum() or ch in "_.-" else "_" for ch in task)[:60]
+    base = check_run_id(f"{prefix}-{safe_task}-{stamp}")
+    candidate, n = base, 1
+    while EventLog(data_dir, candidate).exists():
+        n += 1
+        candidate = f"{base}-{n}"
+    return candidate
+
+
+def _check_out(out: Path, source: Path, overwrite: bool) -> None:
+    out_abs, src_abs = out.resolve(), source.resolve()
+    if out_abs == src_abs or src_abs in out_abs.parents or out_abs in src_abs.parents:
+        raise InputError(f"{out}: the output must be outside the input {source}")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InputError(f"{out}: not empty - pass --overwrite to replace its contents")
+
+
+def plan_selection(
+    all_snapshots: Path,
+    task: str,
+    run_id: str,
+    direction: str | None = None,
+    num_roots: int = 30,
+) -> tuple[list[Any], Catalog]:
+    """Scan and check a snapshot dir; return the events to log and a catalog holding them.
+
+    Raises InputError when the directory is not a snapshot run or has no numeric score.
+    """
+    if not task:
+        raise InputError("--task must not be empty")
+    facts = scan(all_snapshots, task)
+    direction = direction or read_direction(all_snapshots, facts) or "maximize"
+    config = RunConfig(
+        task=task, direction=direction, selection=SelectionConfig(num_roots=num_roots)
+    )
+    started = RunStarted(
+        command="select-snapshots",
+        task=task,
+        direction=direction,
+        config=config.model_dump(mode="json") | {"source": str(Path(all_snapshots).resolve())},
+        tool_version=TOOL_VERSION,
+    )
+    events = [started, *facts]
+    catalog = Catalog.empty()
+    catalog.insert(to_arrow(events, run_id, 1, datetime.now(UTC)))
+    counts = catalog.query(
+        "select count(*) as candidates, count(score_for_stage) as numeric from int_snapshots__staged"
+    )[0]
+    if counts["candidates"] == 0:
+        reasons = catalog.query(
+            "select skip_reason, count(*) as n from snapshots group by 1 order by n desc limit 3"
+        )
+        detail = "; ".join(f"{r['n']} x {r['skip_reason']}" for r in reasons)
+        raise InputError(f"{all_snapshots}: no candidate snapshot ({detail})")
+    if counts["numeric"] == 0:
+        msg = (
+            f"{all_snapshots}: none of the {counts['candidates']} candidate snapshots has a "
+            "numeric score in its attempt JSON, so stages cannot be computed"
+        )
+        raise InputError(msg)
+    return events, catalog
+
+
+def picked_detail(catalog: Catalog, task: str) -> list[dict[str, Any]]:
+    """Per candidate: stage, gain, whether selected and why (the decision's content)."""
+    return catalog.query(
+        """
+        select snapshot, stage, gain, selected, selection_reason as reason
+        from snapshots
+        where task = ? and skip_reason is null
+        order by candidate_index
+        """,
+        [task],
+    )
+
+
+def record_selection(
+    data_dir: Path, run_id: str, events: list[Any], catalog: Catalog, task: str
+) -> SnapshotsPicked:
+    """Create the run, append the facts and the SnapshotsPicked decision."""
+    with LogWriter.create(data_dir, run_id, events) as writer:
+        decision = SnapshotsPicked(
+            watermark=writer.tail, task=task, detail=picked_detail(catalog, task)
+        )
+        catalog.insert(writer.append([decision]))
+    return decision
+
+
+def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool) -> None:
+    """Copy the picked folders into ``out`` with ``score``, ``stage``, ``selection_reason``.
+
+    The copies are assembled in a hidden sibling directory and moved into place at
+    the end, so ``out`` never holds a partial selection.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        for pick in picks:
+            src = Path(pick["path"])
+            dest = staging / src.name
+            shutil.copytree(src, dest, symlinks=True)
+            meta_path = dest / "metadata.json"
+            meta = json.loads(meta_path.read_text())
+            meta.update(
+                score=pick["score"], stage=pick["stage"], selection_reason=pick["selection_reason"]
+            )
+            meta_path.unlink()  # the copy may share nothing with the input, but be safe
+            meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+        _swap_into_place(staging, out, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _swap_into_place(staging: Path, out: Path, overwrite: bool) -> None:
+    if out.exists():
+        if any(out.iterdir()) and not overwrite:
+            raise InputError(f"{out}: not empty - pass --overwrite to replace its contents")
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+        os.rename(staging, out)
+        shutil.rmtree(old)
+    else:
+        os.rename(staging, out)
+
+
+def select_snapshots(
+    all_snapshots: Path,
+    out: Path | None,
+    task: str,
+    data_dir: Path,
+    direction: str | None = None,
+    num_roots: int = 30,
+    run_id: str | None = None,
+    overwrite: bool = False,
+) -> SelectionResult:
+    """Choose the MCTS roots of one task and copy them to ``out`` (SPEC §1)."""
+    all_snapshots = Path(all_snapshots)
+    if out is not None:
+        _check_out(Path(out), all_snapshots, overwrite)
+    run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "select", task)
+    if EventLog(data_dir, run_id).exists():
+        raise InputError(f"run {run_id!r} already exists - choose another --run-id")
+    events, catalog = plan_selection(all_snapshots, task, run_id, direction, num_roots)
+    direction = events[0].direction
+    record_selection(data_dir, run_id, events, catalog, task)
+    picks = catalog.query(
+        "select * from snapshots where task = ? and selected order by global_index, snapshot",
+        [task],
+    )
+    if out is not None:
+        copy_snapshots(picks, Path(out), overwrite)
+    return summarize(catalog, run_id, task, direction, num_roots, out, picks)
+
+
+def summarize(
+    catalog: Catalog,
+    run_id: str,
+    task: str,
+    direction: str,
+    num_roots: int,
+    out: Path | None,
+    picks: list[dict[str, Any]],
+) -> SelectionResult:
+    """Collect the per-stage table, skips and warnings of a recorded selection."""
+    stages = catalog.query(
+        "select * from snapshot_stages where task = ? order by stage_order", [task]
+    )
+    skipped = catalog.query(
+        "select snapshot, skip_reason from snapshots where task = ? and skip_reason is not null "
+        "order by snapshot",
+        [task],
+    )
+    warnings = []
+    eligible = sum(s["eligible"] for s in stages)
+    if eligible < num_roots:
+        warnings.append(
+            f"only {eligible} eligible snapshots for {num_roots} roots: all of them were taken"
+        )
+    return SelectionResult(run_id, task, direction, num_roots, out, stages, picks, skipped, warnings)

@@ -1,0 +1,1 @@
+"""Turning outside material (snapshot dirs, Teacher streams) into events, and the event log."""

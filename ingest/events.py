@@ -1,0 +1,386 @@
+"""Immutable event models: facts observed and decisions taken, one ``kind`` each.
+
+Every event is stored as one row of one wide Arrow/Parquet schema: an envelope
+(``run_id``, ``seq``, ``kind``, ``schema_version``, ``recorded_at``) plus one typed
+column per model field, shared by every kind that has a field of that name.
+Fields a kind does not have are null in its rows. Dicts and lists are stored as
+JSON text with sorted keys, so equal events give byte-equal rows.
+
+Facts are named in the past tense. Decisions subclass :class:`Decision` and carry
+``watermark``: the seq of the last event the decision saw (SPEC §6).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Any, ClassVar, Literal, get_args, get_origin
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+# Columns a view must never read: bulky text kept for audits and SFT export.
+# The in-memory mirror that the live engine queries leaves them out.
+HEAVY = {"heavy": True}
+
+
+class Event(BaseModel):
+    """Base of everything appended to the log; identity is (run_id, seq)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: ClassVar[str]
+    schema_version: int = SCHEMA_VERSION
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__name__.startswith("_") and cls.__name__ != "Decision":
+            cls.kind = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+
+class Decision(Event):
+    """An engine decision; ``watermark`` is the seq of the last event it saw."""
+
+    watermark: int
+
+
+# ---------------------------------------------------------------- run facts
+
+
+class RunStarted(Event):
+    """A run began; ``config`` is the whole resolved configuration (secrets redacted)."""
+
+    command: str
+    task: str | None = None
+    direction: Literal["maximize", "minimize"] = "maximize"
+    config: dict[str, Any] = Field(default_factory=dict)
+    tool_version: str = ""
+
+
+class RunResumed(Event):
+    """A run was continued from its log after an interruption."""
+
+    note: str = ""
+
+
+class RunFinished(Event):
+    """A run ended normally."""
+
+    outcome: str = "completed"
+
+
+# ----------------------------------------------------------- snapshot facts
+
+
+class SnapshotSeen(Event):
+    """One folder of an ``all_snapshots`` dir was read (SPEC §1.1-1.2).
+
+    ``skip_reason`` is set when the folder is not a candidate; ``score`` is the
+    raw attempt score when it is a finite number, else null with ``score_problem``.
+    """
+
+    task: str
+    snapshot: str
+    path: str
+    global_index: int | None = None
+    agent_id: str | None = None
+    short_hash: str | None = None
+    commit_hash: str | None = None
+    eval_count: int | None = None
+    eval_ok: bool | None = None
+    eval_ok_json: str | None = None
+    score: float | None = None
+    score_problem: str | None = None
+    attempt_file: str | None = None
+    attempt_status: str | None = None
+    skip_reason: str | None = None
+
+
+class SnapshotsPicked(Decision):
+    """The roots chosen for a task, with each candidate's stage and reason (SPEC §1.11)."""
+
+    task: str
+    detail: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------- tree facts
+
+
+class RootAdded(Event):
+    """A selected snapshot became the root of tree ``tree_id``."""
+
+    tree_id: str
+    task: str
+    snapshot: str
+    path: str
+    global_index: int | None = None
+    agent_id: str | None = None
+    commit_hash: str | None = None
+    score: float | None = None
+    stage: str | None = None
+    selection_reason: str | None = None
+
+
+class EdgeStarted(Event):
+    """An edge attempt from ``parent_id`` was launched (``slot``: direction or ordinal)."""
+
+    tree_id: str
+    edge_id: str
+    parent_id: str
+    slot: int
+    attempt: int
+
+
+class ToolCalled(Event):
+    """One tool call of a rollout turn finished with status ``ok`` or ``error``."""
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    step: int
+    call_id: str
+    tool: str
+    status: Literal["ok", "error"]
+    target: str | None = None
+    error: str | None = None
+
+
+class StepFinished(Event):
+    """One assistant step (one model call) of a turn finished, with its token usage."""
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    step: int
+    reason: str | None = None
+    tokens_input: int = 0
+    tokens_output: int = 0
+    tokens_reasoning: int = 0
+    tokens_cache_read: int = 0
+    tokens_cache_write: int = 0
+    tokens_total: int = 0
+    cost: float = 0.0
+
+
+class MessageWritten(Event):
+    """The assistant wrote a text or reasoning part."""
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    step: int
+    part: Literal["text", "reasoning"] = "text"
+    text: str = Field(default="", json_schema_extra=HEAVY)
+
+
+class EvalFinished(Event):
+    """The turn's ``coral eval`` returned; ``score`` is null when no number came back."""
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    score: float | None = None
+    eval_status: str | None = None
+    commit_hash: str | None = None
+    source: str | None = None
+    feedback: str | None = Field(default=None, json_schema_extra=HEAVY)
+
+
+class StreamLineSkipped(Event):
+    """A line of a Teacher's event stream could not be used (unknown type, invalid JSON)."""
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    line_no: int
+    problem: str
+    line: str = Field(default="", json_schema_extra=HEAVY)
+
+
+class TurnFinished(Event):
+    """A rollout turn ended; ``state`` is the backend checkpoint to fork from later.
+
+    ``context_tokens`` is the session context at the end of the turn (SPEC §2 ``tok``).
+    ``started_at`` and ``wall_seconds`` are wall-clock and never feed a decision.
+    """
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    session_id: str | None = None
+    context_tokens: int = 0
+    outcome: Literal["completed", "timeout", "error"] = "completed"
+    error: str | None = None
+    state: dict[str, Any] = Field(default_factory=dict)
+    started_at: str | None = None
+    wall_seconds: float | None = None
+    prompt: str = Field(default="", json_schema_extra=HEAVY)
+    transcript: str = Field(default="", json_schema_extra=HEAVY)
+
+
+# ---------------------------------------------------------- tree decisions
+
+
+class TurnSkipped(Decision):
+    """Turn ``turn`` of an edge was not run because the edge can no longer be kept."""
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    reason: str
+
+
+class EdgeJudged(Decision):
+    """The verdict of a finished edge attempt; ``child_id`` is set when it is kept."""
+
+    tree_id: str
+    edge_id: str
+    verdict: Literal["kept", "kept_exempt", "pruned", "retry"]
+    child_id: str | None = None
+
+
+class NodeSelected(Decision):
+    """The node a free slot expands next, with the scores that chose it."""
+
+    tree_id: str
+    node_id: str
+    select_score: float
+    q: float
+    t: float
+
+
+class TreeStopped(Decision):
+    """A tree met a stop condition; no edge starts in it afterwards."""
+
+    tree_id: str
+    reason: Literal["good_leaves", "max_edges", "exhausted"]
+
+
+class PathsSelected(Decision):
+    """A Top-k selection of root-to-leaf paths under given weights (SPEC §3)."""
+
+    selection_id: str
+    weights: dict[str, float]
+    top_k: int
+    paths: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# ------------------------------------------------------------------ schema
+
+
+def _concrete_subclasses(cls: type) -> list[type[Event]]:
+    out: list[type[Event]] = []
+    for sub in cls.__subclasses__():
+        if sub is not Decision:
+            out.append(sub)
+        out.extend(_concrete_subclasses(sub))
+    return out
+
+
+EVENT_TYPES: dict[str, type[Event]] = {c.kind: c for c in _concrete_subclasses(Event)}
+DECISION_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if issubclass(c, Decision))
+
+ENVELOPE = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("seq", pa.int64()),
+        ("kind", pa.string()),
+        ("schema_version", pa.int32()),
+        ("recorded_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+_SCALARS = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
+    """Arrow type of a field annotation, and whether it is stored as JSON text."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return _arrow_type(type(args[0]))
+    if args and origin not in (dict, list):  # X | None
+        return _arrow_type(args[0]) if len(args) == 1 else (pa.string(), True)
+    if annotation in _SCALARS:
+        return _SCALARS[annotation], False
+    return pa.string(), True
+
+
+def _build_columns() -> tuple[dict[str, pa.DataType], frozenset[str], frozenset[str]]:
+    types: dict[str, pa.DataType] = {}
+    json_fields: set[str] = set()
+    heavy: set[str] = set()
+    for kind, cls in EVENT_TYPES.items():
+        for name, field in cls.model_fields.items():
+            if name == "schema_version":
+                continue
+            typ, is_json = _arrow_type(field.annotation)
+            if name in types and types[name] != typ:
+                msg = f"field {name!r} of {kind} is {typ}, elsewhere {types[name]}"
+                raise TypeError(msg)
+            types[name] = typ
+            if is_json:
+                json_fields.add(name)
+            if (field.json_schema_extra or {}).get("heavy"):
+                heavy.add(name)
+    return dict(sorted(types.items())), frozenset(json_fields), frozenset(heavy)
+
+
+FIELD_TYPES, JSON_FIELDS, HEAVY_FIELDS = _build_columns()
+SCHEMA = pa.schema(list(ENVELOPE) + [pa.field(n, t) for n, t in FIELD_TYPES.items()])
+LIGHT_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in HEAVY_FIELDS])
+# Columns that change from one identical run to the next (never compared, never decided on).
+WALL_CLOCK_COLUMNS = frozenset({"recorded_at", "started_at", "wall_seconds"})
+
+
+def to_row_values(event: Event) -> dict[str, Any]:
+    """The column values of one event (without the envelope)."""
+    values = {}
+    for name in type(event).model_fields:
+        if name == "schema_version":
+            continue
+        value = getattr(event, name)
+        if name in JSON_FIELDS and value is not None:
+            value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        values[name] = value
+    return values
+
+
+def to_arrow(events: list[Event], run_id: str, first_seq: int, recorded_at: datetime) -> pa.Table:
+    """Build the Arrow table of ``events`` numbered from ``first_seq``, in order."""
+    n = len(events)
+    rows = [to_row_values(e) for e in events]
+    present: dict[str, list[Any]] = {}
+    for i, row in enumerate(rows):
+        for name, value in row.items():
+            col = present.get(name)
+            if col is None:
+                col = present[name] = [None] * n
+            col[i] = value
+    arrays = [
+        pa.array([run_id] * n, pa.string()),
+        pa.array(range(first_seq, first_seq + n), pa.int64()),
+        pa.array([e.kind for e in events], pa.string()),
+        pa.array([e.schema_version for e in events], pa.int32()),
+        pa.array([recorded_at] * n, pa.timestamp("us", tz="UTC")),
+    ]
+    for name, typ in FIELD_TYPES.items():
+        col = present.get(name)
+        arrays.append(pa.nulls(n, typ) if col is None else pa.array(col, typ))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def from_row(row: dict[str, Any]) -> Event:
+    """Rebuild the event of one stored row (envelope columns are ignored)."""
+    cls = EVENT_TYPES[row["kind"]]
+    values = {}
+    for name in cls.model_fields:
+        if name not in row:
+            continue
+        value = row[name]
+        if name in JSON_FIELDS and isinstance(value, str):
+            value = json.loads(value)
+        values[name] = value
+    return cls.model_validate({k: v for k, v in values.items() if v is not None})

@@ -1,0 +1,380 @@
+"""Append-only Parquet event log: one directory per run, immutable part files.
+
+Layout of a run::
+
+    <data>/runs/<run_id>/
+        writer.lock                      held (flock) by the one process that appends
+        log/part-<first>-<last>-L<k>.parquet   published parts, never modified
+        log/.tmp-*                        unpublished writes (ignored, cleaned up)
+        spool/                            finished turns not yet appended (engine)
+
+A part is published by writing a temp file, fsyncing it, renaming it into place
+and fsyncing the directory, so a reader never sees a partial file. Sequence
+numbers are assigned here, per run, without gaps. Compaction merges the newest
+``FANOUT`` parts of one level into one part of the next level (a base-FANOUT
+counter), so the number of files grows only logarithmically; the merged part is
+published before the parts it replaces are removed, and readers pick a cover of
+``1..tail`` that prefers the widest parts.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ingest.errors import InputError, LogError, SeqConflictError, WriterLockedError
+from ingest.events import ENVELOPE, SCHEMA, Event, to_arrow
+
+FANOUT = 8
+CACHED_LEVELS = 3  # the writer keeps its small parts in memory for merging
+PART_RE = re.compile(r"^part-(\d{12})-(\d{12})-L(\d+)\.parquet$")
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+DATA_ENV = "TEACHER_MCTS_DATA"
+
+
+@dataclass(frozen=True, order=True)
+class Part:
+    """One published part file covering seqs ``first..last``."""
+
+    first: int
+    last: int
+    level: int
+    path: Path
+
+    @property
+    def rows(self) -> int:
+        return self.last - self.first + 1
+
+
+def default_data_dir() -> Path:
+    """The data directory: ``$TEACHER_MCTS_DATA`` or ``./data``."""
+    return Path(os.environ.get(DATA_ENV) or "data")
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is usable as a directory name, else raise InputError."""
+    if not RUN_ID_RE.match(run_id or "") or ".." in run_id:
+        msg = f"invalid run id {run_id!r}: use letters, digits, '_', '-' and '.' (max 128)"
+        raise InputError(msg)
+    return run_id
+
+
+def run_dir(data_dir: Path, run_id: str) -> Path:
+    """The directory of one run."""
+    return Path(data_dir) / "runs" / check_run_id(run_id)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _list_parts(log_dir: Path) -> list[Part]:
+    parts = []
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        m = PART_RE.match(name)
+        if m:
+            parts.append(Part(int(m[1]), int(m[2]), int(m[3]), log_dir / name))
+    return sorted(parts, key=lambda p: (p.first, -p.last))
+
+
+def _cover(parts: list[Part]) -> tuple[list[Part], str | None]:
+    """Parts covering 1..tail without overlap, widest first; or a problem description."""
+    chosen: list[Part] = []
+    expected = 1
+    by_first: dict[int, Part] = {}
+    for p in parts:
+        if p.first not in by_first or p.last > by_first[p.first].last:
+            by_first[p.first] = p
+    max_last = max((p.last for p in parts), default=0)
+    while expected <= max_last:
+        part = by_first.get(expected)
+        if part is None:
+            straddling = [p for p in parts if p.first < expected <= p.last]
+            if straddling:
+                return chosen, f"{straddling[0].path.name} overlaps the parts before it"
+            return chosen, f"seq {expected} is missing (gap before {max_last})"
+        chosen.append(part)
+        expected = part.last + 1
+    return chosen, None
+
+
+class EventLog:
+    """Read access to one run's log; safe while another process appends."""
+
+    def __init__(self, data_dir: Path | str, run_id: str) -> None:
+        self.data_dir = Path(data_dir)
+        self.run_id = check_run_id(run_id)
+        self.dir = run_dir(self.data_dir, run_id)
+        self.log_dir = self.dir / "log"
+
+    def exists(self) -> bool:
+        """Whether the run has been created."""
+        return self.log_dir.is_dir()
+
+    def require(self) -> EventLog:
+        """Return self, or raise LogError naming the missing run."""
+        if not self.exists():
+            msg = f"run {self.run_id!r} not found under {self.data_dir / 'runs'}"
+            raise LogError(msg)
+        return self
+
+    def parts(self, attempts: int = 20) -> list[Part]:
+        """The published parts forming a consistent prefix ``1..tail``.
+
+        A listing taken while the writer compacts can miss a part that is being
+        replaced; such a listing shows a gap and is simply taken again.
+        """
+        problem = None
+        for i in range(attempts):
+            chosen, problem = _cover(_list_parts(self.log_dir))
+            if problem is None:
+                return chosen
+            time.sleep(0.005 * (i + 1))
+        msg = f"{self.log_dir}: {problem} - the log is inconsistent"
+        raise LogError(msg)
+
+    def tail_seq(self) -> int:
+        """The seq of the last published event (0 for an empty log)."""
+        parts = self.parts()
+        return parts[-1].last if parts else 0
+
+    def read_table(self, columns: list[str] | None = None) -> pa.Table:
+        """All published events as one Arrow table in seq order."""
+        for attempt in range(5):
+            parts = self.parts()
+            try:
+                tables = [_read_part(p.path, columns) for p in parts]
+                break
+            except FileNotFoundError:
+                if attempt == 4:
+                    raise
+        if not tables:
+            schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+            return schema.empty_table()
+        return pa.concat_tables(tables, promote_options="default")
+
+
+def _narrow(table: pa.Table) -> pa.Table:
+    """Drop the field columns that are null in every row (readers fill them back)."""
+    keep = [
+        i for i, (name, col) in enumerate(zip(table.column_names, table.columns, strict=True))
+        if name in ENVELOPE.names or col.null_count < table.num_rows
+    ]  # fmt: skip
+    return table.select(keep)
+
+
+def _canonical(table: pa.Table) -> pa.Table:
+    """Columns in the order of SCHEMA, unknown (newer) columns last."""
+    names = [n for n in SCHEMA.names if n in table.column_names]
+    names += [n for n in table.column_names if n not in SCHEMA.names]
+    return table.select(names)
+
+
+def _read_part(path: Path, columns: list[str] | None) -> pa.Table:
+    table = pq.read_table(path)
+    if columns is None:
+        columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
+    arrays = []
+    for name in columns:
+        if name in table.column_names:
+            arrays.append(table.column(name))
+        else:  # written by an older schema version: the field did not exist yet
+            arrays.append(pa.nulls(table.num_rows, SCHEMA.field(name).type))
+    return pa.Table.from_arrays(arrays, names=columns)
+
+
+class LogWriter:
+    """The single appender of one run (holds an exclusive lock until closed)."""
+
+    def __init__(self, log: EventLog, fanout: int = FANOUT) -> None:
+        self.log = log
+        self.fanout = fanout
+        self._lock_fd: int | None = None
+        self._parts: list[Part] = []
+        self._pending: list[pa.Table] = []
+        self._cache: dict[Path, pa.Table] = {}
+        self._tmp_counter = 0
+
+    # -- opening and closing
+
+    @classmethod
+    def create(cls, data_dir: Path | str, run_id: str, first: list[Event]) -> LogWriter:
+        """Create a new run whose log starts with ``first``; refuse an existing one."""
+        log = EventLog(data_dir, run_id)
+        if log.exists() and log.tail_seq() > 0:
+            msg = f"run {run_id!r} already exists in {log.dir} - choose another --run-id"
+            raise LogError(msg)
+        log.log_dir.mkdir(parents=True, exist_ok=True)
+        writer = cls(log)
+        writer._acquire()
+        try:
+            writer.append(first, expected_seq=0)
+        except BaseException:
+            writer.close()
+            raise
+        return writer
+
+    @classmethod
+    def open(cls, data_dir: Path | str, run_id: str) -> LogWriter:
+        """Open an existing run for appending."""
+        writer = cls(EventLog(data_dir, run_id).require())
+        writer._acquire()
+        return writer
+
+    def _acquire(self) -> None:
+        lock_path = self.log.dir / "writer.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                msg = (
+                    f"run {self.log.run_id!r} is being written by another process "
+                    f"(pid {holder}); wait for it to finish or stop it first"
+                )
+                raise WriterLockedError(msg) from err
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+        self._recover()
+
+    def _recover(self) -> None:
+        """Remove unpublished temp files and parts a crash left behind a merge."""
+        for name in os.listdir(self.log.log_dir):
+            if name.startswith(".tmp-"):
+                (self.log.log_dir / name).unlink(missing_ok=True)
+        listed = _list_parts(self.log.log_dir)
+        chosen, problem = _cover(listed)
+        if problem is not None:
+            msg = f"{self.log.log_dir}: {problem} - the log is inconsistent"
+            raise LogError(msg)
+        for part in set(listed) - set(chosen):
+            part.path.unlink()
+        self._parts = chosen
+
+    def close(self) -> None:
+        """Flush staged events and release the writer lock."""
+        if self._lock_fd is not None:
+            try:
+                self.flush()
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> LogWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # do not publish what an error interrupted
+            self._pending = []
+            self._release()
+
+    # -- appending
+
+    @property
+    def tail(self) -> int:
+        """The seq of the last event staged or published."""
+        return self._published_tail() + sum(t.num_rows for t in self._pending)
+
+    def _published_tail(self) -> int:
+        return self._parts[-1].last if self._parts else 0
+
+    def stage(self, events: list[Event]) -> pa.Table:
+        """Number ``events`` after the tail and keep them for the next :meth:`flush`.
+
+        Staged events are invisible to readers and lost if the process dies before
+        the flush; the log stays a gapless prefix either way. Returns their rows.
+        """
+        if self._lock_fd is None:
+            raise LogError(f"run {self.log.run_id!r}: the writer is closed")
+        if not events:
+            return SCHEMA.empty_table()
+        table = to_arrow(list(events), self.log.run_id, self.tail + 1, datetime.now(UTC))
+        self._pending.append(table)
+        return table
+
+    def flush(self) -> None:
+        """Publish every staged event as one part file (atomic), then compact."""
+        if not self._pending:
+            return
+        table = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        first = self._published_tail() + 1
+        part = self._publish(_narrow(table), first, first + table.num_rows - 1, 0)
+        self._pending = []
+        self._parts.append(part)
+        self._compact()
+
+    def append(self, events: list[Event], expected_seq: int | None = None) -> pa.Table:
+        """Stage and flush ``events``; return the stored rows (with their seqs).
+
+        Raises SeqConflictError when ``expected_seq`` is given and is not the tail.
+        """
+        if expected_seq is not None and expected_seq != self.tail:
+            msg = f"run {self.log.run_id!r}: expected tail seq {expected_seq}, log is at {self.tail}"
+            raise SeqConflictError(msg)
+        table = self.stage(events)
+        self.flush()
+        return table
+
+    def _publish(self, table: pa.Table, first: int, last: int, level: int) -> Part:
+        self._tmp_counter += 1
+        tmp = self.log.log_dir / f".tmp-{os.getpid()}-{self._tmp_counter}.parquet"
+        final = self.log.log_dir / f"part-{first:012d}-{last:012d}-L{level}.parquet"
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd", compression_level=1 if level == 0 else 3)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, final)
+        _fsync_dir(self.log.log_dir)
+        part = Part(first, last, level, final)
+        if level < CACHED_LEVELS:
+            self._cache[final] = table
+        return part
+
+    def _compact(self) -> None:
+        """Merge the newest FANOUT parts while they share one level."""
+        while len(self._parts) >= self.fanout:
+            tail = self._parts[-self.fanout :]
+            level = tail[0].level
+            if any(p.level != level for p in tail):
+                return
+            tables = [self._cache.pop(p.path, None) for p in tail]
+            tables = [t if t is not None else pq.read_table(p.path) for t, p in zip(tables, tail, strict=True)]
+            merged = _canonical(pa.concat_tables(tables, promote_options="default"))
+            part = self._publish(merged, tail[0].first, tail[-1].last, level + 1)
+            for old in tail:
+                old.path.unlink()
+            _fsync_dir(self.log.log_dir)
+            self._parts[-self.fanout :] = [part]
+
+    def file_count(self) -> int:
+        """Number of published part files."""
+        return len(self._parts)
+

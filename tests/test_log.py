@@ -1,0 +1,230 @@
+"""The Parquet event log: atomic publishing, one writer, consistent readers, compaction."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import ROOT
+
+from ingest.errors import LogError, SeqConflictError, WriterLockedError
+from ingest.events import SCHEMA, RunResumed, RunStarted, SnapshotSeen, from_row
+from ingest.log import EventLog, LogWriter
+
+
+def facts(n: int, start: int = 0) -> list[SnapshotSeen]:
+    return [
+        SnapshotSeen(task="t", snapshot=f"s{start + i}", path="/p", global_index=start + i)
+        for i in range(n)
+    ]
+
+
+def child(script: str, data_dir: Path) -> subprocess.Popen:
+    code = textwrap.dedent(script)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(data_dir)], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for(path: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} did not appear")
+        time.sleep(0.01)
+
+
+def test_append_assigns_gapless_seqs_and_reads_back(data_dir):
+    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+        w.append(facts(3))
+        table = w.append(facts(2, 3))
+        assert table.column("seq").to_pylist() == [5, 6]
+        assert w.tail == 6
+    log = EventLog(data_dir, "r")
+    rows = log.read_table().to_pylist()
+    assert [r["seq"] for r in rows] == list(range(1, 7))
+    assert from_row(rows[3]) == facts(3)[2]
+    assert rows[0]["kind"] == "run_started"
+
+
+def test_append_refuses_a_stale_expected_seq(data_dir):
+    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+        w.append(facts(1), expected_seq=1)
+        with pytest.raises(SeqConflictError, match="expected tail seq 1, log is at 2"):
+            w.append(facts(1), expected_seq=1)
+    assert EventLog(data_dir, "r").tail_seq() == 2
+
+
+def test_an_existing_run_cannot_be_created_again(data_dir):
+    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    with pytest.raises(LogError, match="already exists"):
+        LogWriter.create(data_dir, "r", [RunStarted(command="t")])
+
+
+def test_second_writer_in_another_process_is_refused(data_dir):
+    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    ready = data_dir / "ready"
+    holder = child(
+        f"""
+        import sys, time, pathlib
+        from ingest.log import LogWriter
+        w = LogWriter.open(sys.argv[1], "r")
+        pathlib.Path({str(ready)!r}).touch()
+        time.sleep(60)
+        """,
+        data_dir,
+    )
+    try:
+        wait_for(ready)
+        with pytest.raises(WriterLockedError, match=rf"pid {holder.pid}"):
+            LogWriter.open(data_dir, "r")
+    finally:
+        holder.kill()
+        holder.wait()
+    # The lock dies with its process: the run can be written again.
+    with LogWriter.open(data_dir, "r") as w:
+        w.append([RunResumed()])
+    assert EventLog(data_dir, "r").tail_seq() == 2
+
+
+def test_kill_before_publish_leaves_no_partial_file(data_dir):
+    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    marker = data_dir / "written"
+    # The child stops between writing its temp file and renaming it into place.
+    writer = child(
+        f"""
+        import os, sys, time, pathlib
+        import ingest.log as log
+        real_rename = os.rename
+        def rename(src, dst):
+            if "part-" in str(dst) and "-L0" in str(dst) and "000000000003" in str(dst):
+                pathlib.Path({str(marker)!r}).touch()
+                time.sleep(60)
+            real_rename(src, dst)
+        log.os.rename = rename
+        from ingest.events import SnapshotSeen
+        w = log.LogWriter.open(sys.argv[1], "r")
+        w.append([SnapshotSeen(task="t", snapshot="a", path="/p")])
+        w.append([SnapshotSeen(task="t", snapshot=str(i), path="/p") for i in range(5000)])
+        """,
+        data_dir,
+    )
+    try:
+        wait_for(marker)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    finally:
+        writer.kill()
+    log_dir = EventLog(data_dir, "r").log_dir
+    assert any(n.startswith(".tmp-") for n in os.listdir(log_dir))  # the unpublished write
+    log = EventLog(data_dir, "r")
+    assert log.tail_seq() == 2
+    assert log.read_table().column("seq").to_pylist() == [1, 2]
+    with LogWriter.open(data_dir, "r") as w:  # recovery removes the temp file
+        w.append(facts(1))
+    assert not any(n.startswith(".tmp-") for n in os.listdir(log_dir))
+    assert EventLog(data_dir, "r").read_table().column("seq").to_pylist() == [1, 2, 3]
+
+
+def test_random_kills_never_corrupt_the_log(data_dir):
+    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    for trial in range(4):
+        writer = child(
+            """
+            import sys
+            from ingest.log import LogWriter
+            from ingest.events import SnapshotSeen
+            w = LogWriter.open(sys.argv[1], "r")
+            for k in range(100000):
+                w.append([SnapshotSeen(task="t", snapshot=str(i), path="/p" * 50)
+                          for i in range(200)])
+            """,
+            data_dir,
+        )
+        time.sleep(0.4 + 0.3 * trial)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        seqs = EventLog(data_dir, "r").read_table(["seq"]).column("seq").to_pylist()
+        assert seqs == list(range(1, len(seqs) + 1))
+        for part in EventLog(data_dir, "r").parts():
+            assert pq.read_metadata(part.path).num_rows == part.rows
+
+
+def test_readers_see_a_consistent_prefix_while_a_writer_appends(data_dir):
+    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    writer = child(
+        """
+        import sys
+        from ingest.log import LogWriter
+        from ingest.events import SnapshotSeen
+        w = LogWriter.open(sys.argv[1], "r")
+        for k in range(600):
+            w.append([SnapshotSeen(task="t", snapshot=str(k), path="/p")] * (1 + k % 3))
+        """,
+        data_dir,
+    )
+    log = EventLog(data_dir, "r")
+    last = 0
+    reads = 0
+    while writer.poll() is None or reads < 3:
+        seqs = log.read_table(["seq"]).column("seq").to_pylist()
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert len(seqs) >= last
+        last = len(seqs)
+        reads += 1
+    assert writer.returncode == 0, writer.stderr.read()
+    assert last == 1 + sum(1 + k % 3 for k in range(600))
+    assert reads > 3
+
+
+def test_compaction_bounds_files_and_keeps_content(data_dir):
+    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+        for k in range(700):
+            w.append(facts(1 + k % 4, start=k * 10))
+        files = len(os.listdir(EventLog(data_dir, "r").log_dir))
+        assert w.file_count() == files
+    # 701 appends in base 8 = 1275 (octal): at most 1+2+7+5 = 15 parts.
+    assert files <= 15
+    table = EventLog(data_dir, "r").read_table()
+    expected = [RunStarted(command="t")]
+    for k in range(700):
+        expected += facts(1 + k % 4, start=k * 10)
+    assert table.column("seq").to_pylist() == list(range(1, len(expected) + 1))
+    assert [from_row(r) for r in table.to_pylist()] == expected
+    assert table.schema.names == SCHEMA.names
+
+
+def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
+    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+        for k in range(6):
+            w.append(facts(1, start=k))
+    log = EventLog(data_dir, "r")
+    parts = log.parts()
+    # Simulate a crash after publishing a merge of parts 3..7 but before deleting them.
+    tables = [pq.read_table(p.path) for p in parts[2:]]
+    pq.write_table(pa.concat_tables(tables), log.log_dir / "part-000000000003-000000000007-L1.parquet")
+    assert [p.path.name for p in log.parts()][-1] == "part-000000000003-000000000007-L1.parquet"
+    assert log.read_table(["seq"]).column("seq").to_pylist() == list(range(1, 8))
+    with LogWriter.open(data_dir, "r") as w:  # recovery deletes the superseded parts
+        assert w.file_count() == 3
+    assert len(os.listdir(log.log_dir)) == 3
+
+
+def test_a_gap_in_the_log_is_reported(data_dir):
+    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+        w.append(facts(2))
+        w.append(facts(2))
+    log = EventLog(data_dir, "r")
+    log.parts()[1].path.unlink()
+    with pytest.raises(LogError, match="seq 2 is missing"):
+        log.parts(attempts=2)

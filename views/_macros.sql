@@ -1,0 +1,17 @@
+-- Shared SQL macros, created before every view.
+
+-- Mid-rank percentile of SPEC §2: (#{v<x} + 0.5·(#{v=x} − 1)) / (|P| − 1), 0.5 when |P| = 1.
+-- Arguments are the counts, usually window aggregates over the population.
+create or replace macro pct(n_less, n_equal, n_total) as
+    case
+        when n_total <= 1 then 0.5
+        else (n_less + 0.5 * (n_equal - 1)) / (n_total - 1)
+    end;
+
+-- The oriented score o(s) of SPEC §0: s for maximize, -s for minimize.
+create or replace macro oriented(s, direction) as
+    case when direction = 'minimize' then -s else s end;
+
+-- Numeric ordering key of a node id "T.2.10" -> [2, 10] so that T.2 < T.10.
+create or replace macro node_key(node_id) as
+    list_transform(string_split(node_id, '.')[2:], lambda x: cast(x as integer));

@@ -1,0 +1,68 @@
+-- The run's configuration as typed columns, read from its first RunStarted event.
+-- grain: run_key
+-- sources: stg_run_started
+--
+-- Every parameter and weight of SPEC §1-§4; views cross join this single row.
+with first_start as (
+    select *
+    from stg_run_started
+    order by seq
+    limit 1
+),
+
+final as (
+    select
+        1 as run_key,
+        command,
+        task,
+        direction,
+        case when direction = 'minimize' then -1.0 else 1.0 end as sign,
+        cast(json_extract_string(config, '$.seed') as bigint) as seed,
+        json_extract_string(config, '$.backend') as backend,
+        cast(json_extract_string(config, '$.selection.num_roots') as integer) as num_roots,
+        cast(json_extract_string(config, '$.tree.root_children') as integer) as root_children,
+        cast(json_extract_string(config, '$.tree.max_children') as integer) as max_children,
+        cast(json_extract_string(config, '$.tree.max_depth') as integer) as max_depth,
+        cast(json_extract_string(config, '$.tree.hard_token_limit') as bigint) as hard_token_limit,
+        cast(json_extract_string(config, '$.tree.target_good_leaves') as integer)
+            as target_good_leaves,
+        cast(json_extract_string(config, '$.tree.max_valid_edges') as integer) as max_valid_edges,
+        cast(json_extract_string(config, '$.tree.max_failed_expansions') as integer)
+            as max_failed_expansions,
+        cast(json_extract_string(config, '$.tree.tool_error_prune') as double) as tool_error_prune,
+        cast(json_extract_string(config, '$.tree.alpha') as double) as alpha,
+        cast(json_extract_string(config, '$.soft.outcome') as double) as w_outcome,
+        cast(json_extract_string(config, '$.soft.cleanliness') as double) as w_cleanliness,
+        cast(json_extract_string(config, '$.soft.knowledge') as double) as w_knowledge,
+        cast(json_extract_string(config, '$.soft.regression') as double) as w_regression,
+        cast(json_extract_string(config, '$.soft.outcome_improved') as double) as outcome_improved,
+        cast(json_extract_string(config, '$.soft.outcome_not_improved') as double)
+            as outcome_not_improved,
+        cast(json_extract_string(config, '$.soft.cleanliness_clean') as double) as cleanliness_clean,
+        cast(json_extract_string(config, '$.soft.cleanliness_start') as double) as cleanliness_start,
+        cast(json_extract_string(config, '$.soft.cleanliness_slope') as double) as cleanliness_slope,
+        cast(json_extract_string(config, '$.soft.cleanliness_floor') as double) as cleanliness_floor,
+        cast(json_extract_string(config, '$.soft.knowledge_improved_with') as double)
+            as knowledge_improved_with,
+        cast(json_extract_string(config, '$.soft.knowledge_improved_without') as double)
+            as knowledge_improved_without,
+        cast(json_extract_string(config, '$.soft.knowledge_not_improved_with') as double)
+            as knowledge_not_improved_with,
+        cast(json_extract_string(config, '$.soft.knowledge_not_improved_without') as double)
+            as knowledge_not_improved_without,
+        cast(json_extract_string(config, '$.q.score_rank') as double) as w_score_rank,
+        cast(json_extract_string(config, '$.q.best_rank') as double) as w_best_rank,
+        cast(json_extract_string(config, '$.q.process') as double) as w_process,
+        cast(json_extract_string(config, '$.paths.max') as double) as w_path_max,
+        cast(json_extract_string(config, '$.paths.avg') as double) as w_path_avg,
+        cast(json_extract_string(config, '$.paths.clean') as double) as w_path_clean,
+        cast(json_extract_string(config, '$.paths.know') as double) as w_path_know,
+        cast(json_extract_string(config, '$.paths.top_k') as integer) as top_k,
+        cast(json_extract(config, '$.knowledge.file_tools') as varchar[]) as file_tools,
+        cast(json_extract(config, '$.knowledge.shell_tools') as varchar[]) as shell_tools,
+        json_extract_string(config, '$.knowledge.path_regex') as path_regex,
+        json_extract_string(config, '$.knowledge.command_regex') as command_regex
+    from first_start
+)
+
+select * from final
