@@ -167,5 +167,91 @@ def select_snapshots(
             click.echo(f"  {s['snapshot']}: {s['skip_reason']}")
 
 
+# ---------------------------------------------------------------- explore
+
+
+def _explore_overrides(**kw: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("backend", "parallel", "schedule", "seed", "direction", "task"):
+        if kw.get(key) is not None:
+            out[key] = kw[key]
+    if kw.get("num_roots") is not None:
+        out["selection"] = {"num_roots": kw["num_roots"]}
+    return out
+
+
+@cli.command()
+@click.argument("roots", type=click.Path(path_type=Path), required=False)
+@click.option("--run-id", default=None, help="Id of the new run (default: generated).")
+@click.option("--resume", "resume_id", default=None, metavar="RUN_ID",
+              help="Continue an interrupted run from its log.")  # fmt: skip
+@click.option("--backend", type=click.Choice(["sim", "opencode"]), default=None,
+              help="Teacher backend (default sim).")  # fmt: skip
+@click.option("--parallel", type=click.IntRange(min=1), default=None,
+              help="Slots shared by all trees (default 4).")  # fmt: skip
+@click.option("--schedule", type=click.Choice(["rounds", "async"]), default=None,
+              help="rounds (reproducible, default) or async.")  # fmt: skip
+@click.option("--seed", type=int, default=None, help="Seed of the run (default 0).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="TOML file with run configuration.")  # fmt: skip
+@click.option("--select", "select", is_flag=True,
+              help="ROOTS is an all_snapshots dir: select the roots first (needs --task).")  # fmt: skip
+@click.option("--task", default=None, help="Task name (default: the ROOTS directory name).")
+@click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
+@click.option("--num-roots", type=click.IntRange(min=1), default=None,
+              help="Roots to select with --select (default 30).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def explore(
+    roots: Path | None,
+    run_id: str | None,
+    resume_id: str | None,
+    config_file: Path | None,
+    select: bool,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Grow the token-aware MCTS trees of every root (SPEC §2).
+
+    ROOTS is the output of select-snapshots (or, with --select, a task's
+    all_snapshots dir). Progress goes to stderr; the summary to stdout.
+
+    \b
+    Example:
+        python cli.py explore data/out/roots --task kernel-speedup --run-id demo
+        python cli.py explore --resume demo
+    """
+    from engine.config import load_config
+    from engine.runs import new_run, resume_run
+
+    if resume_id:
+        if roots is not None or run_id or select:
+            raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
+        result = resume_run(_data_dir(), resume_id)
+    else:
+        if roots is None:
+            raise click.UsageError("ROOTS is required (or --resume RUN_ID)")
+        if select and not options.get("task"):
+            raise click.UsageError("--select needs --task")
+        options["task"] = options.get("task") or roots.resolve().name
+        config = load_config(config_file, _explore_overrides(**options))
+        result = new_run(_data_dir(), roots, config, run_id, select=select)
+    _render_explore(result, as_json)
+
+
+def _render_explore(result: Any, as_json: bool) -> None:
+    if as_json:
+        _echo_json({"run_id": result.run_id, "progress": result.progress, "trees": result.trees})
+        return
+    p = result.progress
+    click.echo(
+        f"run {result.run_id}: {p['trees_done']}/{p['trees']} trees done; edges kept "
+        f"{p['edges_kept']}, kept-exempt {p['edges_kept_exempt']}, pruned {p['edges_pruned']}, "
+        f"retried {p['edges_retried']}; leaves {p['leaves']}"
+    )
+    columns = ["tree_id", "stage", "root_score", "best_score", "kept_edges", "good_leaves",
+               "final_leaves", "stop_reason"]  # fmt: skip
+    click.echo(_table(result.trees, columns))
+
+
 if __name__ == "__main__":
     cli()

@@ -5,13 +5,25 @@ Each file holds one bare ``select`` whose name is the file's stem, after a heade
     -- One row per node: depth, score, Q and leaf reason (SPEC §2).
     -- grain: tree_id, node_id
     -- sources: int_nodes__asof, run_config
+    -- materialized: table
     --
     -- Optional notes.
 
-The base relation is the table ``event_log`` (the light columns of every event);
-the view ``events`` is its prefix up to the variable ``watermark`` (all of it when
-unset), and only ``stg_*`` views read ``events``. ``_macros.sql`` defines the
-shared SQL macros (such as ``pct``) before any view is created.
+Views are DuckDB views unless marked ``materialized: table`` (dbt's idea): DuckDB
+inlines a view at every reference, so a DAG with diamonds plans in seconds; a
+materialized view is a table holding the result of its ``select``. The catalog
+keeps tables fresh itself: inserting events marks the trees they concern as
+dirty, and every query first re-computes the dirty trees' rows of each
+tree-scoped table (grain starting with ``tree_id``), in dependency order. Tables
+whose grain has no ``tree_id`` (``run_config``) are recomputed whole when the run
+config or the watermark changes. The SQL stays the one definition either way.
+
+The catalog keeps the light columns of every event in one table per kind,
+``log_<kind>`` (only that kind's columns, so a staging view scans only its own
+kind), and the view ``event_log`` is their union. Only ``stg_*`` views read them;
+each filters with the macros ``in_prefix(seq)`` (the prefix up to the variable
+``watermark``, all events when unset) and ``in_scope(tree_id)``. ``_macros.sql``
+defines the shared SQL macros (such as ``pct``) before any view is created.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ import duckdb
 import pyarrow as pa
 
 from ingest.errors import ViewBuildError, ViewNotFoundError
-from ingest.events import LIGHT_SCHEMA
+from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
 from ingest.log import EventLog
 
 VIEWS_DIR = Path(__file__).resolve().parent.parent / "views"
@@ -46,9 +58,17 @@ class ViewDef:
     sources: tuple[str, ...]
     notes: str
     sql: str
+    materialized: bool = False
+
+    @property
+    def tree_scoped(self) -> bool:
+        """Whether rows belong to one tree each (refreshable tree by tree)."""
+        return bool(self.grain) and self.grain[0] == "tree_id"
 
 
-def _parse_header(path: Path, text: str) -> tuple[str, tuple[str, ...], tuple[str, ...], str]:
+def _parse_header(
+    path: Path, text: str
+) -> tuple[str, tuple[str, ...], tuple[str, ...], str, bool]:
     lines = text.splitlines()
     header = []
     for line in lines:
@@ -58,7 +78,7 @@ def _parse_header(path: Path, text: str) -> tuple[str, tuple[str, ...], tuple[st
     fields: dict[str, str] = {}
     notes = []
     for line in header[1:]:
-        m = re.match(r"^(grain|sources):\s*(.*)$", line)
+        m = re.match(r"^(grain|sources|materialized):\s*(.*)$", line)
         if m:
             fields[m[1]] = m[2]
         elif line:
@@ -69,8 +89,13 @@ def _parse_header(path: Path, text: str) -> tuple[str, tuple[str, ...], tuple[st
             "'-- grain: <columns>' and '-- sources: <relations>' lines"
         )
         raise ViewBuildError(msg)
+    if fields.get("materialized", "table") != "table":
+        raise ViewBuildError(f"{path}: 'materialized' can only be 'table'")
     split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
-    return header[0], split(fields["grain"]), split(fields["sources"]), "\n".join(notes)
+    return (
+        header[0], split(fields["grain"]), split(fields["sources"]), "\n".join(notes),
+        "materialized" in fields,
+    )  # fmt: skip
 
 
 def read_views(views_dir: Path = VIEWS_DIR) -> dict[str, ViewDef]:
@@ -80,13 +105,15 @@ def read_views(views_dir: Path = VIEWS_DIR) -> dict[str, ViewDef]:
         if path.name.startswith("_"):
             continue
         text = path.read_text()
-        summary, grain, sources, notes = _parse_header(path, text)
-        views[path.stem] = ViewDef(path.stem, path, summary, grain, sources, notes, text)
+        summary, grain, sources, notes, materialized = _parse_header(path, text)
+        views[path.stem] = ViewDef(
+            path.stem, path, summary, grain, sources, notes, text, materialized
+        )
     return views
 
 
 def _referenced_tables(con: duckdb.DuckDBPyConnection, view: ViewDef) -> set[str]:
-    raw = con.execute("select json_serialize_sql(?)", [view.sql]).fetchone()[0]
+    raw = con.execute("select json_serialize_sql(?)", [view.sql]).fetchall()[0][0]
     tree = json.loads(raw)
     if tree.get("error"):
         msg = f"{view.path}: {tree.get('error_message', 'cannot parse the SQL')}"
@@ -142,11 +169,63 @@ class Catalog:
         macros = views_dir / MACROS_FILE
         if macros.exists():
             self._execute(macros, macros.read_text())
-        for name in dependency_order(con, self.views):
+        self.order = dependency_order(con, self.views)
+        self.tables = [n for n in self.order if self.views[n].materialized]
+        self._check_materialized()
+        for name in self.order:
             view = self.views[name]
-            self._execute(view.path, f"create or replace view {name} as\n{view.sql}")
             comment = view.summary.replace("'", "''")
-            con.execute(f"comment on view {name} is '{comment}'")
+            if view.materialized:
+                self._execute(view.path, f"create table {name} as select * from ({view.sql}) limit 0")
+                con.execute(f"comment on table {name} is '{comment}'")
+            else:
+                self._execute(view.path, f"create or replace view {name} as\n{view.sql}")
+                con.execute(f"comment on view {name} is '{comment}'")
+        self._dirty_all = False
+        self._pending: dict[str, set[str]] = {}  # tree -> kinds inserted since the last refresh
+        self._incoming: list[pa.Table] = []
+        self._plan_refresh()
+
+    def _plan_refresh(self) -> None:
+        """For each tree table: the event kinds and the tables it reads (through views)."""
+        reads = {n: view_sources(self.con, v) for n, v in self.views.items()}
+        self._kinds: dict[str, set[str]] = {}
+        self._upstream: dict[str, set[str]] = {}
+        for name in self.tables:
+            kinds, ups, seen, todo = set(), set(), set(), list(reads[name])
+            while todo:
+                dep = todo.pop()
+                if dep in seen:
+                    continue
+                seen.add(dep)
+                if dep in self.tables:
+                    ups.add(dep)
+                elif dep.startswith("stg_") and dep != "stg_log_tail":
+                    # Tree state derives from facts; decisions only matter as the
+                    # evaluation points of replay, which refreshes everything.
+                    if dep[4:] not in DECISION_KINDS:
+                        kinds.add(dep[4:])
+                    continue
+                if dep in reads and dep not in self.tables:
+                    todo.extend(reads[dep])
+            self._kinds[name], self._upstream[name] = kinds, ups
+
+    def _check_materialized(self) -> None:
+        """A whole-run table must not read tree data: it is not refreshed tree by tree."""
+        tree_tables = {n for n in self.tables if self.views[n].tree_scoped}
+        reads = {n: view_sources(self.con, v) for n, v in self.views.items()}
+        for name in self.tables:
+            if self.views[name].tree_scoped:
+                continue
+            seen, todo = set(), list(reads[name])
+            while todo:
+                dep = todo.pop()
+                if dep in tree_tables:
+                    msg = f"{self.views[name].path}: a whole-run table cannot read tree table {dep}"
+                    raise ViewBuildError(msg)
+                if dep in reads and dep not in seen:
+                    seen.add(dep)
+                    todo.extend(reads[dep])
 
     # -- construction
 
@@ -163,8 +242,13 @@ class Catalog:
         return catalog
 
     def _create_base_table(self) -> None:
-        empty = LIGHT_SCHEMA.empty_table()  # noqa: F841 - read by DuckDB's replacement scan
-        self.con.execute("create table event_log as select * from empty")
+        for kind, names in KIND_COLUMNS.items():
+            empty = pa.schema([LIGHT_SCHEMA.field(n) for n in names]).empty_table()  # noqa: F841
+            self.con.execute(f"create table log_{kind} as select * from empty")
+        union = "\nunion all by name\n".join(f"select * from log_{k}" for k in KIND_COLUMNS)
+        self.con.execute(f"create view event_log as\n{union}")
+        # The largest seq held, kept up to date by insert() (so "now" costs no scan).
+        self.con.execute("create table log_tail as select cast(0 as bigint) as seq")
 
     def _execute(self, path: Path, sql: str) -> None:
         try:
@@ -175,15 +259,93 @@ class Catalog:
     # -- data
 
     def insert(self, table: pa.Table) -> None:
-        """Mirror appended events (any superset of the light columns)."""
-        if table.num_rows == 0:
+        """Mirror appended events (any superset of the light columns).
+
+        Rows are buffered and written to the per-kind tables before the next query,
+        so many small appends cost one insert per kind.
+        """
+        if table.num_rows:
+            self._incoming.append(table.select(LIGHT_SCHEMA.names))
+
+    def _apply_incoming(self) -> None:
+        if not self._incoming:
             return
-        light = table.select(LIGHT_SCHEMA.names)
-        self.con.register("_incoming", light)
+        table = pa.concat_tables(self._incoming)
+        self._incoming = []
+        kind_column = table.column("kind").to_pylist()
+        rows_by_kind: dict[str, list[int]] = {}
+        for i, kind in enumerate(kind_column):
+            rows_by_kind.setdefault(kind, []).append(i)
+        for kind, rows in rows_by_kind.items():
+            part = table.take(rows).select(KIND_COLUMNS[kind])  # noqa: F841 - read by DuckDB
+            self.con.execute(f"insert into log_{kind} select * from part")
+        last = max(table.column("seq").to_pylist())
+        self.con.execute("update log_tail set seq = greatest(seq, ?)", [last])
+        if "run_started" in rows_by_kind:
+            self._dirty_all = True
+            self._sync_knowledge_patterns()
+            return
+        for tree, kind in zip(table.column("tree_id").to_pylist(), kind_column, strict=True):
+            if tree is not None:
+                self._pending.setdefault(tree, set()).add(kind)
+
+    def refresh(self) -> None:
+        """Re-compute the materialized rows that inserted events made stale.
+
+        A tree's rows of a table are recomputed when an event of a kind the table
+        reads (through its views) arrived for that tree, or when the table reads
+        another table whose rows of that tree were just recomputed.
+        """
+        self._apply_incoming()
+        if self._dirty_all:
+            for name in self.tables:
+                sql = self.views[name].sql
+                self._execute(self.views[name].path, f"delete from {name}")
+                self._execute(self.views[name].path, f"insert into {name} select * from ({sql})")
+            self._dirty_all = False
+            self._pending.clear()
+            return
+        if not self._pending:
+            return
+        changed: dict[str, set[str]] = {}
+        self.con.execute("set variable refresh_trees = ?", [sorted(self._pending)])
         try:
-            self.con.execute("insert into event_log select * from _incoming")
+            self._refresh_trees(changed)
         finally:
-            self.con.unregister("_incoming")
+            self.con.execute("reset variable refresh_trees")
+        self._pending.clear()
+
+    def _refresh_trees(self, changed: dict[str, set[str]]) -> None:
+        for name in self.tables:
+            view = self.views[name]
+            if not view.tree_scoped:
+                continue
+            trees = {t for t, kinds in self._pending.items() if kinds & self._kinds[name]}
+            for up in self._upstream[name]:
+                trees |= changed.get(up, set())
+            if not trees:
+                continue
+            listed = ", ".join("'" + t.replace("'", "''") + "'" for t in sorted(trees))
+            self._execute(view.path, f"delete from {name} where tree_id in ({listed})")
+            self._execute(
+                view.path,
+                f"insert into {name} select * from ({view.sql}) where tree_id in ({listed})",
+            )
+            changed[name] = trees
+
+    def _sync_knowledge_patterns(self) -> None:
+        """Copy the recorded knowledge regexes into the variables the views read.
+
+        DuckDB compiles a regex once only when it is a constant; a variable is one.
+        """
+        body = self.views["run_config"].sql  # the definition, even before the table is filled
+        rows = self.con.execute(f"select path_regex, command_regex from ({body})").fetchall()
+        if not rows:
+            return
+        row = rows[0]
+        for name, value in zip(("knowledge_path_regex", "knowledge_command_regex"), row, strict=True):
+            if value is not None:
+                self.con.execute(f"set variable {name} = ?", [value])
 
     def set_watermark(self, seq: int | None) -> None:
         """Make every view see only events with ``seq <= seq`` (None: all of them)."""
@@ -191,17 +353,20 @@ class Catalog:
             self.con.execute("reset variable watermark")
         else:
             self.con.execute("set variable watermark = ?", [int(seq)])
+        self._dirty_all = True
 
     def set_points(self, mode: str) -> None:
         """Choose the as-of points of the tree views: 'now' or 'decisions' (replay)."""
         if mode not in ("now", "decisions"):
             raise ValueError(mode)
         self.con.execute("set variable asof_points = ?", [mode])
+        self._dirty_all = True
 
     # -- reading
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-        """Rows of ``sql`` as dicts."""
+        """Rows of ``sql`` as dicts (materialized views refreshed first)."""
+        self.refresh()
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -231,4 +396,17 @@ class Catalog:
 
     def tail_seq(self) -> int:
         """The largest seq the catalog holds (0 when empty)."""
-        return self.con.execute("select coalesce(max(seq), 0) from event_log").fetchone()[0]
+        self._apply_incoming()
+        return self.con.execute("select coalesce(max(seq), 0) from event_log").fetchall()[0][0]
+
+
+def _kind_columns() -> dict[str, list[str]]:
+    """The light columns each kind's mirror table holds: envelope plus its own fields."""
+    out = {}
+    for kind, cls in EVENT_TYPES.items():
+        own = set(cls.model_fields) - {"schema_version"}
+        out[kind] = [n for n in LIGHT_SCHEMA.names if n in ENVELOPE.names or n in own]
+    return out
+
+
+KIND_COLUMNS = _kind_columns()

@@ -86,6 +86,7 @@ class KnowledgeConfig(_Strict):
         "read", "write", "edit", "multiedit", "patch", "list", "ls", "glob", "grep", "view",
     ]  # fmt: skip
     shell_tools: list[str] = ["bash", "shell"]
+    knowledge_tools: list[str] = ["skill"]  # always a knowledge action (loads a shared skill)
     path_regex: str = rf"(^|[/\s\"'=]){SHARED_DIRS}/{KNOWLEDGE_KINDS}(/|$|[\s\"'])"
     command_regex: str = r"(^|[;&|(\s])coral\s+(notes|skills|log|show|kb)\b"
 

@@ -124,7 +124,8 @@ def record_selection(
     data_dir: Path, run_id: str, events: list[Any], catalog: Catalog, task: str
 ) -> SnapshotsPicked:
     """Create the run, append the facts and the SnapshotsPicked decision."""
-    with LogWriter.create(data_dir, run_id, events) as writer:
+    with LogWriter.create(data_dir, run_id) as writer:
+        writer.append(events, expected_seq=0)
         decision = SnapshotsPicked(
             watermark=writer.tail, task=task, detail=picked_detail(catalog, task)
         )

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -125,8 +126,8 @@ class EventLog:
         self.log_dir = self.dir / "log"
 
     def exists(self) -> bool:
-        """Whether the run has been created."""
-        return self.log_dir.is_dir()
+        """Whether the run has at least one published event."""
+        return bool(_list_parts(self.log_dir))
 
     def require(self) -> EventLog:
         """Return self, or raise LogError naming the missing run."""
@@ -156,19 +157,32 @@ class EventLog:
         return parts[-1].last if parts else 0
 
     def read_table(self, columns: list[str] | None = None) -> pa.Table:
-        """All published events as one Arrow table in seq order."""
-        for attempt in range(5):
+        """All published events as one Arrow table in seq order.
+
+        Every part is opened right after listing: an open file stays readable even
+        if compaction removes it meanwhile, so only the (short) opening can race.
+        """
+        for attempt in range(50):
             parts = self.parts()
+            handles = []
             try:
-                tables = [_read_part(p.path, columns) for p in parts]
-                break
+                for part in parts:
+                    handles.append(open(part.path, "rb"))  # noqa: SIM115 - closed below
             except FileNotFoundError:
-                if attempt == 4:
-                    raise
-        if not tables:
-            schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
-            return schema.empty_table()
-        return pa.concat_tables(tables, promote_options="default")
+                for fh in handles:
+                    fh.close()
+                time.sleep(0.002 * attempt)
+                continue
+            try:
+                tables = [_read_part(fh, columns) for fh in handles]
+            finally:
+                for fh in handles:
+                    fh.close()
+            if not tables:
+                schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+                return schema.empty_table()
+            return pa.concat_tables(tables, promote_options="default")
+        raise LogError(f"{self.log_dir}: parts kept disappearing while reading - try again")
 
 
 def _narrow(table: pa.Table) -> pa.Table:
@@ -187,8 +201,8 @@ def _canonical(table: pa.Table) -> pa.Table:
     return table.select(names)
 
 
-def _read_part(path: Path, columns: list[str] | None) -> pa.Table:
-    table = pq.read_table(path)
+def _read_part(source: Path | BinaryIO, columns: list[str] | None) -> pa.Table:
+    table = pq.read_table(source)
     if columns is None:
         columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
     arrays = []
@@ -215,20 +229,16 @@ class LogWriter:
     # -- opening and closing
 
     @classmethod
-    def create(cls, data_dir: Path | str, run_id: str, first: list[Event]) -> LogWriter:
-        """Create a new run whose log starts with ``first``; refuse an existing one."""
+    def create(cls, data_dir: Path | str, run_id: str) -> LogWriter:
+        """Open a new, empty run for appending; refuse a run that has events."""
         log = EventLog(data_dir, run_id)
-        if log.exists() and log.tail_seq() > 0:
-            msg = f"run {run_id!r} already exists in {log.dir} - choose another --run-id"
-            raise LogError(msg)
         log.log_dir.mkdir(parents=True, exist_ok=True)
         writer = cls(log)
         writer._acquire()
-        try:
-            writer.append(first, expected_seq=0)
-        except BaseException:
+        if writer.tail > 0:
             writer.close()
-            raise
+            msg = f"run {run_id!r} already exists in {log.dir} - choose another --run-id"
+            raise LogError(msg)
         return writer
 
     @classmethod

@@ -20,6 +20,12 @@ from ingest.events import SCHEMA, RunResumed, RunStarted, SnapshotSeen, from_row
 from ingest.log import EventLog, LogWriter
 
 
+def _created(data_dir: Path) -> LogWriter:
+    writer = LogWriter.create(data_dir, "r")
+    writer.append([RunStarted(command="t")], expected_seq=0)
+    return writer
+
+
 def facts(n: int, start: int = 0) -> list[SnapshotSeen]:
     return [
         SnapshotSeen(task="t", snapshot=f"s{start + i}", path="/p", global_index=start + i)
@@ -45,7 +51,7 @@ def wait_for(path: Path, timeout: float = 20.0) -> None:
 
 
 def test_append_assigns_gapless_seqs_and_reads_back(data_dir):
-    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+    with _created(data_dir) as w:
         w.append(facts(3))
         table = w.append(facts(2, 3))
         assert table.column("seq").to_pylist() == [5, 6]
@@ -58,7 +64,7 @@ def test_append_assigns_gapless_seqs_and_reads_back(data_dir):
 
 
 def test_append_refuses_a_stale_expected_seq(data_dir):
-    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+    with _created(data_dir) as w:
         w.append(facts(1), expected_seq=1)
         with pytest.raises(SeqConflictError, match="expected tail seq 1, log is at 2"):
             w.append(facts(1), expected_seq=1)
@@ -66,13 +72,13 @@ def test_append_refuses_a_stale_expected_seq(data_dir):
 
 
 def test_an_existing_run_cannot_be_created_again(data_dir):
-    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    _created(data_dir).close()
     with pytest.raises(LogError, match="already exists"):
-        LogWriter.create(data_dir, "r", [RunStarted(command="t")])
+        LogWriter.create(data_dir, "r")
 
 
 def test_second_writer_in_another_process_is_refused(data_dir):
-    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    _created(data_dir).close()
     ready = data_dir / "ready"
     holder = child(
         f"""
@@ -98,7 +104,7 @@ def test_second_writer_in_another_process_is_refused(data_dir):
 
 
 def test_kill_before_publish_leaves_no_partial_file(data_dir):
-    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    _created(data_dir).close()
     marker = data_dir / "written"
     # The child stops between writing its temp file and renaming it into place.
     writer = child(
@@ -137,7 +143,7 @@ def test_kill_before_publish_leaves_no_partial_file(data_dir):
 
 
 def test_random_kills_never_corrupt_the_log(data_dir):
-    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    _created(data_dir).close()
     for trial in range(4):
         writer = child(
             """
@@ -161,7 +167,7 @@ def test_random_kills_never_corrupt_the_log(data_dir):
 
 
 def test_readers_see_a_consistent_prefix_while_a_writer_appends(data_dir):
-    LogWriter.create(data_dir, "r", [RunStarted(command="t")]).close()
+    _created(data_dir).close()
     writer = child(
         """
         import sys
@@ -188,7 +194,7 @@ def test_readers_see_a_consistent_prefix_while_a_writer_appends(data_dir):
 
 
 def test_compaction_bounds_files_and_keeps_content(data_dir):
-    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+    with _created(data_dir) as w:
         for k in range(700):
             w.append(facts(1 + k % 4, start=k * 10))
         files = len(os.listdir(EventLog(data_dir, "r").log_dir))
@@ -205,7 +211,7 @@ def test_compaction_bounds_files_and_keeps_content(data_dir):
 
 
 def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
-    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+    with _created(data_dir) as w:
         for k in range(6):
             w.append(facts(1, start=k))
     log = EventLog(data_dir, "r")
@@ -221,7 +227,7 @@ def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
 
 
 def test_a_gap_in_the_log_is_reported(data_dir):
-    with LogWriter.create(data_dir, "r", [RunStarted(command="t")]) as w:
+    with _created(data_dir) as w:
         w.append(facts(2))
         w.append(facts(2))
     log = EventLog(data_dir, "r")

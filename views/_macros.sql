@@ -15,3 +15,14 @@ create or replace macro oriented(s, direction) as
 -- Numeric ordering key of a node id "T.2.10" -> [2, 10] so that T.2 < T.10.
 create or replace macro node_key(node_id) as
     list_transform(string_split(node_id, '.')[2:], lambda x: cast(x as integer));
+
+-- Whether an event belongs to the log prefix the catalog shows: seq <= the
+-- watermark variable (every event when it is unset). Staging views filter with it.
+create or replace macro in_prefix(seq) as
+    seq <= coalesce(getvariable('watermark'), 9223372036854775807);
+
+-- Whether a tree's events are in scope: always, except while the catalog refreshes
+-- the materialized rows of some trees (variable refresh_trees), when staging views
+-- return only those trees' events so that nothing else is scanned or joined.
+create or replace macro in_scope(tree_id) as
+    coalesce(list_contains(getvariable('refresh_trees'), tree_id), true);

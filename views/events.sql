@@ -1,9 +1,9 @@
--- Every event of the run up to the watermark variable (all events when it is unset).
+-- Every event of the run (light columns) up to the watermark variable, for ad-hoc SQL.
 -- grain: seq
 -- sources: event_log
 --
--- The only view that reads event_log. `set variable watermark = n` makes every
--- view in the catalog see the log prefix 1..n; replay uses it.
+-- `set variable watermark = n` makes every view in the catalog see the log prefix
+-- 1..n (staging views filter event_log with the macro in_prefix); replay uses it.
 select *
 from event_log
-where seq <= coalesce(getvariable('watermark'), 9223372036854775807)
+where in_prefix(seq)

@@ -1,8 +1,13 @@
 -- The run's configuration as typed columns, read from its first RunStarted event.
 -- grain: run_key
 -- sources: stg_run_started
+-- materialized: table
 --
 -- Every parameter and weight of SPEC §1-§4; views cross join this single row.
+-- The two knowledge regexes are also copied into the variables
+-- knowledge_path_regex and knowledge_command_regex when the log is loaded
+-- (a regex must be a constant for DuckDB to compile it once); set those
+-- variables to re-classify tool calls with other patterns (SPEC §4).
 with first_start as (
     select *
     from stg_run_started
@@ -60,6 +65,7 @@ final as (
         cast(json_extract_string(config, '$.paths.top_k') as integer) as top_k,
         cast(json_extract(config, '$.knowledge.file_tools') as varchar[]) as file_tools,
         cast(json_extract(config, '$.knowledge.shell_tools') as varchar[]) as shell_tools,
+        cast(json_extract(config, '$.knowledge.knowledge_tools') as varchar[]) as knowledge_tools,
         json_extract_string(config, '$.knowledge.path_regex') as path_regex,
         json_extract_string(config, '$.knowledge.command_regex') as command_regex
     from first_start

@@ -1,6 +1,6 @@
 -- RunStarted facts: the command and the whole recorded configuration of the run.
 -- grain: seq
--- sources: events
+-- sources: log_run_started
 select
     seq,
     command,
@@ -8,5 +8,5 @@ select
     direction,
     config,
     tool_version
-from events
-where kind = 'run_started'
+from log_run_started
+where in_prefix(seq)

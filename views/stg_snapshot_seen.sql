@@ -1,6 +1,6 @@
 -- SnapshotSeen facts: one row per entry of a scanned all_snapshots/ directory.
 -- grain: task, snapshot
--- sources: events
+-- sources: log_snapshot_seen
 select
     seq,
     task,
@@ -18,5 +18,5 @@ select
     attempt_file,
     attempt_status,
     skip_reason
-from events
-where kind = 'snapshot_seen'
+from log_snapshot_seen
+where in_prefix(seq)

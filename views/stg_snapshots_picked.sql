@@ -1,10 +1,10 @@
 -- SnapshotsPicked decisions: the roots chosen for a task .
 -- grain: seq
--- sources: events
+-- sources: log_snapshots_picked
 select
     seq,
     watermark,
     task,
     detail
-from events
-where kind = 'snapshots_picked'
+from log_snapshots_picked
+where in_prefix(seq)

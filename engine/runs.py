@@ -1,0 +1,185 @@
+"""Creating and resuming exploration runs: roots, config, Teacher backend, summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.catalog import Catalog
+from engine.config import RunConfig
+from engine.explore import Explorer, Progress
+from engine.select import TOOL_VERSION, default_run_id, picked_detail, plan_selection
+from engine.teacher import Teacher
+from ingest.errors import InputError, LogError
+from ingest.events import RootAdded, RunStarted, SnapshotsPicked
+from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.snapshots import read_direction, read_snapshot
+
+
+@dataclass
+class ExploreResult:
+    """What an exploration run holds once the engine returns."""
+
+    run_id: str
+    resumed: bool
+    trees: list[dict[str, Any]]
+    progress: dict[str, Any]
+
+
+def make_teacher(config: RunConfig, run_dir: Path) -> Teacher:
+    """The Teacher backend named by the config."""
+    if config.backend == "sim":
+        from engine.sim import SimTeacher
+
+        return SimTeacher(config.seed, config.backend_options)
+    if config.backend == "opencode":
+        from engine.opencode import OpenCodeTeacher
+
+        return OpenCodeTeacher(config, run_dir)
+    raise InputError(f"unknown backend {config.backend!r} (use sim or opencode)")
+
+
+def _tree_id(i: int, n: int) -> str:
+    return f"T{i:0{max(3, len(str(n)))}d}"
+
+
+def roots_from_dir(roots_dir: Path, task: str) -> list[RootAdded]:
+    """RootAdded facts for every snapshot folder of a ``select-snapshots`` output.
+
+    Folders are ordered by (global index, name); each needs a numeric score (its
+    attempt JSON, as for selection). ``stage`` and ``selection_reason`` come from
+    the copied ``metadata.json`` when present.
+    """
+    roots_dir = Path(roots_dir)
+    if not roots_dir.is_dir():
+        raise InputError(f"{roots_dir}: not a directory")
+    facts = [read_snapshot(p, task) for p in sorted(roots_dir.iterdir())]
+    problems = [f"{f.snapshot}: {f.skip_reason}" for f in facts if f.skip_reason]
+    problems += [
+        f"{f.snapshot}: no numeric score ({f.score_problem})"
+        for f in facts
+        if not f.skip_reason and f.score is None
+    ]
+    if problems:
+        shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+        raise InputError(f"{roots_dir}: cannot use every folder as a root: {shown}")
+    if not facts:
+        raise InputError(f"{roots_dir}: no snapshot folders to explore from")
+    facts.sort(key=lambda f: (f.global_index, f.snapshot))
+    roots = []
+    for i, f in enumerate(facts, start=1):
+        meta = json.loads((Path(f.path) / "metadata.json").read_text())
+        roots.append(
+            RootAdded(
+                tree_id=_tree_id(i, len(facts)), task=task, snapshot=f.snapshot,
+                path=str(Path(f.path).resolve()), global_index=f.global_index,
+                agent_id=f.agent_id, commit_hash=f.commit_hash, score=f.score,
+                stage=meta.get("stage") if isinstance(meta.get("stage"), str) else None,
+                selection_reason=meta.get("selection_reason")
+                if isinstance(meta.get("selection_reason"), str) else None,
+            )
+        )  # fmt: skip
+    return roots
+
+
+def _roots_from_selection(catalog: Catalog, task: str) -> list[RootAdded]:
+    picks = catalog.query(
+        "select * from snapshots where task = ? and selected order by global_index, snapshot", [task]
+    )
+    return [
+        RootAdded(
+            tree_id=_tree_id(i, len(picks)), task=task, snapshot=p["snapshot"], path=p["path"],
+            global_index=p["global_index"], agent_id=p["agent_id"], commit_hash=p["commit_hash"],
+            score=p["score"], stage=p["stage"], selection_reason=p["selection_reason"],
+        )
+        for i, p in enumerate(picks, start=1)
+    ]  # fmt: skip
+
+
+def new_run(
+    data_dir: Path,
+    source: Path,
+    config: RunConfig,
+    run_id: str | None = None,
+    select: bool = False,
+    progress: bool | None = None,
+) -> ExploreResult:
+    """Create an exploration run over the roots in ``source`` and run it to the end.
+
+    With ``select``, ``source`` is a task's ``all_snapshots`` dir: the selection is
+    recorded in this run (SPEC §1) and its picks become the roots.
+    """
+    task = config.task
+    if not task:
+        raise InputError("a task name is needed (--task)")
+    run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", task)
+    if EventLog(data_dir, run_id).exists():
+        raise InputError(f"run {run_id!r} already exists - choose another --run-id or --resume it")
+    if select:
+        events, catalog = plan_selection(source, task, run_id, config.direction, config.selection.num_roots)
+        roots = _roots_from_selection(catalog, task)
+        selection = [e for e in events if not isinstance(e, RunStarted)]
+    else:
+        roots = roots_from_dir(source, task)
+        selection = []
+    started = RunStarted(
+        command="explore", task=task, direction=config.direction,
+        config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},
+        tool_version=TOOL_VERSION,
+    )  # fmt: skip
+    catalog = Catalog.empty()
+    with LogWriter.create(data_dir, run_id) as writer:
+        catalog.insert(writer.stage([started, *selection]))
+        if select:
+            decision = SnapshotsPicked(watermark=writer.tail, task=task,
+                                       detail=picked_detail(catalog, task))  # fmt: skip
+            catalog.insert(writer.stage([decision]))
+        catalog.insert(writer.stage(roots))
+        writer.flush()
+        _explore(writer, catalog, config, progress)
+    return summary(data_dir, run_id, resumed=False)
+
+
+def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, progress: bool | None) -> None:
+    teacher = make_teacher(config, writer.log.dir)
+    try:
+        explorer = Explorer(writer, catalog, config, teacher, Progress(catalog, progress))
+        explorer.record_missing_stops()
+        explorer.run()
+    finally:
+        teacher.close()
+
+
+def resume_run(data_dir: Path, run_id: str, progress: bool | None = None) -> ExploreResult:
+    """Continue an interrupted exploration run from its log."""
+    log = EventLog(data_dir, run_id).require()
+    with LogWriter.open(data_dir, run_id) as writer:
+        catalog = Catalog.for_log(log)
+        rows = catalog.query("select * from stg_run_started order by seq limit 1")
+        if not rows or rows[0]["command"] != "explore":
+            raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
+        if catalog.query("select count(*) as n from stg_run_finished")[0]["n"]:
+            return summary(data_dir, run_id, resumed=False)
+        config = RunConfig.model_validate(
+            {k: v for k, v in json.loads(rows[0]["config"]).items() if k != "source"}
+        )
+        teacher = make_teacher(config, writer.log.dir)
+        try:
+            explorer = Explorer(writer, catalog, config, teacher, Progress(catalog, progress))
+            explorer.recover()
+            explorer.record_missing_stops()
+            explorer.run()
+        finally:
+            teacher.close()
+    return summary(data_dir, run_id, resumed=True)
+
+
+def summary(data_dir: Path, run_id: str, resumed: bool) -> ExploreResult:
+    """The trees and totals of a run, read back from its log."""
+    catalog = Catalog.for_log(EventLog(data_dir, run_id).require())
+    trees = catalog.query("select * from trees order by tree_id")
+    progress = catalog.query("select * from run_progress")[0]
+    return ExploreResult(run_id, resumed, trees, progress)
+

@@ -1,0 +1,247 @@
+"""A deterministic simulated Teacher (``--backend sim``).
+
+Every turn is a function of (seed, edge id, turn, start checkpoint) only, so a
+run's trees do not depend on scheduling or timing. The sim writes the same JSON
+event stream ``opencode run --format json`` prints (step_start, tool_use, text,
+step_finish...) and parses it with the real parser, so it produces the same kinds
+of facts as a real session: individual tool calls with statuses and targets,
+steps with token usage, message text, and an eval result.
+
+Behaviour, per edge and per turn:
+- the oriented score moves from the start state's latent quality with an
+  edge-level drift and per-turn noise; about ``null_eval_rate`` of evals return no
+  score (a crash or a timeout);
+- an edge-level error propensity gives tool-error rates of 0 for about half the
+  edges, 3-20% for most others and 30-60% for a tail; about ``hard_share`` of the
+  roots are hard (more tool errors, a third of evals fail), so some trees run out
+  of candidates;
+- knowledge actions (reading or writing notes, ``coral notes``/``coral log``,
+  loading a skill) appear in some turns;
+- the session context grows 8-25k tokens a turn, so the 100k limit ends some
+  branches at depth 2-4.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from typing import Any
+
+from engine.teacher import FactSink, RootInfo, TurnCancelled, TurnRequest
+from ingest.events import EvalFinished, Event, TurnFinished
+from ingest.opencode import StreamParser
+
+CODE_FILES = ["solution.py", "bench.py", "tests/test_solution.py", "README.md"]
+NOTE_NAMES = ["tiling.md", "grader-noise.md", "vector-path.md", "dead-ends.md"]
+
+
+def _rng(*parts: object) -> random.Random:
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+class SimTeacher:
+    """Simulated Teacher; ``options`` come from ``backend_options`` in the run config."""
+
+    name = "sim"
+
+    def __init__(self, seed: int, options: dict[str, Any] | None = None) -> None:
+        options = options or {}
+        self.seed = seed
+        self.latency_s = float(options.get("latency_s", 0.0))
+        self.null_eval_rate = float(options.get("null_eval_rate", 0.10))
+        self.hard_share = float(options.get("hard_share", 0.12))
+        self.token_growth = tuple(options.get("token_growth", (8000, 25000)))
+        # A fresh session starts with the system prompt and tool schemas (~30 KB).
+        self.base_context = int(options.get("base_context", 9000))
+
+    # -- Teacher interface
+
+    def root_state(self, root: RootInfo) -> dict[str, Any]:
+        return {"quality": root.score, "ctx": 0, "session": None}
+
+    def discard(self, state: dict[str, Any]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def run_turn(
+        self, request: TurnRequest, on_fact: FactSink, cancel: threading.Event
+    ) -> list[Event]:
+        edge = _rng(self.seed, "edge", request.edge_id)
+        rng = _rng(self.seed, "turn", request.edge_id, request.turn)
+        hard = _rng(self.seed, "tree", request.tree_id).random() < self.hard_share
+        traits = self._edge_traits(edge, hard)
+        if self.latency_s > 0 and cancel.wait(self.latency_s * rng.uniform(0.5, 1.5)):
+            raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
+        if cancel.is_set():
+            raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
+        start = request.start_state
+        session = start.get("session")
+        fresh = session is None
+        if request.fork or fresh:
+            session = "ses_sim_" + hashlib.sha256(request.edge_id.encode()).hexdigest()[:20]
+        ctx_start = self.base_context if fresh else int(start.get("ctx") or 0)
+        low, high = self.token_growth
+        growth = int(min(high, max(low, traits["growth"] * rng.uniform(0.9, 1.1))))
+        lines = self._stream(rng, traits, session, ctx_start, growth, request)
+        parser = StreamParser(request.tree_id, request.edge_id, request.turn)
+        facts: list[Event] = []
+        for line in lines:
+            for fact in parser.feed(line):
+                on_fact(fact)
+                facts.append(fact)
+        quality = start.get("quality")
+        score, status, new_quality = self._eval(rng, traits, quality, request.direction)
+        facts.append(
+            EvalFinished(
+                tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
+                score=score, eval_status=status, commit_hash=_commit(request), source="sim",
+                feedback=None if score is None else f"sim score {score}",
+            )
+        )  # fmt: skip
+        facts.append(
+            TurnFinished(
+                tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
+                session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
+                state={"quality": new_quality, "ctx": parser.summary.context_tokens,
+                       "session": parser.summary.session_id},
+                prompt=f"sim turn {request.turn} of {request.edge_id}",
+                transcript="\n".join(lines) + "\n",
+            )
+        )  # fmt: skip
+        return facts
+
+    # -- the simulation
+
+    @staticmethod
+    def _edge_traits(edge: random.Random, hard: bool) -> dict[str, float]:
+        # A hard root (a snapshot in a bad state) makes the Teacher fail more often.
+        tier = edge.random()
+        clean, mild = (0.3, 0.55) if hard else (0.5, 0.85)
+        if tier < clean:
+            err_p = 0.0
+        elif tier < mild:
+            err_p = edge.uniform(0.03, 0.20)
+        else:
+            err_p = edge.uniform(0.30, 0.60)
+        return {
+            "err_p": err_p,
+            "null_eval": 0.35 if hard else -1.0,
+            "know_p": edge.uniform(0.3, 0.95),
+            "drift": edge.gauss(0.01, 0.03),
+            "growth": edge.uniform(8000, 25000),  # tokens a turn adds to the session
+        }
+
+    def _eval(
+        self, rng: random.Random, traits: dict[str, float], quality: float | None, direction: str
+    ) -> tuple[float | None, str, float | None]:
+        if quality is None:
+            return None, "crashed", None
+        sign = -1.0 if direction == "minimize" else 1.0
+        scale = max(abs(quality), 1.0)
+        new_quality = quality + sign * scale * (traits["drift"] + rng.gauss(0.0, 0.04))
+        if rng.random() < max(self.null_eval_rate, traits["null_eval"]):
+            return None, rng.choice(["crashed", "timeout"]), quality
+        score = round(new_quality + rng.gauss(0.0, 0.005 * scale), 4)
+        status = "improved" if sign * (score - quality) > 0 else "regressed"
+        return score, status, new_quality
+
+    def _stream(
+        self,
+        rng: random.Random,
+        traits: dict[str, float],
+        session: str,
+        ctx_start: int,
+        growth: int,
+        request: TurnRequest,
+    ) -> list[str]:
+        n_steps = rng.randint(2, 6)
+        wants_knowledge = rng.random() < traits["know_p"]
+        knowledge_step = rng.randint(1, n_steps - 1)
+        clock = 1_796_000_000_000 + rng.randint(0, 10**9)
+        lines: list[str] = []
+        ctx = ctx_start
+        call_no = 0
+
+        def emit(kind: str, part: dict[str, Any]) -> None:
+            nonlocal clock
+            clock += rng.randint(50, 4000)
+            lines.append(json.dumps({"type": kind, "timestamp": clock, "sessionID": session,
+                                     "part": part}, separators=(",", ":")))  # fmt: skip
+
+        for step in range(1, n_steps + 1):
+            emit("step_start", {"type": "step-start"})
+            last = step == n_steps
+            calls: list[tuple[str, dict[str, Any]]] = []
+            if last:
+                calls.append(("bash", {"command": f'coral eval -m "sim {request.edge_id} t{request.turn}"'}))
+            else:
+                if wants_knowledge and step == knowledge_step:
+                    calls.append(self._knowledge_call(rng))
+                for _ in range(rng.randint(1, 3)):
+                    calls.append(self._work_call(rng))
+            for tool, inputs in calls:
+                call_no += 1
+                failed = not last and rng.random() < traits["err_p"]
+                state: dict[str, Any] = {"status": "error" if failed else "completed", "input": inputs}
+                if failed:
+                    state["error"] = rng.choice([
+                        "File not found: " + str(inputs.get("filePath", inputs.get("command"))),
+                        "Could not find oldString in the file.",
+                        "The read tool was called with invalid arguments.",
+                    ])  # fmt: skip
+                else:
+                    state["output"] = "ok"
+                emit("tool_use", {"type": "tool", "tool": tool, "state": state,
+                                  "callID": f"call_{request.edge_id}_{request.turn}_{call_no}"})  # fmt: skip
+            if last:
+                emit("text", {"type": "text", "text": "Submitted the change with coral eval."})
+            share = growth // n_steps if not last else growth - (growth // n_steps) * (n_steps - 1)
+            output = rng.randint(100, 900)
+            ctx += share
+            emit("step_finish", {
+                "type": "step-finish", "reason": "stop" if last else "tool-calls",
+                "tokens": {"total": ctx, "input": ctx - output, "output": output, "reasoning": 0,
+                           "cache": {"read": 0, "write": 0}},
+                "cost": 0,
+            })  # fmt: skip
+        return lines
+
+    @staticmethod
+    def _work_call(rng: random.Random) -> tuple[str, dict[str, Any]]:
+        tool = rng.choices(["read", "edit", "bash", "grep", "glob", "write"],
+                           weights=[30, 20, 25, 10, 5, 10])[0]  # fmt: skip
+        path = rng.choice(CODE_FILES)
+        if tool == "bash":
+            return tool, {"command": rng.choice(["python bench.py", "pytest -q", "git diff --stat"])}
+        if tool == "grep":
+            return tool, {"pattern": rng.choice(["TILE", "def matmul", "UNROLL"]), "path": "."}
+        if tool == "glob":
+            return tool, {"pattern": "**/*.py", "path": "."}
+        return tool, {"filePath": path}
+
+    @staticmethod
+    def _knowledge_call(rng: random.Random) -> tuple[str, dict[str, Any]]:
+        note = rng.choice(NOTE_NAMES)
+        return rng.choice([
+            ("read", {"filePath": f".opencode/notes/{note}"}),
+            ("write", {"filePath": f".opencode/notes/{note}", "content": "finding"}),
+            ("bash", {"command": "coral notes"}),
+            ("bash", {"command": "coral log --search tile"}),
+            ("skill", {"name": "profile-kernel"}),
+            ("grep", {"pattern": "TILE", "path": ".opencode/skills"}),
+        ])  # fmt: skip
+
+
+def _commit(request: TurnRequest) -> str:
+    return hashlib.sha1(f"{request.edge_id}|{request.turn}".encode()).hexdigest()
+
+
+def make_sim(seed: int, options: dict[str, Any]) -> SimTeacher:
+    """The sim backend for a run config's seed and backend options."""
+    return SimTeacher(seed, options)
+

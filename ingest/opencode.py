@@ -1,0 +1,171 @@
+"""Parse ``opencode run --format json`` streams into turn facts.
+
+One JSON object per line with ``type`` in step_start, step_finish, tool_use, text,
+reasoning, error (reference/opencode-facts.md §5). ``tool_use`` comes once per
+call when it finishes, with ``state.status`` completed or error. Lines that are
+not JSON, have no known type, or miss required keys become ``StreamLineSkipped``
+facts; nothing here raises on bad input.
+
+A tool call counts as an error when OpenCode reports ``status: error`` or when the
+model called a tool that does not exist (OpenCode's ``invalid`` tool). A shell
+command that exits non-zero is not a tool error: the tool worked.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.events import Event, MessageWritten, StepFinished, StreamLineSkipped, ToolCalled
+
+KNOWN_TYPES = {"step_start", "step_finish", "tool_use", "text", "reasoning", "error"}
+MAX_TEXT = 2000
+
+# Where each tool keeps the file, pattern or command it acts on.
+TARGET_KEYS = {
+    "bash": ("command",),
+    "shell": ("command",),
+    "read": ("filePath", "path"),
+    "write": ("filePath", "path"),
+    "edit": ("filePath", "path"),
+    "multiedit": ("filePath", "path"),
+    "patch": ("filePath", "path"),
+    "list": ("path",),
+    "ls": ("path",),
+    "glob": ("path", "pattern"),
+    "grep": ("path", "pattern", "include"),
+    "skill": ("name",),
+    "task": ("description", "prompt"),
+    "webfetch": ("url",),
+    "invalid": ("tool",),
+}
+
+
+def tool_target(tool: str, inputs: Any) -> str | None:
+    """The path, pattern or command a tool call acts on (joined when several apply)."""
+    if not isinstance(inputs, dict):
+        return None
+    keys = TARGET_KEYS.get(tool, ("filePath", "path", "command", "pattern"))
+    values = [str(inputs[k]) for k in keys if isinstance(inputs.get(k), str | int | float)]
+    if tool in ("glob", "grep") and len(values) > 1:
+        return " ".join(values)
+    return values[0] if values else None
+
+
+@dataclass
+class TurnStream:
+    """What one turn's stream said besides its facts."""
+
+    session_id: str | None = None
+    context_tokens: int = 0
+    steps: int = 0
+    errors: list[str] = field(default_factory=list)
+    lines: int = 0
+
+
+class StreamParser:
+    """Incremental parser for one rollout turn's JSON event stream."""
+
+    def __init__(self, tree_id: str, edge_id: str, turn: int) -> None:
+        self.ids = {"tree_id": tree_id, "edge_id": edge_id, "turn": turn}
+        self.summary = TurnStream()
+        self._step = 0
+
+    def feed(self, line: str) -> list[Event]:
+        """Facts of one line (``[]`` for lines that carry none, such as step_start)."""
+        self.summary.lines += 1
+        line_no = self.summary.lines
+        text = line.strip()
+        if not text:
+            return []
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as err:
+            return [self._skip(line_no, f"invalid JSON ({err.msg})", text)]
+        if not isinstance(obj, dict):
+            return [self._skip(line_no, "not a JSON object", text)]
+        kind = obj.get("type")
+        if kind not in KNOWN_TYPES:
+            return [self._skip(line_no, f"unknown event type {kind!r}", text)]
+        if self.summary.session_id is None and isinstance(obj.get("sessionID"), str):
+            self.summary.session_id = obj["sessionID"]
+        try:
+            return getattr(self, f"_on_{kind}")(obj)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            return [self._skip(line_no, f"malformed {kind} event ({err!r})", text)]
+
+    def _skip(self, line_no: int, problem: str, text: str) -> StreamLineSkipped:
+        return StreamLineSkipped(**self.ids, line_no=line_no, problem=problem, line=text[:MAX_TEXT])
+
+    def _on_step_start(self, obj: dict) -> list[Event]:
+        self._step += 1
+        self.summary.steps = self._step
+        return []
+
+    def _on_step_finish(self, obj: dict) -> list[Event]:
+        part = obj["part"]
+        tokens = part.get("tokens") or {}
+        cache = tokens.get("cache") or {}
+        values = {
+            "tokens_input": int(tokens.get("input", 0)),
+            "tokens_output": int(tokens.get("output", 0)),
+            "tokens_reasoning": int(tokens.get("reasoning", 0)),
+            "tokens_cache_read": int(cache.get("read", 0)),
+            "tokens_cache_write": int(cache.get("write", 0)),
+        }
+        # total = prompt + completion when the provider reported usage (facts §5).
+        total = tokens.get("total")
+        if total is None:
+            total = sum(values.values())
+        values["tokens_total"] = int(total)
+        self.summary.context_tokens = values["tokens_total"]
+        return [
+            StepFinished(
+                **self.ids, step=max(self._step, 1), reason=part.get("reason"),
+                cost=float(part.get("cost") or 0.0), **values,
+            )
+        ]  # fmt: skip
+
+    def _on_tool_use(self, obj: dict) -> list[Event]:
+        part = obj["part"]
+        state = part.get("state") or {}
+        tool = str(part["tool"])
+        failed = state.get("status") == "error" or tool == "invalid"
+        error = state.get("error") if state.get("status") == "error" else None
+        if tool == "invalid" and error is None:
+            error = str(state.get("output") or (state.get("input") or {}).get("error") or "")
+        return [
+            ToolCalled(
+                **self.ids, step=max(self._step, 1), call_id=str(part.get("callID") or part.get("id")),
+                tool=tool, status="error" if failed else "ok",
+                target=_clip(tool_target(tool, state.get("input"))), error=_clip(error),
+            )
+        ]  # fmt: skip
+
+    def _on_text(self, obj: dict) -> list[Event]:
+        return [MessageWritten(**self.ids, step=max(self._step, 1), part="text",
+                               text=str(obj["part"].get("text", "")))]  # fmt: skip
+
+    def _on_reasoning(self, obj: dict) -> list[Event]:
+        return [MessageWritten(**self.ids, step=max(self._step, 1), part="reasoning",
+                               text=str(obj["part"].get("text", "")))]  # fmt: skip
+
+    def _on_error(self, obj: dict) -> list[Event]:
+        err = obj.get("error") or {}
+        data = err.get("data") or {}
+        self.summary.errors.append(f"{err.get('name', 'Error')}: {data.get('message', '')}".strip())
+        return []
+
+
+def _clip(value: str | None) -> str | None:
+    return value if value is None or len(value) <= MAX_TEXT else value[:MAX_TEXT] + "…"
+
+
+def parse_stream(text: str, tree_id: str, edge_id: str, turn: int) -> tuple[list[Event], TurnStream]:
+    """Facts and summary of a whole stream."""
+    parser = StreamParser(tree_id, edge_id, turn)
+    facts: list[Event] = []
+    for line in text.splitlines():
+        facts.extend(parser.feed(line))
+    return facts, parser.summary

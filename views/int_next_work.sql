@@ -1,0 +1,123 @@
+-- Per tree and evaluation point: the edge that should start next, if any (SPEC §2).
+-- grain: tree_id, asof_seq
+-- sources: int_trees__asof, int_nodes__asof, int_edges__scored, int_nodes__created, run_config
+--
+-- Nothing once the tree's stop condition holds. Otherwise, in this order: the
+-- root's next unstarted direction (kind fanout, lowest slot first), a retry owed
+-- to a layer-1 attempt judged 'retry' (kind retry, oldest first), or the active
+-- candidate with the highest Select, ties to the smallest node id (kind select).
+-- A selected node's slot is one more than the edges it has started; the edge id
+-- is <parent>/e<slot>-<attempt>.
+with trees as (
+    select * from int_trees__asof
+    where stop_reason is null
+),
+
+root_slots as (
+    select
+        t.tree_id,
+        t.asof_seq,
+        s.slot
+    from trees as t
+    cross join run_config as cfg
+    cross join range(1, cfg.root_children + 1) as s (slot)
+),
+
+fanout as (
+    select
+        r.tree_id,
+        r.asof_seq,
+        'fanout' as kind,
+        r.tree_id as parent_id,
+        cast(r.slot as integer) as slot,
+        1 as attempt,
+        r.slot as priority
+    from root_slots as r
+    where not exists (
+        select 1
+        from int_edges__scored as e
+        where
+            e.tree_id = r.tree_id
+            and e.layer = 1
+            and e.slot = r.slot
+            and e.started_seq <= r.asof_seq
+    )
+),
+
+retries as (
+    select
+        t.tree_id,
+        t.asof_seq,
+        'retry' as kind,
+        e.parent_id,
+        e.slot,
+        e.attempt + 1 as attempt,
+        1000000 + e.completed_seq as priority
+    from trees as t
+    inner join int_edges__scored as e
+        on
+            t.tree_id = e.tree_id
+            and e.layer = 1
+            and e.verdict = 'retry'
+            and e.completed_seq <= t.asof_seq
+    where not exists (
+        select 1
+        from int_edges__scored as n
+        where
+            n.tree_id = e.tree_id
+            and n.layer = 1
+            and n.slot = e.slot
+            and n.attempt = e.attempt + 1
+            and n.started_seq <= t.asof_seq
+    )
+),
+
+selected as (
+    select
+        n.tree_id,
+        n.asof_seq,
+        'select' as kind,
+        n.node_id as parent_id,
+        cast(n.started_edges + 1 as integer) as slot,
+        1 as attempt,
+        cast(9e18 as bigint) as priority,
+        n.select_score,
+        n.q,
+        n.t
+    from int_nodes__asof as n
+    semi join trees as t using (tree_id, asof_seq)
+    where n.is_active
+    qualify
+        row_number() over (
+            partition by n.tree_id, n.asof_seq
+            order by round(n.select_score, 12) desc, node_key(n.node_id)
+        ) = 1
+),
+
+candidates as (
+    select *, null as select_score, null as q, null as t from fanout
+    union all by name
+    select *, null as select_score, null as q, null as t from retries
+    union all by name
+    select * from selected
+),
+
+final as (
+    select
+        c.tree_id,
+        c.asof_seq,
+        c.kind,
+        c.parent_id,
+        c.slot,
+        c.attempt,
+        c.parent_id || '/e' || c.slot || '-' || c.attempt as edge_id,
+        c.select_score,
+        c.q,
+        c.t,
+        p.state as parent_state
+    from candidates as c
+    left join int_nodes__created as p on c.tree_id = p.tree_id and c.parent_id = p.node_id
+    qualify row_number() over (partition by c.tree_id, c.asof_seq order by c.priority) = 1
+)
+
+select * from final

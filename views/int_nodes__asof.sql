@@ -1,0 +1,124 @@
+-- Per evaluation point and node present then: children, failures, in-flight, leaf, ranks, Q, T, Select.
+-- grain: tree_id, asof_seq, node_id
+-- sources: int_points, int_nodes__scored, int_edges__scored, run_config
+-- materialized: table
+--
+-- A node is present at point w when created_seq <= w; an edge counts as started
+-- when started_seq <= w and as finished when completed_seq <= w.
+-- open_leaf_reason (the final 'stopped' is added by int_nodes__final): token
+-- (tok >= limit, checked first), depth (depth >= max_depth), exhausted (non-root,
+-- childless, failed >= max_failed_expansions).
+-- Active candidate: non-root, not a leaf, depth < max_depth, tok < limit, children
+-- below max_children, failed below max_failed_expansions, nothing in flight.
+-- score_rank: mid-rank pct of score_o among present nodes with a score (0 if null);
+-- best_rank: pct of path_best_o among present nodes; t: pct of -tok among the
+-- active candidates; q = w1*score_rank + w2*best_rank + w3*process; select = q + alpha*t.
+with present as (
+    select
+        p.asof_seq,
+        p.is_now,
+        n.*
+    from int_points as p
+    inner join int_nodes__scored as n on p.tree_id = n.tree_id and n.created_seq <= p.asof_seq
+),
+
+edge_counts as (
+    select
+        p.tree_id,
+        p.asof_seq,
+        e.parent_id as node_id,
+        count(*) as started_edges,
+        count(*) filter (where e.verdict = 'pruned' and e.completed_seq <= p.asof_seq)
+            as failed_expansions,
+        count(*) filter (where e.completed_seq is null or e.completed_seq > p.asof_seq)
+            as in_flight
+    from int_points as p
+    inner join int_edges__scored as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
+    group by all
+),
+
+child_counts as (
+    select
+        tree_id,
+        asof_seq,
+        parent_id as node_id,
+        count(*) as valid_children
+    from present
+    where parent_id is not null
+    group by all
+),
+
+stated as (
+    select
+        n.*,
+        coalesce(c.valid_children, 0) as valid_children,
+        coalesce(e.failed_expansions, 0) as failed_expansions,
+        coalesce(e.in_flight, 0) as in_flight,
+        coalesce(e.started_edges, 0) as started_edges,
+        case
+            when n.depth > 0 and n.tok >= cfg.hard_token_limit then 'token'
+            when n.depth >= cfg.max_depth then 'depth'
+            when
+                n.depth > 0
+                and coalesce(c.valid_children, 0) = 0
+                and coalesce(e.failed_expansions, 0) >= cfg.max_failed_expansions
+                then 'exhausted'
+        end as open_leaf_reason,
+        n.depth > 0
+        and n.depth < cfg.max_depth
+        and n.tok < cfg.hard_token_limit
+        and coalesce(c.valid_children, 0) < cfg.max_children
+        and coalesce(e.failed_expansions, 0) < cfg.max_failed_expansions
+        and coalesce(e.in_flight, 0) = 0 as is_active,
+        cfg.w_score_rank,
+        cfg.w_best_rank,
+        cfg.w_process,
+        cfg.alpha
+    from present as n
+    cross join run_config as cfg
+    left join child_counts as c using (tree_id, asof_seq, node_id)
+    left join edge_counts as e using (tree_id, asof_seq, node_id)
+),
+
+ranked as (
+    select
+        * exclude (w_score_rank, w_best_rank, w_process, alpha),
+        case
+            when score_o is not null then pct(
+                rank() over (partition by tree_id, asof_seq, score_o is null order by score_o) - 1,
+                count(*) over (partition by tree_id, asof_seq, score_o),
+                count(*) over (partition by tree_id, asof_seq, score_o is null)
+            )
+            else 0.0
+        end as score_rank,
+        pct(
+            rank() over (partition by tree_id, asof_seq order by path_best_o) - 1,
+            count(*) over (partition by tree_id, asof_seq, path_best_o),
+            count(*) over (partition by tree_id, asof_seq)
+        ) as best_rank,
+        case
+            when is_active then pct(
+                rank() over (partition by tree_id, asof_seq, is_active order by -tok) - 1,
+                count(*) over (partition by tree_id, asof_seq, is_active, tok),
+                count(*) over (partition by tree_id, asof_seq, is_active)
+            )
+        end as t,
+        w_score_rank,
+        w_best_rank,
+        w_process,
+        alpha
+    from stated
+),
+
+scored as (
+    select
+        * exclude (w_score_rank, w_best_rank, w_process, alpha),
+        w_score_rank * score_rank + w_best_rank * best_rank + w_process * process as q,
+        alpha
+    from ranked
+)
+
+select
+    * exclude (alpha),
+    q + alpha * t as select_score
+from scored

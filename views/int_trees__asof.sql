@@ -1,0 +1,77 @@
+-- Per tree and evaluation point: kept edges, good leaves, in-flight and pending work, stop (SPEC §2).
+-- grain: tree_id, asof_seq
+-- sources: int_points, int_nodes__asof, int_edges__scored, run_config
+-- materialized: table
+--
+-- Pending starts: root directions 1..root_children not started yet, and retries
+-- owed to layer-1 attempts judged 'retry' (each is answered by one start of
+-- attempt + 1). Stop (the first that holds): good leaves (depth/token/exhausted)
+-- >= target -> good_leaves; kept edges > max_valid_edges -> max_edges; no active
+-- candidate, nothing in flight, nothing pending -> exhausted. The condition is
+-- monotone: once it holds at a point it holds at every later one.
+with node_stats as (
+    select
+        tree_id,
+        asof_seq,
+        count(*) filter (where depth > 0) as kept_edges,
+        count(*) filter (where open_leaf_reason is not null) as good_leaves,
+        count(*) filter (where is_active) as active_candidates,
+        max(score_o) as best_score_o
+    from int_nodes__asof
+    group by all
+),
+
+edge_stats as (
+    select
+        p.tree_id,
+        p.asof_seq,
+        count(*) filter (where e.completed_seq is null or e.completed_seq > p.asof_seq)
+            as in_flight,
+        count(distinct e.slot) filter (where e.layer = 1) as root_slots_started,
+        count(*) filter (
+            where e.layer = 1 and e.verdict = 'retry' and e.completed_seq <= p.asof_seq
+        ) as retries_owed,
+        count(*) filter (where e.layer = 1 and e.attempt >= 2) as retries_started
+    from int_points as p
+    inner join int_edges__scored as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
+    group by all
+),
+
+counted as (
+    select
+        p.tree_id,
+        p.asof_seq,
+        p.is_now,
+        coalesce(ns.kept_edges, 0) as kept_edges,
+        coalesce(ns.good_leaves, 0) as good_leaves,
+        coalesce(ns.active_candidates, 0) as active_candidates,
+        ns.best_score_o,
+        coalesce(es.in_flight, 0) as in_flight,
+        greatest(0, cfg.root_children - coalesce(es.root_slots_started, 0)) as pending_fanout,
+        coalesce(es.retries_owed, 0) - coalesce(es.retries_started, 0) as pending_retries,
+        cfg.target_good_leaves,
+        cfg.max_valid_edges
+    from int_points as p
+    cross join run_config as cfg
+    left join node_stats as ns using (tree_id, asof_seq)
+    left join edge_stats as es using (tree_id, asof_seq)
+),
+
+stopped as (
+    select
+        * exclude (target_good_leaves, max_valid_edges),
+        case
+            when good_leaves >= target_good_leaves then 'good_leaves'
+            when kept_edges > max_valid_edges then 'max_edges'
+            when
+                active_candidates = 0 and in_flight = 0 and pending_fanout = 0
+                and pending_retries = 0
+                then 'exhausted'
+        end as stop_reason
+    from counted
+)
+
+select
+    *,
+    stop_reason is not null and in_flight = 0 as is_done
+from stopped

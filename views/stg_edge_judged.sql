@@ -1,0 +1,12 @@
+-- EdgeJudged decisions: the recorded verdict of each finished edge attempt.
+-- grain: seq
+-- sources: log_edge_judged
+select
+    seq,
+    watermark,
+    tree_id,
+    edge_id,
+    verdict,
+    child_id
+from log_edge_judged
+where in_prefix(seq) and in_scope(tree_id)

@@ -1,0 +1,12 @@
+-- EdgeStarted facts: every edge attempt launched.
+-- grain: edge_id
+-- sources: log_edge_started
+select
+    seq,
+    tree_id,
+    edge_id,
+    parent_id,
+    slot,
+    attempt
+from log_edge_started
+where in_prefix(seq) and in_scope(tree_id)

@@ -1,0 +1,14 @@
+-- EvalFinished facts: the coral eval result of each turn (score null when no number).
+-- grain: seq
+-- sources: log_eval_finished
+select
+    seq,
+    tree_id,
+    edge_id,
+    turn,
+    score,
+    eval_status,
+    commit_hash,
+    source
+from log_eval_finished
+where in_prefix(seq) and in_scope(tree_id)

@@ -1,0 +1,12 @@
+-- MessageWritten facts: text and reasoning parts (their text stays in the Parquet log).
+-- grain: seq
+-- sources: log_message_written
+select
+    seq,
+    tree_id,
+    edge_id,
+    turn,
+    step,
+    part
+from log_message_written
+where in_prefix(seq) and in_scope(tree_id)

@@ -1,0 +1,12 @@
+-- PathsSelected decisions: recorded Top-k path selections.
+-- grain: seq
+-- sources: log_paths_selected
+select
+    seq,
+    watermark,
+    selection_id,
+    weights,
+    top_k,
+    paths
+from log_paths_selected
+where in_prefix(seq)

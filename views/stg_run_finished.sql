@@ -1,0 +1,8 @@
+-- RunFinished facts: a run ended normally.
+-- grain: seq
+-- sources: log_run_finished
+select
+    seq,
+    outcome
+from log_run_finished
+where in_prefix(seq)

@@ -1,0 +1,8 @@
+-- RunResumed facts: a run was continued from its log.
+-- grain: seq
+-- sources: log_run_resumed
+select
+    seq,
+    note
+from log_run_resumed
+where in_prefix(seq)

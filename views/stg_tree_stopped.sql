@@ -1,0 +1,10 @@
+-- TreeStopped decisions: the recorded stop of each tree.
+-- grain: seq
+-- sources: log_tree_stopped
+select
+    seq,
+    watermark,
+    tree_id,
+    reason
+from log_tree_stopped
+where in_prefix(seq) and in_scope(tree_id)

@@ -1,0 +1,17 @@
+-- TurnFinished facts: one per finished rollout turn, with context tokens and checkpoint.
+-- grain: seq
+-- sources: log_turn_finished
+select
+    seq,
+    tree_id,
+    edge_id,
+    turn,
+    session_id,
+    context_tokens,
+    outcome,
+    error,
+    state,
+    started_at,
+    wall_seconds
+from log_turn_finished
+where in_prefix(seq) and in_scope(tree_id)

@@ -1,0 +1,12 @@
+-- TurnSkipped decisions: turn 2 not run because the edge could no longer be kept.
+-- grain: seq
+-- sources: log_turn_skipped
+select
+    seq,
+    watermark,
+    tree_id,
+    edge_id,
+    turn,
+    reason
+from log_turn_skipped
+where in_prefix(seq) and in_scope(tree_id)
