@@ -118,6 +118,11 @@ def _referenced_tables(con: duckdb.DuckDBPyConnection, view: ViewDef) -> set[str
     if tree.get("error"):
         msg = f"{view.path}: {tree.get('error_message', 'cannot parse the SQL')}"
         raise ViewBuildError(msg)
+    return _base_tables(tree)
+
+
+def _base_tables(tree: Any) -> set[str]:
+    """Relation names a serialized statement reads, minus its own CTE names."""
     tables: set[str] = set()
     ctes: set[str] = set()
 
@@ -182,9 +187,10 @@ class Catalog:
                 self._execute(view.path, f"create or replace view {name} as\n{view.sql}")
                 con.execute(f"comment on view {name} is '{comment}'")
         self._dirty_all = False
-        self._pending: dict[str, set[str]] = {}  # tree -> kinds inserted since the last refresh
         self._incoming: list[pa.Table] = []
         self._plan_refresh()
+        self._stale: dict[str, set[str]] = {n: set() for n in self.tables}  # table -> trees
+        self._needs: dict[str, list[str]] = {}  # sql -> tables it reads (cache)
 
     def _plan_refresh(self) -> None:
         """For each tree table: the event kinds and the tables it reads (through views)."""
@@ -209,6 +215,7 @@ class Catalog:
                 if dep in reads and dep not in self.tables:
                     todo.extend(reads[dep])
             self._kinds[name], self._upstream[name] = kinds, ups
+        self._downstream = {n: {d for d in self.tables if n in self._upstream[d]} for n in self.tables}
 
     def _check_materialized(self) -> None:
         """A whole-run table must not read tree data: it is not refreshed tree by tree."""
@@ -285,16 +292,21 @@ class Catalog:
             self._dirty_all = True
             self._sync_knowledge_patterns()
             return
+        trees_by_kind: dict[str, set[str]] = {}
         for tree, kind in zip(table.column("tree_id").to_pylist(), kind_column, strict=True):
             if tree is not None:
-                self._pending.setdefault(tree, set()).add(kind)
+                trees_by_kind.setdefault(kind, set()).add(tree)
+        for name in self.tables:
+            for kind in self._kinds[name] & set(trees_by_kind):
+                self._stale[name] |= trees_by_kind[kind]
 
-    def refresh(self) -> None:
+    def refresh(self, tables: list[str] | None = None) -> None:
         """Re-compute the materialized rows that inserted events made stale.
 
-        A tree's rows of a table are recomputed when an event of a kind the table
-        reads (through its views) arrived for that tree, or when the table reads
-        another table whose rows of that tree were just recomputed.
+        A tree's rows of a table are stale when an event of a kind the table reads
+        (through its views) arrived for that tree, or when a table it reads had that
+        tree's rows recomputed. ``tables`` limits the work to what a query needs
+        (with what they read); stale rows of other tables wait for their turn.
         """
         self._apply_incoming()
         if self._dirty_all:
@@ -302,36 +314,53 @@ class Catalog:
                 sql = self.views[name].sql
                 self._execute(self.views[name].path, f"delete from {name}")
                 self._execute(self.views[name].path, f"insert into {name} select * from ({sql})")
+                self._stale[name].clear()
             self._dirty_all = False
-            self._pending.clear()
             return
-        if not self._pending:
+        wanted = [n for n in self.tables if tables is None or n in tables]
+        if not any(self._stale[n] for n in wanted):
             return
-        changed: dict[str, set[str]] = {}
-        self.con.execute("set variable refresh_trees = ?", [sorted(self._pending)])
+        # Trees that upstream tables make stale are among these, so the scope holds.
+        scope = sorted(set().union(*(self._stale[n] for n in wanted)))
+        self.con.execute("set variable refresh_trees = ?", [scope])
         try:
-            self._refresh_trees(changed)
+            for name in wanted:
+                self._refresh_table(name)
         finally:
             self.con.execute("reset variable refresh_trees")
-        self._pending.clear()
 
-    def _refresh_trees(self, changed: dict[str, set[str]]) -> None:
-        for name in self.tables:
-            view = self.views[name]
-            if not view.tree_scoped:
-                continue
-            trees = {t for t, kinds in self._pending.items() if kinds & self._kinds[name]}
-            for up in self._upstream[name]:
-                trees |= changed.get(up, set())
-            if not trees:
-                continue
-            listed = ", ".join("'" + t.replace("'", "''") + "'" for t in sorted(trees))
-            self._execute(view.path, f"delete from {name} where tree_id in ({listed})")
-            self._execute(
-                view.path,
-                f"insert into {name} select * from ({view.sql}) where tree_id in ({listed})",
-            )
-            changed[name] = trees
+    def _refresh_table(self, name: str) -> None:
+        trees = self._stale[name]
+        if not trees:  # became stale through an upstream table refreshed just now
+            return
+        view = self.views[name]
+        listed = ", ".join("'" + t.replace("'", "''") + "'" for t in sorted(trees))
+        self._execute(view.path, f"delete from {name} where tree_id in ({listed})")
+        self._execute(
+            view.path, f"insert into {name} select * from ({view.sql}) where tree_id in ({listed})"
+        )
+        for down in self._downstream[name]:
+            self._stale[down] |= trees
+        self._stale[name] = set()
+
+    def _tables_needed(self, sql: str) -> list[str]:
+        """The materialized tables a query reads, directly or through views."""
+        if sql not in self._needs:
+            raw = self.con.execute("select json_serialize_sql(?)", [sql]).fetchall()[0][0]
+            tree = json.loads(raw)
+            todo = list(_base_tables(tree)) if not tree.get("error") else list(self.views)
+            seen: set[str] = set()
+            while todo:
+                name = todo.pop()
+                if name in seen or name not in self.views:
+                    continue
+                seen.add(name)
+                if name in self.tables:
+                    todo.extend(self._upstream[name])
+                else:
+                    todo.extend(view_sources(self.con, self.views[name]))
+            self._needs[sql] = [n for n in self.tables if n in seen]
+        return self._needs[sql]
 
     def _sync_knowledge_patterns(self) -> None:
         """Copy the recorded knowledge regexes into the variables the views read.
@@ -365,8 +394,8 @@ class Catalog:
     # -- reading
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-        """Rows of ``sql`` as dicts (materialized views refreshed first)."""
-        self.refresh()
+        """Rows of ``sql`` as dicts (the materialized views it reads refreshed first)."""
+        self.refresh(self._tables_needed(sql))
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

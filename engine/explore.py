@@ -183,7 +183,7 @@ class Explorer:
             for r in catalog.query("select * from stg_root_added order by tree_id")
         }
         self.trees = sorted(self.roots)
-        self.rr = 0
+        self.rr = self._round_robin_position()
         self.in_flight: dict[str, EdgeRun] = {}
         self.root_states: dict[str, dict[str, Any]] = {}
         self.stopped = {r["tree_id"] for r in catalog.query("select tree_id from stg_tree_stopped")}
@@ -205,19 +205,28 @@ class Explorer:
         return {r["tree_id"]: r for r in rows}
 
     def _edge_rows(self, runs: list[EdgeRun]) -> dict[str, dict[str, Any]]:
-        """Skip rule, verdict, child id and the tree's stop condition of each run."""
+        """Skip rule, verdict and child id of each run."""
         if not runs:
             return {}
         rows = self.catalog.query(
-            """
-            select e.*, t.stop_reason
-            from int_edges__scored as e
-            inner join int_trees__asof as t on t.tree_id = e.tree_id and t.is_now
-            where e.edge_id in (select unnest(?))
-            """,
+            "select * from int_edges__judged where edge_id in (select unnest(?))",
             [[r.edge_id for r in runs]],
         )
         return {r["edge_id"]: r for r in rows}
+
+    def _record_stops(self) -> None:
+        """Record TreeStopped for every tree whose stop condition now holds."""
+        rows = self.catalog.query(
+            "select tree_id, asof_seq, stop_reason from int_trees__asof "
+            "where is_now and stop_reason is not null order by tree_id"
+        )
+        stops = []
+        for row in rows:
+            if row["tree_id"] not in self.stopped:
+                stops.append(TreeStopped(watermark=row["asof_seq"], tree_id=row["tree_id"],
+                                         reason=row["stop_reason"]))  # fmt: skip
+                self.stopped.add(row["tree_id"])
+        self._stage(stops)
 
     # ------------------------------------------------------------- starting
 
@@ -254,12 +263,29 @@ class Explorer:
         self.in_flight[run.edge_id] = run
         return run
 
+    def _round_robin_position(self) -> int:
+        """Where the round-robin resumes, read from the last edge started.
+
+        A fill stops right after a start (or goes round every tree), so the next
+        tree is the one after the last tree that started an edge, or that same
+        tree when its start was a root direction (its directions go together).
+        """
+        rows = self.catalog.query(
+            "select tree_id, parent_id, attempt from stg_edge_started order by seq desc limit 1"
+        )
+        if not rows or rows[0]["tree_id"] not in self.trees:
+            return 0
+        last = rows[0]
+        fanout = last["parent_id"] == last["tree_id"] and last["attempt"] == 1
+        return self.trees.index(last["tree_id"]) + (0 if fanout else 1)
+
     def _fill(self) -> list[EdgeRun]:
         """Start edges for every free slot, round-robin over trees (SPEC §2).
 
         One query gives every tree's next work; a tree that starts an edge is
         queried again only if the round-robin comes back to it.
         """
+        self._record_stops()
         free = self.config.parallel - len(self.in_flight)
         started: list[EdgeRun] = []
         if free <= 0 or not self.trees:
@@ -331,7 +357,7 @@ class Explorer:
         self._stage(skips)
 
     def _judge(self, runs: list[EdgeRun]) -> None:
-        """Record the verdicts of complete edges and the stops that now hold."""
+        """Record the verdicts of complete edges."""
         rows = self._edge_rows(runs)
         watermark = self.writer.tail
         events: list[Event] = []
@@ -341,10 +367,6 @@ class Explorer:
                 raise TeacherFailedError(f"{run.edge_id}: judged before it was complete")
             events.append(EdgeJudged(watermark=watermark, tree_id=run.tree_id, edge_id=run.edge_id,
                                      verdict=row["verdict"], child_id=row["child_id"]))  # fmt: skip
-            if row["stop_reason"] and run.tree_id not in self.stopped:
-                events.append(TreeStopped(watermark=watermark, tree_id=run.tree_id,
-                                          reason=row["stop_reason"]))  # fmt: skip
-                self.stopped.add(run.tree_id)
             self.in_flight.pop(run.edge_id, None)
             if row["verdict"] in ("pruned", "retry"):
                 for state in (run.turn1_state, json.loads(row["end_state"]) if row["end_state"] else None):
@@ -366,6 +388,7 @@ class Explorer:
                 self._run_rounds()
             else:
                 self._run_async()
+            self._record_stops()
             self._stage([RunFinished()])
             self._flush()
             if self.spool is not None:
@@ -514,12 +537,3 @@ class Explorer:
         self._decide_skips([r for r in self.in_flight.values() if 1 in r.done_turns
                             and 2 not in r.done_turns and self._needs_skip_check(r)])  # fmt: skip
         self._flush()
-
-    def record_missing_stops(self) -> None:
-        """Record TreeStopped for trees whose stop condition holds without a recorded stop."""
-        for row in self.catalog.query("select tree_id, stop_reason from int_trees__asof where is_now"):
-            if row["stop_reason"] and row["tree_id"] not in self.stopped:
-                self._stage([TreeStopped(watermark=self.writer.tail, tree_id=row["tree_id"],
-                                         reason=row["stop_reason"])])  # fmt: skip
-                self.stopped.add(row["tree_id"])
-

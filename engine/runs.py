@@ -146,7 +146,6 @@ def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, progress: b
     teacher = make_teacher(config, writer.log.dir)
     try:
         explorer = Explorer(writer, catalog, config, teacher, Progress(catalog, progress))
-        explorer.record_missing_stops()
         explorer.run()
     finally:
         teacher.close()
@@ -169,7 +168,6 @@ def resume_run(data_dir: Path, run_id: str, progress: bool | None = None) -> Exp
         try:
             explorer = Explorer(writer, catalog, config, teacher, Progress(catalog, progress))
             explorer.recover()
-            explorer.record_missing_stops()
             explorer.run()
         finally:
             teacher.close()

@@ -80,34 +80,43 @@ stated as (
     left join edge_counts as e using (tree_id, asof_seq, node_id)
 ),
 
+counts as (
+    -- The rank populations by pairing the nodes of each point (at most a few dozen):
+    -- all present nodes (best_rank), those with a score (score_rank), the active
+    -- candidates (t; a smaller -tok is a larger tok).
+    select
+        a.tree_id,
+        a.asof_seq,
+        a.node_id,
+        count(*) filter (where b.score_o < a.score_o) as score_less,
+        count(*) filter (where b.score_o = a.score_o) as score_equal,
+        count(b.score_o) as score_total,
+        count(*) filter (where b.path_best_o < a.path_best_o) as best_less,
+        count(*) filter (where b.path_best_o = a.path_best_o) as best_equal,
+        count(*) as best_total,
+        count(*) filter (where b.is_active and b.tok > a.tok) as tok_less,
+        count(*) filter (where b.is_active and b.tok = a.tok) as tok_equal,
+        count(*) filter (where b.is_active) as tok_total
+    from stated as a
+    inner join stated as b using (tree_id, asof_seq)
+    group by all
+),
+
 ranked as (
     select
-        * exclude (w_score_rank, w_best_rank, w_process, alpha),
+        s.* exclude (w_score_rank, w_best_rank, w_process, alpha),
         case
-            when score_o is not null then pct(
-                rank() over (partition by tree_id, asof_seq, score_o is null order by score_o) - 1,
-                count(*) over (partition by tree_id, asof_seq, score_o),
-                count(*) over (partition by tree_id, asof_seq, score_o is null)
-            )
-            else 0.0
+            when s.score_o is null then 0.0
+            else pct(c.score_less, c.score_equal, c.score_total)
         end as score_rank,
-        pct(
-            rank() over (partition by tree_id, asof_seq order by path_best_o) - 1,
-            count(*) over (partition by tree_id, asof_seq, path_best_o),
-            count(*) over (partition by tree_id, asof_seq)
-        ) as best_rank,
-        case
-            when is_active then pct(
-                rank() over (partition by tree_id, asof_seq, is_active order by -tok) - 1,
-                count(*) over (partition by tree_id, asof_seq, is_active, tok),
-                count(*) over (partition by tree_id, asof_seq, is_active)
-            )
-        end as t,
-        w_score_rank,
-        w_best_rank,
-        w_process,
-        alpha
-    from stated
+        pct(c.best_less, c.best_equal, c.best_total) as best_rank,
+        case when s.is_active then pct(c.tok_less, c.tok_equal, c.tok_total) end as t,
+        s.w_score_rank,
+        s.w_best_rank,
+        s.w_process,
+        s.alpha
+    from stated as s
+    inner join counts as c using (tree_id, asof_seq, node_id)
 ),
 
 scored as (
