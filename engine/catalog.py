@@ -39,12 +39,17 @@ import duckdb
 import pyarrow as pa
 
 from ingest.errors import ViewBuildError, ViewNotFoundError
-from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
+from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA, conform
 from ingest.log import EventLog
 
 VIEWS_DIR = Path(__file__).resolve().parent.parent / "views"
 MACROS_FILE = "_macros.sql"
 MAX_SEQ = 9223372036854775807
+SMALL_REFRESH_OFF = (
+    "join_order,statistics_propagation,common_subplan,cte_inlining,cte_filter_pusher,"
+    "build_side_probe_side,top_n_window_elimination,late_materialization,row_group_pruner,"
+    "common_subexpressions,projection_pullup,duplicate_groups"
+)
 
 
 @dataclass(frozen=True)
@@ -272,19 +277,19 @@ class Catalog:
         so many small appends cost one insert per kind.
         """
         if table.num_rows:
-            self._incoming.append(table.select(LIGHT_SCHEMA.names))
+            self._incoming.append(table)
 
     def _apply_incoming(self) -> None:
         if not self._incoming:
             return
-        table = pa.concat_tables(self._incoming)
+        table = pa.concat_tables(self._incoming, promote_options="default")
         self._incoming = []
         kind_column = table.column("kind").to_pylist()
         rows_by_kind: dict[str, list[int]] = {}
         for i, kind in enumerate(kind_column):
             rows_by_kind.setdefault(kind, []).append(i)
         for kind, rows in rows_by_kind.items():
-            part = table.take(rows).select(KIND_COLUMNS[kind])  # noqa: F841 - read by DuckDB
+            part = conform(table.take(rows), KIND_COLUMNS[kind])  # noqa: F841 - read by DuckDB
             self.con.execute(f"insert into log_{kind} select * from part")
         last = max(table.column("seq").to_pylist())
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [last])
@@ -293,7 +298,11 @@ class Catalog:
             self._sync_knowledge_patterns()
             return
         trees_by_kind: dict[str, set[str]] = {}
-        for tree, kind in zip(table.column("tree_id").to_pylist(), kind_column, strict=True):
+        trees = (
+            table.column("tree_id").to_pylist() if "tree_id" in table.column_names
+            else [None] * table.num_rows
+        )  # fmt: skip
+        for tree, kind in zip(trees, kind_column, strict=True):
             if tree is not None:
                 trees_by_kind.setdefault(kind, set()).add(tree)
         for name in self.tables:
@@ -323,10 +332,14 @@ class Catalog:
         # Trees that upstream tables make stale are among these, so the scope holds.
         scope = sorted(set().union(*(self._stale[n] for n in wanted)))
         self.con.execute("set variable refresh_trees = ?", [scope])
+        # A few trees' rows are small: planning dominates, and these optimizers
+        # cost more than they save there (measured: a quarter of the refresh time).
+        self.con.execute(f"set disabled_optimizers = '{SMALL_REFRESH_OFF}'")
         try:
             for name in wanted:
                 self._refresh_table(name)
         finally:
+            self.con.execute("reset disabled_optimizers")
             self.con.execute("reset variable refresh_trees")
 
     def _refresh_table(self, name: str) -> None:

@@ -199,9 +199,14 @@ class Explorer:
 
     # ---------------------------------------------------------------- views
 
-    def _work_rows(self, tree_id: str | None = None) -> dict[str, dict[str, Any]]:
-        where, params = ("where tree_id = ?", [tree_id]) if tree_id else ("", [])
-        rows = self.catalog.query(f"select * from int_next_work {where}", params)
+    def _work_rows(self, trees: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Each tree's next work (all trees, or those listed)."""
+        if trees is None:
+            rows = self.catalog.query("select * from int_next_work")
+        else:
+            rows = self.catalog.query(
+                "select * from int_next_work where tree_id in (select unnest(?))", [sorted(trees)]
+            )
         return {r["tree_id"]: r for r in rows}
 
     def _edge_rows(self, runs: list[EdgeRun]) -> dict[str, dict[str, Any]]:
@@ -282,8 +287,8 @@ class Explorer:
     def _fill(self) -> list[EdgeRun]:
         """Start edges for every free slot, round-robin over trees (SPEC §2).
 
-        One query gives every tree's next work; a tree that starts an edge is
-        queried again only if the round-robin comes back to it.
+        One query gives every tree's next work; trees that started an edge are
+        queried again (together) only when the round-robin comes back to one.
         """
         self._record_stops()
         free = self.config.parallel - len(self.in_flight)
@@ -296,9 +301,10 @@ class Explorer:
         while free > 0 and idle < n:
             tree = self.trees[i % n]
             if tree in stale:
-                work.pop(tree, None)
-                work.update(self._work_rows(tree))
-                stale.discard(tree)
+                for t in stale:
+                    work.pop(t, None)
+                work.update(self._work_rows(list(stale)))
+                stale.clear()
             row = work.get(tree)
             if row is None or tree in self.stopped:
                 idle += 1

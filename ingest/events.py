@@ -329,10 +329,12 @@ def _build_columns() -> tuple[dict[str, pa.DataType], frozenset[str], frozenset[
 
 
 FIELD_TYPES, JSON_FIELDS, HEAVY_FIELDS = _build_columns()
+_FIELDS = {k: [f for f in c.model_fields if f != "schema_version"] for k, c in EVENT_TYPES.items()}
 SCHEMA = pa.schema(list(ENVELOPE) + [pa.field(n, t) for n, t in FIELD_TYPES.items()])
 LIGHT_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in HEAVY_FIELDS])
 # Columns that change from one identical run to the next (never compared, never decided on).
 WALL_CLOCK_COLUMNS = frozenset({"recorded_at", "started_at", "wall_seconds"})
+_ORDER = {name: i for i, name in enumerate(SCHEMA.names)}
 
 
 def to_row_values(event: Event) -> dict[str, Any]:
@@ -349,16 +351,17 @@ def to_row_values(event: Event) -> dict[str, Any]:
 
 
 def to_arrow(events: list[Event], run_id: str, first_seq: int, recorded_at: datetime) -> pa.Table:
-    """Build the Arrow table of ``events`` numbered from ``first_seq``, in order."""
+    """Build the Arrow table of ``events`` numbered from ``first_seq``, in order.
+
+    The table has the envelope and the fields of the kinds present (a subset of
+    SCHEMA, in SCHEMA's order); readers fill absent columns with nulls.
+    """
     n = len(events)
-    rows = [to_row_values(e) for e in events]
-    present: dict[str, list[Any]] = {}
-    for i, row in enumerate(rows):
-        for name, value in row.items():
-            col = present.get(name)
-            if col is None:
-                col = present[name] = [None] * n
-            col[i] = value
+    names = sorted({f for e in events for f in _FIELDS[e.kind]}, key=_ORDER.__getitem__)
+    columns: dict[str, list[Any]] = {name: [None] * n for name in names}
+    for i, event in enumerate(events):
+        for name, value in to_row_values(event).items():
+            columns[name][i] = value
     arrays = [
         pa.array([run_id] * n, pa.string()),
         pa.array(range(first_seq, first_seq + n), pa.int64()),
@@ -366,10 +369,18 @@ def to_arrow(events: list[Event], run_id: str, first_seq: int, recorded_at: date
         pa.array([e.schema_version for e in events], pa.int32()),
         pa.array([recorded_at] * n, pa.timestamp("us", tz="UTC")),
     ]
-    for name, typ in FIELD_TYPES.items():
-        col = present.get(name)
-        arrays.append(pa.nulls(n, typ) if col is None else pa.array(col, typ))
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    arrays += [pa.array(columns[name], FIELD_TYPES[name]) for name in names]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(list(ENVELOPE) + [SCHEMA.field(x) for x in names]))
+
+
+def conform(table: pa.Table, names: list[str]) -> pa.Table:
+    """``table`` with exactly the columns ``names`` (absent ones as nulls)."""
+    arrays = [
+        table.column(name) if name in table.column_names
+        else pa.nulls(table.num_rows, SCHEMA.field(name).type)
+        for name in names
+    ]  # fmt: skip
+    return pa.Table.from_arrays(arrays, schema=pa.schema([SCHEMA.field(x) for x in names]))
 
 
 def from_row(row: dict[str, Any]) -> Event:

@@ -334,9 +334,12 @@ class LogWriter:
         """Publish every staged event as one part file (atomic), then compact."""
         if not self._pending:
             return
-        table = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        table = (
+            pa.concat_tables(self._pending, promote_options="default")
+            if len(self._pending) > 1 else self._pending[0]
+        )  # fmt: skip
         first = self._published_tail() + 1
-        part = self._publish(_narrow(table), first, first + table.num_rows - 1, 0)
+        part = self._publish(_canonical(_narrow(table)), first, first + table.num_rows - 1, 0)
         self._pending = []
         self._parts.append(part)
         self._compact()
