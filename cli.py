@@ -240,7 +240,8 @@ def explore(
 
 def _render_explore(result: Any, as_json: bool) -> None:
     if as_json:
-        _echo_json({"run_id": result.run_id, "progress": result.progress, "trees": result.trees})
+        _echo_json({"run_id": result.run_id, "progress": result.progress, "trees": result.trees,
+                    "paths": result.paths})  # fmt: skip
         return
     p = result.progress
     click.echo(
@@ -249,8 +250,135 @@ def _render_explore(result: Any, as_json: bool) -> None:
         f"retried {p['edges_retried']}; leaves {p['leaves']}"
     )
     columns = ["tree_id", "stage", "root_score", "best_score", "kept_edges", "good_leaves",
-               "final_leaves", "stop_reason"]  # fmt: skip
-    click.echo(_table(result.trees, columns))
+               "final_leaves", "stop_reason", "paths", "ranked", "selected", "top_path_score"]  # fmt: skip
+    by_tree = {p["tree_id"]: p for p in result.paths}
+    rows = [t | by_tree.get(t["tree_id"], {}) for t in result.trees]
+    click.echo(_table(rows, columns))
+    selected = sum(p["selected"] for p in result.paths)
+    click.echo(f"Top-{result.top_k}: {selected} paths selected over {len(result.trees)} roots "
+               f"(python cli.py paths {result.run_id})")  # fmt: skip
+
+
+# ------------------------------------------------------------ replay, paths
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--tree", "tree_id", default=None, help="Draw this tree.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
+    """Rebuild every tree from the log and re-derive every recorded decision.
+
+    Exit code 1 when any recorded decision differs from what the log prefix it saw
+    implies; each difference is listed.
+
+    \b
+    Example:
+        python cli.py replay demo
+        python cli.py replay demo --tree T003
+    """
+    from engine.replay import draw_tree, replay_run
+
+    result = replay_run(_data_dir(), run_id)
+    differ = len(result.differences)
+    if as_json:
+        _echo_json({
+            "run_id": run_id, "decisions": result.decisions, "differ": differ,
+            "trees": result.trees, "differences": [vars(d) for d in result.differences],
+        })  # fmt: skip
+    else:
+        columns = ["tree_id", "nodes", "kept", "kept_exempt", "pruned", "retried", "depth_leaves",
+                   "token_leaves", "exhausted_leaves", "stopped_leaves", "stop_reason", "best_score"]  # fmt: skip
+        click.echo(_table(result.trees, columns))
+        if tree_id:
+            lines = draw_tree(result.catalog, tree_id)
+            if not lines:
+                raise click.ClickException(f"run {run_id!r} has no tree {tree_id!r}")
+            click.echo(f"\ntree {tree_id} (* = on a selected path, x = attempt without a node)")
+            click.echo("\n".join(lines))
+        for d in result.differences:
+            click.echo(f"decision {d.seq if d.seq is not None else '-'} {d.kind} {d.subject}: "
+                       f"{d.problem}; recorded: {d.recorded or '-'}; log implies: {d.derived or '-'}")  # fmt: skip
+        click.echo(f"replay: {result.decisions} decisions re-derived, {differ} differ")
+    if differ:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--tree", "tree_id", default=None, help="Only this tree.")
+@click.option("--selection", "selection", default=None,
+              help="A recorded selection id (default: the run's default selection).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
+def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool, as_csv: bool) -> None:
+    """Print the selected root-to-leaf paths of a run with their fields (SPEC §3).
+
+    \b
+    Example:
+        python cli.py paths demo --tree T001
+        python cli.py paths demo --csv > paths.csv
+    """
+    from engine.paths import selected_paths
+
+    if as_json and as_csv:
+        raise click.UsageError("--json cannot be used with --csv")
+    chosen, rows = selected_paths(_data_dir(), run_id, selection, tree_id)
+    if as_json:
+        _echo_json({"selection_id": chosen["selection_id"], "weights": chosen["weights"],
+                    "top_k": chosen["top_k"], "paths": rows})  # fmt: skip
+        return
+    columns = ["tree_id", "leaf_id", "rank", "path_score", "max_score", "max_score_rank",
+               "avg_score", "avg_score_rank", "avg_cleanliness", "avg_knowledge", "stage"]  # fmt: skip
+    if as_csv:
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow([*columns, "node_ids"])
+        for r in rows:
+            writer.writerow([r[c] for c in columns] + [" ".join(r["node_ids"])])
+        return
+    click.echo(f"selection {chosen['selection_id']}: weights {chosen['weights']}, top-{chosen['top_k']}")
+    click.echo(_table(rows, columns))
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--weights", default=None, metavar="max=W,avg=W,clean=W,know=W",
+              help="PathScore weights (missing keys keep the run's).")  # fmt: skip
+@click.option("--top-k", type=int, default=None, help="Paths per root (default: the run's).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def reselect(run_id: str, weights: str | None, top_k: int | None, as_json: bool) -> None:
+    """Select paths again with other weights or k, from the same log (no rollout re-run).
+
+    The selection is appended as a decision whose id follows from its parameters;
+    the same parameters again append nothing.
+
+    \b
+    Example:
+        python cli.py reselect demo --weights max=0.5,avg=0.2,clean=0.15,know=0.15 --top-k 4
+    """
+    from engine.paths import reselect as run
+
+    result = run(_data_dir(), run_id, weights, top_k)
+    sel = result.selection
+    if as_json:
+        _echo_json({"selection_id": sel["selection_id"], "appended": result.appended,
+                    "weights": sel["weights"], "top_k": sel["top_k"], "paths": sel["paths"],
+                    "compared_with": result.default_id,
+                    "paths_in": result.added, "paths_out": result.removed})  # fmt: skip
+        return
+    state = "appended" if result.appended else "already recorded"
+    click.echo(f"selection {sel['selection_id']} ({state}): weights {sel['weights']}, top-{sel['top_k']}")
+    click.echo(_table(sel["paths"], ["tree_id", "leaf_id", "rank", "path_score"]))
+    if result.default_id:
+        click.echo(f"versus the default selection {result.default_id}: "
+                   f"{len(result.added)} paths in, {len(result.removed)} out")  # fmt: skip
+        trees = sorted({p["tree_id"] for p in result.added + result.removed})
+        for tree in trees:
+            ins = [p["leaf_id"] for p in result.added if p["tree_id"] == tree]
+            outs = [p["leaf_id"] for p in result.removed if p["tree_id"] == tree]
+            click.echo(f"  {tree}: in {', '.join(ins) or '-'}; out {', '.join(outs) or '-'}")
 
 
 if __name__ == "__main__":

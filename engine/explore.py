@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from engine.catalog import Catalog
 from engine.config import RunConfig
+from engine.paths import default_parameters, selection_decision
 from engine.teacher import RootInfo, Teacher, TurnCancelled, TurnRequest
 from ingest.errors import ProjectError
 from ingest.events import (
@@ -80,6 +81,7 @@ class EdgeRun:
     turn1_state: dict[str, Any] | None = None
     done_turns: set[int] = field(default_factory=set)
     complete: bool = False
+    judged: bool = False
 
 
 class Spool:
@@ -363,7 +365,8 @@ class Explorer:
         self._stage(skips)
 
     def _judge(self, runs: list[EdgeRun]) -> None:
-        """Record the verdicts of complete edges."""
+        """Record the verdicts of complete edges (each once)."""
+        runs = [r for r in runs if not r.judged]
         rows = self._edge_rows(runs)
         watermark = self.writer.tail
         events: list[Event] = []
@@ -373,6 +376,7 @@ class Explorer:
                 raise TeacherFailedError(f"{run.edge_id}: judged before it was complete")
             events.append(EdgeJudged(watermark=watermark, tree_id=run.tree_id, edge_id=run.edge_id,
                                      verdict=row["verdict"], child_id=row["child_id"]))  # fmt: skip
+            run.judged = True
             self.in_flight.pop(run.edge_id, None)
             if row["verdict"] in ("pruned", "retry"):
                 for state in (run.turn1_state, json.loads(row["end_state"]) if row["end_state"] else None):
@@ -395,6 +399,8 @@ class Explorer:
             else:
                 self._run_async()
             self._record_stops()
+            weights, top_k = default_parameters(self.catalog)
+            self._stage([selection_decision(self.catalog, self.writer.tail, weights, top_k)])
             self._stage([RunFinished()])
             self._flush()
             if self.spool is not None:
@@ -457,6 +463,9 @@ class Explorer:
         ran = self._run_phase(batch, 1)
         self._decide_skips([r for r in batch if 1 in r.done_turns and 2 not in r.done_turns
                             and not r.complete and self._needs_skip_check(r)])  # fmt: skip
+        # An edge whose turn 2 is skipped is complete: judge it in the same flush, so
+        # that every published prefix holds the verdict of every finished edge.
+        self._judge([r for r in batch if r.complete and 2 not in r.done_turns])
         self._flush()
         self._drop_spooled(ran, 1)
         ran = self._run_phase(batch, 2)

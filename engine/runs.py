@@ -26,6 +26,8 @@ class ExploreResult:
     resumed: bool
     trees: list[dict[str, Any]]
     progress: dict[str, Any]
+    paths: list[dict[str, Any]]
+    top_k: int
 
 
 def make_teacher(config: RunConfig, run_dir: Path) -> Teacher:
@@ -179,5 +181,14 @@ def summary(data_dir: Path, run_id: str, resumed: bool) -> ExploreResult:
     catalog = Catalog.for_log(EventLog(data_dir, run_id).require())
     trees = catalog.query("select * from trees order by tree_id")
     progress = catalog.query("select * from run_progress")[0]
-    return ExploreResult(run_id, resumed, trees, progress)
+    paths = catalog.query(
+        """
+        select tree_id, count(*) as paths, count(*) filter (where ranked) as ranked,
+               count(*) filter (where selected) as selected,
+               max(path_score) as top_path_score
+        from paths group by tree_id order by tree_id
+        """
+    )
+    top_k = catalog.query("select top_k from run_config")[0]["top_k"]
+    return ExploreResult(run_id, resumed, trees, progress, paths, top_k)
 

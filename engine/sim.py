@@ -56,6 +56,7 @@ class SimTeacher:
         self.token_growth = tuple(options.get("token_growth", (8000, 25000)))
         # A fresh session starts with the system prompt and tool schemas (~30 KB).
         self.base_context = int(options.get("base_context", 9000))
+        self.calls_per_step = tuple(options.get("calls_per_step", (1, 3)))
 
     # -- Teacher interface
 
@@ -150,7 +151,7 @@ class SimTeacher:
         status = "improved" if sign * (score - quality) > 0 else "regressed"
         return score, status, new_quality
 
-    def _stream(
+    def _stream(  # noqa: PLR0913
         self,
         rng: random.Random,
         traits: dict[str, float],
@@ -182,7 +183,7 @@ class SimTeacher:
             else:
                 if wants_knowledge and step == knowledge_step:
                     calls.append(self._knowledge_call(rng))
-                for _ in range(rng.randint(1, 3)):
+                for _ in range(rng.randint(*self.calls_per_step)):
                     calls.append(self._work_call(rng))
             for tool, inputs in calls:
                 call_no += 1

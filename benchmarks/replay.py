@@ -1,0 +1,139 @@
+"""Benchmark: replay time against the DuckDB scan floor of the same Parquet columns.
+
+Two runs: the README pipeline on the bundled Student run (30 trees, sim Teacher),
+and a ~300-tree, ~1M-event run made by tiling a 30-tree sim run with long turns ten
+times (tree ids renamed, seqs and watermarks shifted, so every decision stays valid).
+For each: the median replay time (load the log, rebuild every tree, re-derive every
+decision) and the median time DuckDB takes to scan the same columns of the same
+Parquet files. Target: replay <= 5x the floor.
+
+    python benchmarks/replay.py [--repeat 3] [--copies 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.config import RunConfig, TreeConfig  # noqa: E402
+from engine.replay import replay_run  # noqa: E402
+from engine.runs import new_run  # noqa: E402
+from ingest.events import LIGHT_SCHEMA  # noqa: E402
+from ingest.log import EventLog, LogWriter, run_dir  # noqa: E402
+
+SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
+ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected", "run_finished"}
+ID_COLUMNS = ("tree_id", "edge_id", "parent_id", "child_id", "node_id")
+
+
+def floor_seconds(data: Path, run_id: str) -> float:
+    """DuckDB scanning every light column of the run's parts (max of each column)."""
+    files = [str(p.path) for p in EventLog(data, run_id).parts()]
+    present = set()
+    for f in files:
+        present |= set(pq.read_schema(f).names)
+    cols = [c for c in LIGHT_SCHEMA.names if c in present]
+    sql = "select " + ", ".join(f'max("{c}")' for c in cols) + " from read_parquet(?, union_by_name=true)"
+    con = duckdb.connect()
+    start = time.perf_counter()
+    con.execute(sql, [files]).fetchall()
+    return time.perf_counter() - start
+
+
+def replay_seconds(data: Path, run_id: str) -> tuple[float, int, int]:
+    start = time.perf_counter()
+    result = replay_run(data, run_id)
+    elapsed = time.perf_counter() - start
+    assert not result.differences, result.differences[:3]
+    return elapsed, result.decisions, EventLog(data, run_id).tail_seq()
+
+
+def tile(data: Path, src: str, dst: str, copies: int) -> None:
+    """Write run ``dst``: ``copies`` back-to-back copies of ``src`` with renamed trees.
+
+    Whole-run events (config, snapshot selection, the first path selection) are kept
+    once and RunFinished only at the end; each copy's seqs and watermarks are shifted
+    together, so every decision still sees the same tree state.
+    """
+    source = EventLog(data, src).read_table()
+    rows = source.to_pylist()
+    trees = sorted({r["tree_id"] for r in rows if r["tree_id"]})
+    out: list[dict] = []
+    for k in range(copies):
+        rename = {t: f"T{k * len(trees) + i + 1:04d}" for i, t in enumerate(trees)}
+        new_seq: dict[int, int] = {}
+        start = len(out)
+        for r in rows:
+            if r["kind"] == "run_finished":
+                keep = k == copies - 1
+            else:
+                keep = k == 0 or r["kind"] not in ONCE
+            if keep:
+                r2 = dict(r)
+                for col in ID_COLUMNS:
+                    if r2[col]:
+                        tree = r2[col].split("/")[0].split(".")[0]
+                        r2[col] = rename[tree] + r2[col][len(tree):]
+                if r2["paths"]:  # the ids inside a recorded path selection
+                    r2["paths"] = re.sub(r'"(T\d+)(?=[".])',
+                                         lambda m: '"' + rename[m.group(1)], r2["paths"])
+                r2["seq"] = len(out) + 1
+                out.append(r2)
+            new_seq[r["seq"]] = len(out)  # a dropped event maps to the last kept one
+        for r2 in out[start:]:
+            if r2["watermark"] is not None:
+                r2["watermark"] = new_seq[r2["watermark"]]
+    table = pa.Table.from_pylist(out, schema=source.schema)
+    log_dir = run_dir(data, dst) / "log"
+    log_dir.mkdir(parents=True)
+    step = 100_000
+    for first in range(0, table.num_rows, step):
+        part = table.slice(first, step)
+        name = f"part-{first + 1:012d}-{first + part.num_rows:012d}-L3.parquet"
+        pq.write_table(part, log_dir / name, compression="zstd")
+    with LogWriter.open(data, dst):
+        pass  # opening checks that the parts form a gapless log
+
+
+def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
+    floors = [floor_seconds(data, run_id) for _ in range(repeat)]
+    replays = [replay_seconds(data, run_id) for _ in range(repeat)]
+    floor = statistics.median(floors)
+    replay = statistics.median(r[0] for r in replays)
+    _, decisions, events = replays[0]
+    print(f"{label}: {events} events, {decisions} decisions: replay {replay:.2f} s, "
+          f"scan floor {floor:.3f} s, ratio {replay / floor:.1f}x (target <= 5x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--copies", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        config = RunConfig(task="kernel-speedup", parallel=16)
+        new_run(data, SNAPSHOTS, config, "bundled", select=True, progress=False)
+        measure("bundled run (30 trees)", data, "bundled", args.repeat)
+        long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
+                               backend_options={"calls_per_step": [8, 14]},
+                               tree=TreeConfig())  # fmt: skip
+        new_run(data, SNAPSHOTS, long_turns, "base", select=True, progress=False)
+        tile(data, "base", "big", args.copies)
+        measure(f"tiled run ({30 * args.copies} trees)", data, "big", args.repeat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Top-k root-to-leaf path selections (SPEC §3): the default one and reselections.
+
+PathScore, the ranks and the Top-k are defined by the views ``paths`` and
+``top_paths``; a selection under other weights sets the ``path_*`` variables those
+views read. A selection is recorded as a ``PathsSelected`` decision whose id
+follows from its parameters, so the same parameters never add a second one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from engine.catalog import Catalog
+from ingest.errors import InputError, LogError
+from ingest.events import PathsSelected
+from ingest.log import EventLog, LogWriter
+
+WEIGHT_KEYS = ("max", "avg", "clean", "know")
+PATH_FIELDS = (
+    "tree_id", "leaf_id", "node_ids", "rank", "path_score", "avg_cleanliness", "avg_knowledge",
+    "avg_score", "avg_score_rank", "max_score", "max_score_rank", "task", "stage", "snapshot",
+)  # fmt: skip
+
+
+def selection_id(weights: dict[str, float], top_k: int) -> str:
+    """The id of a selection: a digest of its weights and k."""
+    canon = json.dumps({"weights": {k: float(weights[k]) for k in WEIGHT_KEYS}, "top_k": top_k},
+                       sort_keys=True)  # fmt: skip
+    return "paths-" + hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+
+def parse_weights(text: str | None, defaults: dict[str, float]) -> dict[str, float]:
+    """``max=0.35,avg=0.25,...`` over the defaults; unknown keys or non-numbers are errors."""
+    weights = dict(defaults)
+    if not text:
+        return weights
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in WEIGHT_KEYS:
+            raise InputError(f"--weights: expected key=value with keys {', '.join(WEIGHT_KEYS)}, got {item!r}")
+        try:
+            weights[key] = float(value)
+        except ValueError as err:
+            raise InputError(f"--weights: {key} must be a number, got {value!r}") from err
+    return weights
+
+
+def default_parameters(catalog: Catalog) -> tuple[dict[str, float], int]:
+    """The path weights and k recorded in the run config."""
+    row = catalog.query(
+        "select w_path_max, w_path_avg, w_path_clean, w_path_know, top_k from run_config"
+    )[0]
+    return {"max": row["w_path_max"], "avg": row["w_path_avg"], "clean": row["w_path_clean"],
+            "know": row["w_path_know"]}, row["top_k"]  # fmt: skip
+
+
+@contextmanager
+def path_parameters(catalog: Catalog, weights: dict[str, float], top_k: int) -> Iterator[None]:
+    """Make the path views use these weights and k for the duration of the block."""
+    con = catalog.con
+    for key in WEIGHT_KEYS:
+        con.execute(f"set variable path_w_{key} = ?", [float(weights[key])])
+    con.execute("set variable path_top_k = ?", [int(top_k)])
+    try:
+        yield
+    finally:
+        for key in WEIGHT_KEYS:
+            con.execute(f"reset variable path_w_{key}")
+        con.execute("reset variable path_top_k")
+
+
+def top_paths(catalog: Catalog, weights: dict[str, float], top_k: int) -> list[dict[str, Any]]:
+    """The Top-k paths per root under these parameters, in (tree, rank) order."""
+    with path_parameters(catalog, weights, top_k):
+        rows = catalog.query("select * from top_paths order by tree_id, rank")
+    return [{k: row[k] for k in PATH_FIELDS} for row in rows]
+
+
+def selection_decision(catalog: Catalog, watermark: int, weights: dict[str, float], top_k: int) -> PathsSelected:
+    """The PathsSelected decision for these parameters at the catalog's state."""
+    return PathsSelected(
+        watermark=watermark, selection_id=selection_id(weights, top_k),
+        weights={k: float(weights[k]) for k in WEIGHT_KEYS}, top_k=top_k,
+        paths=top_paths(catalog, weights, top_k),
+    )  # fmt: skip
+
+
+def recorded_selections(catalog: Catalog) -> list[dict[str, Any]]:
+    """Every PathsSelected decision of the run, oldest first, with parsed fields."""
+    rows = catalog.query("select * from stg_paths_selected order by seq")
+    for row in rows:
+        row["weights"] = json.loads(row["weights"])
+        row["paths"] = json.loads(row["paths"])
+    return rows
+
+
+@dataclass
+class Reselection:
+    """The outcome of ``reselect``."""
+
+    selection: dict[str, Any]
+    appended: bool
+    default_id: str | None
+    added: list[dict[str, Any]]
+    removed: list[dict[str, Any]]
+
+
+def reselect(data, run_id: str, weights_text: str | None, top_k: int | None) -> Reselection:
+    """Select paths with other weights or k from the same log; record it once."""
+    log = EventLog(data, run_id).require()
+    with LogWriter.open(data, run_id) as writer:
+        catalog = Catalog.for_log(log)
+        if not catalog.query("select count(*) as n from stg_root_added")[0]["n"]:
+            raise LogError(f"run {run_id!r} has no trees - nothing to select from")
+        defaults, default_k = default_parameters(catalog)
+        weights = parse_weights(weights_text, defaults)
+        k = default_k if top_k is None else top_k
+        if k < 1:
+            raise InputError("--top-k must be at least 1")
+        wanted = selection_id(weights, k)
+        existing = {s["selection_id"]: s for s in recorded_selections(catalog)}
+        appended = wanted not in existing
+        if appended:
+            decision = selection_decision(catalog, writer.tail, weights, k)
+            catalog.insert(writer.append([decision]))
+            existing = {s["selection_id"]: s for s in recorded_selections(catalog)}
+        chosen = existing[wanted]
+    default_id = selection_id(defaults, default_k)
+    base = existing.get(default_id)
+    added, removed = _diff(base["paths"] if base else [], chosen["paths"])
+    return Reselection(chosen, appended, default_id if base else None, added, removed)
+
+
+def _diff(before: list[dict], after: list[dict]) -> tuple[list[dict], list[dict]]:
+    key = lambda p: (p["tree_id"], p["leaf_id"])  # noqa: E731
+    old, new = {key(p): p for p in before}, {key(p): p for p in after}
+    return [new[k] for k in sorted(new.keys() - old.keys())], [old[k] for k in sorted(old.keys() - new.keys())]
+
+
+def selected_paths(
+    data, run_id: str, selection: str | None, tree_id: str | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A recorded selection (default: the run config's) and its paths, maybe one tree's."""
+    catalog = Catalog.for_log(EventLog(data, run_id).require())
+    recorded = {s["selection_id"]: s for s in recorded_selections(catalog)}
+    if not recorded:
+        raise LogError(f"run {run_id!r} has no path selection yet (is it still running?)")
+    wanted = selection or selection_id(*default_parameters(catalog))
+    if wanted not in recorded:
+        known = ", ".join(sorted(recorded))
+        raise InputError(f"run {run_id!r} has no selection {wanted!r} (recorded: {known})")
+    chosen = recorded[wanted]
+    rows = [p for p in chosen["paths"] if tree_id is None or p["tree_id"] == tree_id]
+    if tree_id is not None and not rows:
+        raise InputError(f"selection {wanted!r} has no path of tree {tree_id!r}")
+    return chosen, rows

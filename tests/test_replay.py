@@ -1,0 +1,203 @@
+"""Replay, forged logs, replay of a run being written, paths and reselect commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from test_explore import SMALL
+
+from cli import cli
+from ingest.log import EventLog, run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """A data dir with small sim runs in both scheduling modes."""
+    base = tmp_path_factory.mktemp("replay")
+    data = base / "data"
+    config = base / "small.toml"
+    config.write_text(SMALL)
+    snapshots = ROOT / "data" / "student_run" / "all_snapshots"
+    for run, schedule, parallel in (("rounds", "rounds", "6"), ("async", "async", "3")):
+        r = CliRunner().invoke(cli, [
+            "--data", str(data), "explore", str(snapshots), "--select", "--task", "kernel-speedup",
+            "--num-roots", "4", "--run-id", run, "--schedule", schedule, "--parallel", parallel,
+            "--config", str(config),
+        ])  # fmt: skip
+        assert r.exit_code == 0, r.output
+    return data
+
+
+def invoke(data: Path, *args: str):
+    return CliRunner().invoke(cli, ["--data", str(data), *args])
+
+
+@pytest.mark.parametrize("run", ["rounds", "async"])
+def test_replay_passes_on_sim_runs(runs, run):
+    r = invoke(runs, "replay", run, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["differ"] == 0 and out["differences"] == []
+    kinds = json.loads(invoke(runs, "replay", run, "--json").stdout)["decisions"]
+    assert kinds > 100
+    assert len(out["trees"]) == 4
+    assert sum(t["kept"] + t["kept_exempt"] for t in out["trees"]) > 20
+
+
+def test_replay_prints_trees_and_the_summary_line(runs):
+    r = invoke(runs, "replay", "rounds", "--tree", "T002")
+    assert r.exit_code == 0
+    assert r.stdout.splitlines()[0].split()[:6] == ["tree_id", "nodes", "kept", "kept_exempt",
+                                                    "pruned", "retried"]  # fmt: skip
+    assert "tree T002 (* = on a selected path" in r.stdout
+    assert "\n* T002  score " in r.stdout and "leaf: " in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].endswith("decisions re-derived, 0 differ")
+    r = invoke(runs, "replay", "rounds", "--tree", "T999")
+    assert r.exit_code == 1 and "no tree 'T999'" in r.stderr
+
+
+def forge(data: Path, src: str, dst: str, change) -> None:
+    """Copy run ``src`` to ``dst`` with ``change(rows)`` applied to its events."""
+    table = EventLog(data, src).read_table()
+    rows = table.to_pylist()
+    change(rows)
+    out = run_dir(data, dst) / "log"
+    out.mkdir(parents=True)
+    forged = pa.Table.from_pylist(rows, schema=table.schema)
+    pq.write_table(forged, out / f"part-{1:012d}-{len(rows):012d}-L0.parquet")
+
+
+def first(rows, kind, **match):
+    return next(r for r in rows if r["kind"] == kind and all(r[k] == v for k, v in match.items()))
+
+
+def test_replay_names_each_forged_decision(runs):
+    def change(rows):
+        # A selection that picked another node than the highest Select.
+        def other_node(sel):
+            return next((
+                n["child_id"] for n in rows
+                if n["kind"] == "edge_judged" and n["child_id"] and n["tree_id"] == sel["tree_id"]
+                and n["child_id"] != sel["node_id"] and n["seq"] < sel["watermark"]
+            ), None)  # fmt: skip
+
+        wrong = next(r for r in rows if r["kind"] == "node_selected" and other_node(r))
+        sibling = other_node(wrong)
+        wrong["node_id"] = sibling
+        # A verdict that contradicts the facts.
+        kept = first(rows, "edge_judged", verdict="kept")
+        kept["verdict"], kept["child_id"] = "pruned", None
+        # A tree stop recorded at a watermark where the tree could not stop yet.
+        stop = first(rows, "tree_stopped")
+        stop["watermark"] = first(rows, "root_added", tree_id=stop["tree_id"])["seq"]
+        change.expected = {
+            ("node_selected", sibling), ("edge_judged", kept["edge_id"]),
+            ("tree_stopped", stop["tree_id"]),
+        }  # fmt: skip
+
+    forge(runs, "rounds", "forged", change)
+    r = invoke(runs, "replay", "forged", "--json")
+    assert r.exit_code == 1
+    out = json.loads(r.stdout)
+    found = {(d["kind"], d["subject"]): d for d in out["differences"]}
+    for key in change.expected:
+        assert key in found, (key, out["differences"])
+    assert found[("tree_stopped", next(s for k, s in change.expected if k == "tree_stopped"))][
+        "problem"] == "stopped too early"  # fmt: skip
+    judged = found[next(k for k in change.expected if k[0] == "edge_judged")]
+    assert judged["problem"] == "verdict differs" and judged["recorded"] == "pruned"
+    text = invoke(runs, "replay", "forged")
+    assert text.exit_code == 1
+    assert f"differ" in text.stdout.splitlines()[-1] and not text.stdout.rstrip().endswith(" 0 differ")
+
+
+def test_a_forged_snapshot_pick_and_path_selection_are_found(runs):
+    def change(rows):
+        picked = first(rows, "snapshots_picked")
+        detail = json.loads(picked["detail"])
+        detail[0]["stage"] = "late" if detail[0]["stage"] != "late" else "early"
+        picked["detail"] = json.dumps(detail)
+        selection = first(rows, "paths_selected")
+        paths = json.loads(selection["paths"])
+        paths[0]["rank"] = 99
+        selection["paths"] = json.dumps(paths)
+
+    forge(runs, "rounds", "forged2", change)
+    out = json.loads(invoke(runs, "replay", "forged2", "--json").stdout)
+    kinds = {d["kind"] for d in out["differences"]}
+    assert kinds == {"snapshots_picked", "paths_selected"}
+
+
+def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
+    data = tmp_path / "data"
+    config = tmp_path / "small.toml"
+    config.write_text(SMALL)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore",
+         str(ROOT / "data" / "student_run" / "all_snapshots"), "--select", "--task", "k",
+         "--num-roots", "3", "--run-id", "live", "--config", str(config), "--parallel", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    checked = []
+    try:
+        while proc.poll() is None:
+            if EventLog(data, "live").exists():
+                r = invoke(data, "replay", "live", "--json")
+                assert r.exit_code == 0, r.output
+                checked.append(json.loads(r.stdout)["decisions"])
+            time.sleep(0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(checked) >= 2 and checked == sorted(checked)
+
+
+def test_paths_command_prints_the_default_selection(runs):
+    r = invoke(runs, "paths", "rounds", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["top_k"] == 6 and out["weights"] == {"max": 0.35, "avg": 0.25, "clean": 0.2, "know": 0.2}
+    assert {p["tree_id"] for p in out["paths"]} == {"T001", "T002", "T003", "T004"}
+    fields = {"avg_cleanliness", "avg_knowledge", "avg_score", "avg_score_rank", "max_score",
+              "max_score_rank", "path_score", "tree_id", "leaf_id", "node_ids", "task", "stage"}  # fmt: skip
+    assert fields <= set(out["paths"][0])
+    csv = invoke(runs, "paths", "rounds", "--tree", "T001", "--csv")
+    lines = csv.stdout.strip().splitlines()
+    assert lines[0].startswith("tree_id,leaf_id,rank,path_score") and all(
+        line.startswith("T001,") for line in lines[1:]
+    )
+    assert invoke(runs, "paths", "rounds", "--selection", "nope").exit_code == 1
+
+
+def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, tmp_path):
+    forge(runs, "rounds", "re", lambda rows: None)
+    before = EventLog(runs, "re").tail_seq()
+    r = invoke(runs, "reselect", "re", "--weights", "max=0,avg=0,clean=0,know=1", "--top-k", "2",
+               "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    first_out = json.loads(r.stdout)
+    assert first_out["appended"] is True
+    assert all(sum(p["tree_id"] == t for p in first_out["paths"]) <= 2 for t in ("T001", "T002"))
+    assert len(first_out["paths_out"]) >= 8  # at most 2 of each root's 6 stay
+    again = json.loads(invoke(runs, "reselect", "re", "--weights", "know=1,max=0,avg=0,clean=0",
+                              "--top-k", "2", "--json").stdout)  # fmt: skip
+    assert again["appended"] is False and again["selection_id"] == first_out["selection_id"]
+    assert EventLog(runs, "re").tail_seq() == before + 1
+    shown = invoke(runs, "paths", "re", "--selection", first_out["selection_id"], "--json")
+    assert json.loads(shown.stdout)["paths"] == first_out["paths"]
+    assert invoke(runs, "replay", "re").exit_code == 0
+    text = invoke(runs, "reselect", "re", "--weights", "know=1,max=0,avg=0,clean=0", "--top-k", "2")
+    assert "already recorded" in text.stdout and "paths in" in text.stdout
+    bad = invoke(runs, "reselect", "re", "--weights", "speed=1")
+    assert bad.exit_code == 1 and "--weights" in bad.stderr

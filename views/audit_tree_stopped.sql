@@ -1,0 +1,59 @@
+-- Recorded tree stops the prefix they saw does not imply, edges started after a stop,
+-- and finished runs with a done tree never stopped (empty when healthy).
+-- grain: kind, seq, subject, problem
+-- sources: stg_tree_stopped, stg_edge_started, stg_run_finished, int_trees__asof
+--
+-- Needs `set variable asof_points = 'decisions'` (replay sets it).
+with first_stop as (
+    select *
+    from stg_tree_stopped
+    qualify row_number() over (partition by tree_id order by seq) = 1
+),
+
+checked as (
+    select
+        r.seq,
+        r.tree_id,
+        r.tree_id as subject,
+        case
+            when t.tree_id is null or t.stop_reason is null then 'stopped too early'
+            when t.stop_reason <> r.reason then 'stop reason differs'
+        end as problem,
+        r.reason as recorded,
+        coalesce(t.stop_reason, 'running') as derived
+    from stg_tree_stopped as r
+    left join int_trees__asof as t on r.tree_id = t.tree_id and r.watermark = t.asof_seq
+),
+
+late_starts as (
+    select
+        e.seq,
+        e.tree_id,
+        e.edge_id as subject,
+        'edge started after the tree stopped' as problem,
+        'started' as recorded,
+        'stopped at seq ' || s.seq as derived
+    from stg_edge_started as e
+    inner join first_stop as s on e.tree_id = s.tree_id and e.seq > s.seq
+),
+
+unstopped as (
+    select
+        null as seq,
+        t.tree_id,
+        t.tree_id as subject,
+        'no stop recorded' as problem,
+        null as recorded,
+        t.stop_reason as derived
+    from int_trees__asof as t
+    anti join stg_tree_stopped as r using (tree_id)
+    where t.is_now and t.is_done and exists (select 1 from stg_run_finished)
+)
+
+select seq, 'tree_stopped' as kind, tree_id, subject, problem, recorded, derived
+from checked
+where problem is not null
+union all
+select seq, 'tree_stopped' as kind, tree_id, subject, problem, recorded, derived from late_starts
+union all
+select seq, 'tree_stopped' as kind, tree_id, subject, problem, recorded, derived from unstopped
