@@ -170,6 +170,11 @@ def select_snapshots(
 # ---------------------------------------------------------------- explore
 
 
+OPENCODE_OPTIONS = {"model": "model", "endpoint": "endpoint", "api_key_env": "api_key_env",
+                    "eval_command": "eval_command", "turn_timeout": "turn_timeout_s",
+                    "worktrees": "worktree_root"}  # fmt: skip
+
+
 def _explore_overrides(**kw: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("backend", "parallel", "schedule", "seed", "direction", "task"):
@@ -177,6 +182,9 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
             out[key] = kw[key]
     if kw.get("num_roots") is not None:
         out["selection"] = {"num_roots": kw["num_roots"]}
+    backend = {opt: kw[key] for key, opt in OPENCODE_OPTIONS.items() if kw.get(key) is not None}
+    if backend:
+        out["backend_options"] = backend
     return out
 
 
@@ -200,6 +208,12 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
 @click.option("--num-roots", type=click.IntRange(min=1), default=None,
               help="Roots to select with --select (default 30).")  # fmt: skip
+@click.option("--model", default=None, help="opencode: provider/model.")
+@click.option("--endpoint", default=None, help="opencode: OpenAI-compatible base URL (.../v1).")
+@click.option("--api-key-env", default=None, help="opencode: variable holding the API key.")
+@click.option("--eval-command", default=None, help='opencode: eval command (default "coral eval -m").')
+@click.option("--turn-timeout", type=float, default=None, help="opencode: seconds per turn.")
+@click.option("--worktrees", default=None, help="opencode: where worktrees go (default: in the run).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def explore(
     roots: Path | None,

@@ -37,7 +37,7 @@ def pct(values: list[float], q: float) -> float:
 
 def run(trees: int, parallel: int, data: Path) -> dict:
     config = RunConfig(task="bench", parallel=parallel, seed=1)
-    catalog = Catalog.empty()
+    catalog = Catalog.empty(threads=1)
     roots = [
         RootAdded(tree_id=f"T{i:03d}", task="bench", snapshot=f"s{i}", path="/x",
                   score=1.0 + i / trees)

@@ -242,14 +242,20 @@ class Catalog:
     # -- construction
 
     @classmethod
-    def empty(cls, views_dir: Path = VIEWS_DIR) -> Catalog:
-        """A catalog over an empty log."""
-        return cls(duckdb.connect(), views_dir)
+    def empty(cls, views_dir: Path = VIEWS_DIR, threads: int | None = None) -> Catalog:
+        """A catalog over an empty log.
+
+        ``threads=1`` makes every aggregate add its floats in one fixed order, so a
+        live engine records bit-identical scores from run to run (parallel
+        aggregation may differ in the last bit; comparisons allow 1e-9 for that).
+        """
+        con = duckdb.connect(config={"threads": threads} if threads else {})
+        return cls(con, views_dir)
 
     @classmethod
-    def for_log(cls, log: EventLog, views_dir: Path = VIEWS_DIR) -> Catalog:
+    def for_log(cls, log: EventLog, views_dir: Path = VIEWS_DIR, threads: int | None = None) -> Catalog:
         """A catalog holding the published prefix of ``log``."""
-        catalog = cls.empty(views_dir)
+        catalog = cls.empty(views_dir, threads)
         catalog.insert(log.read_table(LIGHT_SCHEMA.names))
         return catalog
 

@@ -18,6 +18,9 @@ from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.snapshots import read_direction, read_snapshot
 
 
+ENGINE_THREADS = 1  # deterministic float sums for recorded decisions (see Catalog.empty)
+
+
 @dataclass
 class ExploreResult:
     """What an exploration run holds once the engine returns."""
@@ -119,6 +122,11 @@ def new_run(
     run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", task)
     if EventLog(data_dir, run_id).exists():
         raise InputError(f"run {run_id!r} already exists - choose another --run-id or --resume it")
+    if config.backend == "opencode":  # record the resolved options (never a secret value)
+        from engine.opencode import resolve_options
+
+        config = config.model_copy(update={"backend_options": resolve_options(config)})
+    make_teacher(config, EventLog(data_dir, run_id).dir).close()  # fail early, before the run exists
     if select:
         events, catalog = plan_selection(source, task, run_id, config.direction, config.selection.num_roots)
         roots = _roots_from_selection(catalog, task)
@@ -131,7 +139,7 @@ def new_run(
         config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},
         tool_version=TOOL_VERSION,
     )  # fmt: skip
-    catalog = Catalog.empty()
+    catalog = Catalog.empty(threads=ENGINE_THREADS)
     with LogWriter.create(data_dir, run_id) as writer:
         catalog.insert(writer.stage([started, *selection]))
         if select:
@@ -157,7 +165,7 @@ def resume_run(data_dir: Path, run_id: str, progress: bool | None = None) -> Exp
     """Continue an interrupted exploration run from its log."""
     log = EventLog(data_dir, run_id).require()
     with LogWriter.open(data_dir, run_id) as writer:
-        catalog = Catalog.for_log(log)
+        catalog = Catalog.for_log(log, threads=ENGINE_THREADS)
         rows = catalog.query("select * from stg_run_started order by seq limit 1")
         if not rows or rows[0]["command"] != "explore":
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")

@@ -1,0 +1,136 @@
+"""A scripted OpenAI-compatible model server for end-to-end tests of the OpenCode backend.
+
+It answers ``POST /v1/chat/completions`` with streamed (SSE) chunks. Each rollout turn's
+prompt carries a marker ``[edge <id> turn <n>]``; the server finds the last marker in
+the conversation and counts the assistant messages after it to know which step of the
+turn to play. ``script(edge_id, turn, step, workdir)`` returns the step: a list of tool
+calls ``(name, arguments)`` or a final text. Every request is logged (headers and
+messages) so tests can check what a forked session sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MARKER = re.compile(r"\[edge (\S+) turn (\d+)\]")
+WORKDIR = re.compile(r"Working directory:\s*(\S+)")
+
+Step = list[tuple[str, dict[str, Any]]] | str
+Script = Callable[[str, int, int, str], Step]
+
+
+def _text_of(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+class FakeModel:
+    """The server; ``start()`` binds 127.0.0.1 on a free port."""
+
+    def __init__(self, script: Script, stall: bool = False) -> None:
+        self.script = script
+        self.stall = stall
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.server: ThreadingHTTPServer | None = None
+        self.calls = 0
+
+    @property
+    def base_url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def start(self) -> FakeModel:
+        handler = self._handler()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def first_request_of(self, session_id: str) -> dict[str, Any] | None:
+        with self.lock:
+            return next((r for r in self.requests if r["session"] == session_id), None)
+
+    def _answer(self, body: dict) -> tuple[Step, dict]:
+        messages = body.get("messages", [])
+        if not body.get("tools"):  # a title request
+            return "Scripted session", {}
+        marker_at, edge, turn = None, None, None
+        for i, m in enumerate(messages):
+            if m.get("role") == "user":
+                found = MARKER.findall(_text_of(m))
+                if found:
+                    marker_at, (edge, turn) = i, found[-1]
+        if marker_at is None:
+            return "No marker: nothing to do.", {}
+        step = sum(1 for m in messages[marker_at + 1 :] if m.get("role") == "assistant")
+        system = " ".join(_text_of(m) for m in messages if m.get("role") == "system")
+        workdir = WORKDIR.search(system)
+        return self.script(edge, int(turn), step, workdir[1] if workdir else "."), {
+            "edge": edge, "turn": int(turn), "step": step,
+        }
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return None
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server naming
+                length = int(self.headers.get("content-length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                step, where = fake._answer(body)
+                with fake.lock:
+                    fake.calls += 1
+                    fake.requests.append({
+                        "session": self.headers.get("x-session-id"), "where": where,
+                        "messages": body.get("messages", []), "tools": bool(body.get("tools")),
+                    })  # fmt: skip
+                if fake.stall:
+                    time.sleep(3600)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.end_headers()
+                for chunk in _chunks(step, body):
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+        return Handler
+
+
+def _chunks(step: Step, body: dict) -> list[dict]:
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+            "model": body.get("model", "fake")}  # fmt: skip
+    prompt = sum(len(json.dumps(m)) for m in body.get("messages", [])) // 4
+    out = [base | {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}]
+    if isinstance(step, str):
+        out.append(base | {"choices": [{"index": 0, "delta": {"content": step}, "finish_reason": None}]})
+        finish, completion = "stop", len(step) // 4 + 1
+    else:
+        for i, (name, args) in enumerate(step):
+            call = {"index": i, "id": f"call_{abs(hash((name, json.dumps(args)))) % 10**8}_{i}",
+                    "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
+            out.append(base | {"choices": [{"index": 0, "delta": {"tool_calls": [call]},
+                                            "finish_reason": None}]})  # fmt: skip
+        finish, completion = "tool_calls", 20 * len(step)
+    out.append(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    out.append(base | {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                                "total_tokens": prompt + completion}})  # fmt: skip
+    return out

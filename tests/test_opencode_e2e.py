@@ -1,0 +1,209 @@
+"""The OpenCode backend end to end: real opencode, real git, a scripted model server.
+
+The stand-in `coral` in tests/fixtures/bin commits and scores the worktree; the fake
+model server (tests/fake_model.py) plays a scripted turn: read a shared note, read a
+missing file (a failing tool call), write solution.py, run `coral eval -m`, answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, make_snapshot
+from fake_model import FakeModel
+
+from cli import cli
+from engine.catalog import Catalog
+from ingest.log import EventLog
+
+OPENCODE = ROOT / "node_modules" / ".bin" / "opencode"
+CRASHING = ("T001/e1-1", 1)  # this turn writes code the grader cannot score
+
+
+def value_for(edge: str, turn: int) -> str:
+    if (edge, turn) == CRASHING:
+        return "CRASH"
+    depth = edge.split("/")[0].count(".") + 1
+    slot = int(edge.split("/e")[1].split("-")[0])
+    return f"{1.0 + 0.1 * depth + 0.01 * slot + 0.001 * turn:.3f}"
+
+
+def script(edge: str, turn: int, step: int, workdir: str):
+    if step == 0:
+        return [("read", {"filePath": f"{workdir}/.opencode/notes/tiling.md"}),
+                ("read", {"filePath": f"{workdir}/does_not_exist.txt"})]  # fmt: skip
+    if step == 1:
+        return [("write", {"filePath": f"{workdir}/solution.py",
+                           "content": f"VALUE = {value_for(edge, turn)}\n"})]  # fmt: skip
+    if step == 2:
+        return [("bash", {"command": f'coral eval -m "edge {edge} turn {turn}"',
+                          "description": "submit the attempt"})]  # fmt: skip
+    return f"Done with {edge} turn {turn}."
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> Path:
+    root = tmp_path / "roots"
+    folder = make_snapshot(root, 1, score=1.0)
+    (folder / "code" / "solution.py").write_text("VALUE = 1.0\n")
+    notes = folder / "shared" / "notes"
+    notes.mkdir()
+    (notes / "tiling.md").write_text("# Tiling\nTiles of 64 were best.\n")
+    return root
+
+
+@pytest.fixture
+def coral_on_path(monkeypatch):
+    monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+
+
+def explore_opencode(data: Path, roots: Path, model: FakeModel, config: Path, run_id: str, *extra):
+    return CliRunner().invoke(cli, [
+        "--data", str(data), "explore", str(roots), "--task", "speedup", "--run-id", run_id,
+        "--backend", "opencode", "--model", "fake/scripted", "--endpoint", model.base_url,
+        "--config", str(config), *extra,
+    ])  # fmt: skip
+
+
+def test_opencode_binary_is_installed():
+    assert OPENCODE.exists(), "run `npm ci` (package.json pins opencode-ai)"
+
+
+@pytest.mark.slow
+def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, coral_on_path):
+    model = FakeModel(script).start()
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_children = 1\nmax_depth = 2\n"
+                      "target_good_leaves = 2\n")  # fmt: skip
+    data = tmp_path / "data"
+    try:
+        r = explore_opencode(data, roots, model, config, "oc")
+    finally:
+        model.stop()
+    assert r.exit_code == 0, r.output
+    cat = Catalog.for_log(EventLog(data, "oc"))
+
+    # Every turn that ran made the scripted calls, with the missing file failing.
+    calls = cat.query("select edge_id, turn, tool, status, is_knowledge, target from tool_calls "
+                      "order by seq")  # fmt: skip
+    turns = cat.query("select * from turns where not skipped order by edge_id, turn")
+    edges = {e["edge_id"]: e for e in cat.query("select * from edges")}
+    assert len(turns) == 9, {k: (e["verdict"], e["tool_error_rate"], e["s1"], e["s2"])
+                             for k, e in edges.items()}  # fmt: skip
+    for t in turns:
+        mine = [c for c in calls if (c["edge_id"], c["turn"]) == (t["edge_id"], t["turn"])]
+        # The two reads run in parallel and are reported in the order they finish.
+        got = sorted((c["tool"], c["status"], c["is_knowledge"],
+                      c["target"] if c["tool"] == "bash" else Path(c["target"]).name)
+                     for c in mine)  # fmt: skip
+        assert got == [
+            ("bash", "ok", False, f'coral eval -m "edge {t["edge_id"]} turn {t["turn"]}"'),
+            ("read", "error", False, "does_not_exist.txt"), ("read", "ok", True, "tiling.md"),
+            ("write", "ok", False, "solution.py"),
+        ]  # fmt: skip
+        assert (t["tool_calls"], t["tool_errors"], t["knowledge_actions"]) == (4, 1, 1)
+        assert t["steps"] == 4 and t["context_tokens"] > 1000
+    # Scores are what coral computed from the code the model wrote.
+    for t in turns:
+        expected = value_for(t["edge_id"], t["turn"])
+        assert t["score"] == (None if expected == "CRASH" else float(expected)), t
+    # The crashed turn 1 of a first layer-1 attempt: turn 2 skipped, retried.
+    assert edges["T001/e1-1"]["verdict"] == "retry" and edges["T001/e1-1"]["skip_turn2"] is True
+    assert cat.query("select edge_id from stg_turn_skipped") == [{"edge_id": "T001/e1-1"}]
+    assert {e["verdict"] for k, e in edges.items() if k != "T001/e1-1"} == {"kept"}
+    # tool errors are 2 of 8 calls = 25% <= 30%: kept, cleanliness 0.8 - 0.5*0.25/0.3.
+    assert edges["T001/e2-1"]["cleanliness"] == pytest.approx(0.8 - 0.5 * 0.25 / 0.3)
+
+    # A forked session's first request carries its parent's conversation, not a sibling's.
+    child = edges["T001.1/e1-1"]
+    sessions = {(t["edge_id"], t["turn"]): t["session_id"] for t in turns}
+    first = model.first_request_of(sessions[("T001.1/e1-1", 1)])
+    text = json.dumps(first["messages"])
+    parent_edge = next(e for e in edges.values() if e["child_id"] == "T001.1")["edge_id"]
+    sibling_edge = next(e for e in edges.values() if e["child_id"] == "T001.2")["edge_id"]
+    assert f"[edge {parent_edge} turn 1]" in text and f"[edge {parent_edge} turn 2]" in text
+    assert f"[edge {sibling_edge} turn" not in text
+    assert child["parent_id"] == "T001.1"
+    sibling_first = json.dumps(model.first_request_of(sessions[(sibling_edge, 1)])["messages"])
+    assert f"[edge {parent_edge} turn" not in sibling_first  # fresh sessions share nothing
+
+    # Worktrees: the retried attempt's is gone, kept nodes keep theirs, commits exist.
+    worktrees = EventLog(data, "oc").dir / "worktrees" / "T001"
+    assert not (worktrees / "T001_e1-1").exists()
+    assert (worktrees / "T001_e2-1" / "wt" / "solution.py").exists()
+    assert CliRunner().invoke(cli, ["--data", str(data), "replay", "oc"]).exit_code == 0
+    # The recorded config names the key's variable, never a key.
+    config_json = cat.query("select config from stg_run_started")[0]["config"]
+    assert json.loads(config_json)["backend_options"]["model"] == "fake/scripted"
+    assert "none" not in json.dumps(json.loads(config_json)["backend_options"])
+
+
+def opencode_pids(home: Path) -> set[int]:
+    needle = f"XDG_DATA_HOME={home}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        found.add(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_on_path):
+    model = FakeModel(script, stall=True).start()
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
+    data = tmp_path / "data"
+    home = EventLog(data, "stall").dir / "opencode" / "data"
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.update(opencode_pids(home))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        r = explore_opencode(data, roots, model, config, "stall", "--turn-timeout", "6")
+    finally:
+        done.set()
+        watcher.join()
+        model.stop()
+    assert r.exit_code == 0, r.output
+    assert seen, "no opencode process was observed"
+    alive = [pid for pid in seen if Path(f"/proc/{pid}").exists()]
+    assert alive == [], f"processes survived: {alive}"
+    cat = Catalog.for_log(EventLog(data, "stall"))
+    turns = cat.query("select edge_id, turn, score, outcome, skipped from turns order by edge_id, turn")
+    ran = [t for t in turns if not t["skipped"]]
+    assert ran and all(t["outcome"] == "timeout" and t["score"] is None for t in ran)
+    evals = cat.query("select eval_status from stg_eval_finished")
+    assert {e["eval_status"] for e in evals} == {"timeout"}
+    edges = {e["edge_id"]: e["verdict"] for e in cat.query("select * from edges")}
+    assert edges == {"T001/e1-1": "retry", "T001/e1-2": "kept_exempt"}
+
+
+def test_opencode_backend_errors_are_clean(tmp_path, roots):
+    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", str(roots),
+                                 "--task", "t", "--backend", "opencode"])  # fmt: skip
+    assert r.exit_code == 1 and "opencode backend options: model" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('backend = "opencode"\n[backend_options]\nmodel = "a/b"\napi_key = "sk-123"\n')
+    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", str(roots),
+                                 "--task", "t", "--config", str(bad)])  # fmt: skip
+    assert r.exit_code == 1 and "api_key_env" in r.stderr and "sk-123" not in r.output
+    assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
+    assert shutil.which("git")
