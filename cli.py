@@ -248,7 +248,12 @@ def explore(
             raise click.UsageError("--select needs --task")
         options["task"] = options.get("task") or roots.resolve().name
         config = load_config(config_file, _explore_overrides(**options))
-        result = new_run(_data_dir(), roots, config, run_id, select=select)
+
+        def started(rid: str) -> None:
+            click.echo(f"run {rid}: exploring (interrupt and continue with: "
+                       f"python cli.py explore --resume {rid})", err=True)  # fmt: skip
+
+        result = new_run(_data_dir(), roots, config, run_id, select=select, on_start=started)
     _render_explore(result, as_json)
 
 

@@ -95,7 +95,7 @@ class RunConfig(_Strict):
     """Everything a run is configured with; recorded in its first event."""
 
     task: str | None = None
-    direction: Literal["maximize", "minimize"] = "maximize"
+    direction: Literal["maximize", "minimize"] | None = None  # None: the snapshots' CORAL config
     seed: int = 0
     backend: str = "sim"
     schedule: Literal["rounds", "async"] = "rounds"

@@ -25,6 +25,7 @@ loop continues.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -47,8 +48,8 @@ from ingest.errors import ProjectError
 from ingest.events import (
     EdgeJudged,
     EdgeStarted,
-    Event,
     EvalFinished,
+    Event,
     NodeSelected,
     RunFinished,
     RunResumed,
@@ -125,13 +126,15 @@ class Spool:
 
 
 class Progress:
-    """A one-line live status on stderr (only when stderr is a terminal) and a final line."""
+    """Status on stderr: a live line on a terminal, else a line every ``period`` seconds."""
 
-    def __init__(self, catalog: Catalog, enabled: bool | None = None) -> None:
+    def __init__(self, catalog: Catalog, enabled: bool | None = None, period: float = 60.0) -> None:
         self.catalog = catalog
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.enabled = enabled is not False
+        self.live = sys.stderr.isatty() if enabled is None else bool(enabled)
+        self.period = 1.0 if self.live else period
         self.start = time.monotonic()
-        self.last = 0.0
+        self.last = time.monotonic()
         self.facts = 0
 
     def fact(self, _event: Event) -> None:
@@ -149,14 +152,17 @@ class Progress:
 
     def update(self, in_flight: int, force: bool = False) -> None:
         now = time.monotonic()
-        if not self.enabled or (not force and now - self.last < 1.0):
+        if not self.enabled or (not force and now - self.last < self.period):
             return
         self.last = now
-        sys.stderr.write("\r\033[K" + self.line(in_flight))
+        if self.live:
+            sys.stderr.write("\r\033[K" + self.line(in_flight))
+        else:
+            sys.stderr.write(self.line(in_flight) + "\n")
         sys.stderr.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.live:
             sys.stderr.write("\n")
             sys.stderr.flush()
 
@@ -185,6 +191,7 @@ class Explorer:
             for r in catalog.query("select * from stg_root_added order by tree_id")
         }
         self.trees = sorted(self.roots)
+        self.direction = catalog.query("select direction from run_config")[0]["direction"]
         self.rr = self._round_robin_position()
         self.in_flight: dict[str, EdgeRun] = {}
         self.root_states: dict[str, dict[str, Any]] = {}
@@ -328,7 +335,7 @@ class Explorer:
         return TurnRequest(
             tree_id=run.tree_id, edge_id=run.edge_id, parent_id=run.parent_id, turn=turn,
             slot=run.slot, attempt=run.attempt, start_state=start or {}, fork=turn == 1,
-            direction=self.config.direction,
+            direction=self.direction,
             timeout_s=self.config.backend_options.get("turn_timeout_s"),
         )  # fmt: skip
 
@@ -416,10 +423,8 @@ class Explorer:
                 self.progress.close()
 
     def _flush_safely(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the original error matters more
             self._flush()
-        except Exception:  # noqa: BLE001 - the original error matters more
-            pass
 
     def _result(self, future: Future) -> list[Event]:
         try:

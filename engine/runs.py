@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ from ingest.errors import InputError, LogError
 from ingest.events import RootAdded, RunStarted, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.snapshots import read_direction, read_snapshot
-
 
 ENGINE_THREADS = 1  # deterministic float sums for recorded decisions (see Catalog.empty)
 
@@ -50,12 +50,13 @@ def _tree_id(i: int, n: int) -> str:
     return f"T{i:0{max(3, len(str(n)))}d}"
 
 
-def roots_from_dir(roots_dir: Path, task: str) -> list[RootAdded]:
+def roots_from_dir(roots_dir: Path, task: str) -> tuple[list[RootAdded], str]:
     """RootAdded facts for every snapshot folder of a ``select-snapshots`` output.
 
     Folders are ordered by (global index, name); each needs a numeric score (its
     attempt JSON, as for selection). ``stage`` and ``selection_reason`` come from
-    the copied ``metadata.json`` when present.
+    the copied ``metadata.json`` when present. Also returns the direction the
+    snapshots' CORAL config gives (maximize when none).
     """
     roots_dir = Path(roots_dir)
     if not roots_dir.is_dir():
@@ -86,7 +87,7 @@ def roots_from_dir(roots_dir: Path, task: str) -> list[RootAdded]:
                 if isinstance(meta.get("selection_reason"), str) else None,
             )
         )  # fmt: skip
-    return roots
+    return roots, read_direction(roots_dir, facts) or "maximize"
 
 
 def _roots_from_selection(catalog: Catalog, task: str) -> list[RootAdded]:
@@ -110,8 +111,11 @@ def new_run(
     run_id: str | None = None,
     select: bool = False,
     progress: bool | None = None,
+    on_start: Callable[[str], None] | None = None,
 ) -> ExploreResult:
     """Create an exploration run over the roots in ``source`` and run it to the end.
+
+    ``on_start`` is called with the run id once the run exists.
 
     With ``select``, ``source`` is a task's ``all_snapshots`` dir: the selection is
     recorded in this run (SPEC §1) and its picks become the roots.
@@ -126,14 +130,16 @@ def new_run(
         from engine.opencode import resolve_options
 
         config = config.model_copy(update={"backend_options": resolve_options(config)})
-    make_teacher(config, EventLog(data_dir, run_id).dir).close()  # fail early, before the run exists
     if select:
         events, catalog = plan_selection(source, task, run_id, config.direction, config.selection.num_roots)
         roots = _roots_from_selection(catalog, task)
         selection = [e for e in events if not isinstance(e, RunStarted)]
+        direction = events[0].direction
     else:
-        roots = roots_from_dir(source, task)
+        roots, direction = roots_from_dir(source, task)
         selection = []
+    config = config.model_copy(update={"direction": config.direction or direction})
+    make_teacher(config, EventLog(data_dir, run_id).dir).close()  # fail early, before the run exists
     started = RunStarted(
         command="explore", task=task, direction=config.direction,
         config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},
@@ -148,6 +154,8 @@ def new_run(
             catalog.insert(writer.stage([decision]))
         catalog.insert(writer.stage(roots))
         writer.flush()
+        if on_start:
+            on_start(run_id)
         _explore(writer, catalog, config, progress)
     return summary(data_dir, run_id, resumed=False)
 

@@ -78,7 +78,7 @@ def plan_selection(
     direction = direction or read_direction(all_snapshots, facts) or "maximize"
     config = RunConfig(
         task=task, direction=direction, selection=SelectionConfig(num_roots=num_roots)
-    )
+    )  # the resolved direction is recorded
     started = RunStarted(
         command="select-snapshots",
         task=task,

@@ -57,7 +57,7 @@ def catalog_of(events: list[Event], config: RunConfig | None = None) -> Catalog:
     """A catalog over a run whose log is RunStarted(config) followed by ``events``."""
     config = config or RunConfig()
     started = RunStarted(
-        command="test", task=config.task, direction=config.direction,
+        command="test", task=config.task, direction=config.direction or "maximize",
         config=config.model_dump(mode="json"),
     )
     catalog = Catalog.empty()
