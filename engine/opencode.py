@@ -22,6 +22,7 @@ in their environment.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -110,7 +111,7 @@ def _find_binary(configured: str | None) -> str:
         if c and Path(c).exists():
             return c
     raise InputError(
-        "opencode not found: run `npm ci` in the repository (it installs opencode-ai) "
+        "opencode not found: run `npm install` in the repository (it installs opencode-ai) "
         "or set backend_options.opencode_bin"
     )
 
@@ -171,6 +172,7 @@ class OpenCodeTeacher:
         self.worktrees = Path(self.opts.worktree_root or Path(run_dir) / "worktrees")
         self.worktrees.mkdir(parents=True, exist_ok=True)
         self.env = self._environment()
+        self._init_database()
         self._tree_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._markers: set[str] = set()
@@ -203,6 +205,21 @@ class OpenCodeTeacher:
             OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_PERMISSION=json.dumps({"question": "deny"}),
         )  # fmt: skip
         return env
+
+    def _init_database(self) -> None:
+        """Create OpenCode's database before any turn runs.
+
+        Several first runs creating it at once can lose a session's events (seen
+        here: a turn with no tool calls, or with no eval, only when two fresh runs
+        started together), so one command creates it first.
+        """
+        if (self.home / "data" / "opencode" / "opencode.db").exists():
+            return
+        done = subprocess.run([self.bin, "session", "list"], env=self.env, cwd=self.home,
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=120)  # fmt: skip
+        if done.returncode != 0:
+            msg = done.stderr.decode(errors="replace").strip()[-500:]
+            raise ProjectError(f"{self.bin} could not start: {msg}")
 
     def _tree_lock(self, tree_id: str) -> threading.Lock:
         with self._locks_lock:
@@ -362,15 +379,14 @@ class OpenCodeTeacher:
             self._markers.discard(marker)
         if outcome == "completed" and (proc.returncode != 0 or parser.summary.errors):
             outcome = "error"
-            detail = "; ".join(parser.summary.errors) or (worktree.parent / f"stderr-t{request.turn}.log").read_text(errors="replace")[-500:]
+            stderr = worktree.parent / f"stderr-t{request.turn}.log"
+            detail = "; ".join(parser.summary.errors) or stderr.read_text(errors="replace")[-500:]
             error = f"opencode exited with {proc.returncode}: {detail}".strip()
         return lines, facts, parser, outcome, error
 
     def _kill(self, proc: subprocess.Popen, marker: str) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         kill_marked(marker)
         proc.wait(timeout=30)
 

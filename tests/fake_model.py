@@ -98,6 +98,7 @@ class FakeModel:
                     fake.calls += 1
                     fake.requests.append({
                         "session": self.headers.get("x-session-id"), "where": where,
+                        "authorization": self.headers.get("authorization"),
                         "messages": body.get("messages", []), "tools": bool(body.get("tools")),
                     })  # fmt: skip
                 if fake.stall:
