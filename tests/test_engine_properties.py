@@ -14,7 +14,14 @@ from engine.catalog import Catalog
 from engine.config import RunConfig, TreeConfig
 from engine.explore import Explorer
 from engine.teacher import RootInfo, TurnRequest
-from ingest.events import EvalFinished, RootAdded, RunStarted, StepFinished, ToolCalled, TurnFinished
+from ingest.events import (
+    EvalFinished,
+    RootAdded,
+    RunStarted,
+    StepFinished,
+    ToolCalled,
+    TurnFinished,
+)
 from ingest.log import EventLog, LogWriter
 
 outcome = st.fixed_dictionaries({

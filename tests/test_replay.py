@@ -118,7 +118,7 @@ def test_replay_names_each_forged_decision(runs):
     assert judged["problem"] == "verdict differs" and judged["recorded"] == "pruned"
     text = invoke(runs, "replay", "forged")
     assert text.exit_code == 1
-    assert f"differ" in text.stdout.splitlines()[-1] and not text.stdout.rstrip().endswith(" 0 differ")
+    assert "differ" in text.stdout.splitlines()[-1] and not text.stdout.rstrip().endswith(" 0 differ")
 
 
 def test_a_forged_snapshot_pick_and_path_selection_are_found(runs):

@@ -56,3 +56,62 @@ def test_views_command_lists_every_view_with_its_header():
     assert r.exit_code == 0
     for view in VIEWS.values():
         assert f"{view.name}\n    {view.summary}\n    grain: {', '.join(view.grain)}" in r.stdout
+
+
+SPEC_COLUMNS = {
+    "snapshots": "task, snapshot, global_index, agent_id, commit_hash, eval_ok, score, "
+    "score_for_stage, smooth, gain, stage, selected, selection_reason, skip_reason",
+    "trees": "tree_id, task, snapshot, stage, root_score, stop_reason, kept_edges, good_leaves, "
+    "final_leaves",
+    "turns": "tree_id, edge_id, turn, session_id, score, eval_status, tool_calls, tool_errors, "
+    "knowledge_actions, steps, context_tokens, skipped",
+    "edges": "tree_id, edge_id, parent_id, child_id, layer, attempt, s1, s2, eval_ok, edge_score, "
+    "tool_error_rate, has_knowledge, improved, outcome, cleanliness, knowledge, "
+    "regression_stability, soft, tok, steps, verdict",
+    "nodes": "tree_id, node_id, parent_id, depth, score, tok, valid_children, failed_expansions, "
+    "process, score_rank, best_rank, q, leaf_reason",
+    "selections": "seq, watermark, tree_id, node_id, select, q, t",
+    "paths": "tree_id, leaf_id, node_ids, ranked, avg_cleanliness, avg_knowledge, avg_score, "
+    "avg_score_rank, max_score, max_score_rank, path_score, rank",
+    "top_paths": "tree_id, leaf_id, node_ids, ranked, avg_cleanliness, avg_knowledge, avg_score, "
+    "avg_score_rank, max_score, max_score_rank, path_score, rank",
+    "tool_calls": "tree_id, edge_id, turn, call_id, tool, status, target, is_knowledge",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_COLUMNS))
+def test_public_views_have_the_spec_columns(empty, name):
+    columns = {d[0] for d in empty.con.execute(f"select * from {name} limit 0").description}
+    wanted = {c.strip() for c in SPEC_COLUMNS[name].split(",")}
+    assert wanted <= columns, wanted - columns
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory):
+    """A catalog over a small finished sim run (two roots), evaluated at every decision."""
+    from conftest import ROOT
+
+    from engine.replay import load
+
+    data = tmp_path_factory.mktemp("grain") / "data"
+    config = data.parent / "small.toml"
+    config.write_text("[tree]\ntarget_good_leaves = 3\n")
+    r = CliRunner().invoke(cli, [
+        "--data", str(data), "explore", str(ROOT / "data" / "student_run" / "all_snapshots"),
+        "--select", "--task", "kernel-speedup", "--num-roots", "2", "--run-id", "g",
+        "--config", str(config),
+    ])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return load(data, "g")
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_grain_is_unique_on_a_real_run(sim_run, name):
+    grain = ", ".join(VIEWS[name].grain)
+    rows = sim_run.query(f"select count(*) as n from {name}")[0]["n"]
+    dupes = sim_run.query(
+        f"select {grain}, count(*) as n from {name} group by all having count(*) > 1 limit 3"
+    )
+    assert dupes == [], f"{name}: grain ({grain}) repeats"
+    if name.startswith("audit_"):
+        assert rows == 0, sim_run.query(f"select * from {name} limit 3")

@@ -1,0 +1,108 @@
+"""The `opencode run --format json` stream parser, on the event shapes measured in reference/."""
+
+from __future__ import annotations
+
+import json
+
+from ingest.events import MessageWritten, StepFinished, StreamLineSkipped, ToolCalled
+from ingest.opencode import StreamParser, parse_stream, tool_target
+
+SES = "ses_dd5ab1ccfffeR0BpNUhn009su1"
+
+
+def line(kind: str, part: dict | None = None, **extra) -> str:
+    obj = {"type": kind, "timestamp": 1796006538884, "sessionID": SES}
+    if part is not None:
+        obj["part"] = part
+    obj.update(extra)
+    return json.dumps(obj)
+
+
+def tool(name: str, status: str, inputs: dict, **state) -> str:
+    return line("tool_use", {"type": "tool", "tool": name, "callID": f"call_{name}",
+                             "state": {"status": status, "input": inputs, **state}})  # fmt: skip
+
+
+STREAM = [
+    line("step_start", {"type": "step-start"}),
+    tool("bash", "completed", {"command": "echo hello > out.txt && cat out.txt"}, output="hello\n",
+         metadata={"exit": 0}),
+    tool("read", "error", {"filePath": "/tmp/repo/does_not_exist.txt"},
+         error="File not found: /tmp/repo/does_not_exist.txt"),
+    line("step_finish", {"type": "step-finish", "reason": "tool-calls", "cost": 0.002958,
+                         "tokens": {"total": 1056, "input": 703, "output": 46, "reasoning": 7,
+                                    "cache": {"write": 0, "read": 300}}}),
+    line("step_start", {"type": "step-start"}),
+    line("reasoning", {"type": "reasoning", "text": "I am reasoning here."}),
+    tool("invalid", "completed", {"tool": "nosuchtool", "error": "unavailable"},
+         output="The arguments provided to the tool are invalid"),
+    line("text", {"type": "text", "text": "All done. Final answer."}),
+    line("step_finish", {"type": "step-finish", "reason": "stop",
+                         "tokens": {"total": 2100, "input": 1800, "output": 300, "reasoning": 0,
+                                    "cache": {"write": 0, "read": 0}}}),
+]  # fmt: skip
+
+
+def test_every_event_type_becomes_its_fact():
+    facts, summary = parse_stream("\n".join(STREAM), "T1", "T1/e1-1", 1)
+    kinds = [type(f) for f in facts]
+    assert kinds == [ToolCalled, ToolCalled, StepFinished, MessageWritten, ToolCalled,
+                     MessageWritten, StepFinished]  # fmt: skip
+    bash, missing, step1, thought, invalid, text, step2 = facts
+    assert (bash.tool, bash.status, bash.target, bash.step) == (
+        "bash", "ok", "echo hello > out.txt && cat out.txt", 1,
+    )  # fmt: skip
+    assert (missing.status, missing.target) == ("error", "/tmp/repo/does_not_exist.txt")
+    assert missing.error.startswith("File not found")
+    assert (invalid.status, invalid.step) == ("error", 2)  # a tool that does not exist
+    assert (step1.tokens_input, step1.tokens_output, step1.tokens_reasoning) == (703, 46, 7)
+    assert (step1.tokens_cache_read, step1.tokens_total, step1.cost) == (300, 1056, 0.002958)
+    assert (thought.part, text.part, text.text) == ("reasoning", "text", "All done. Final answer.")
+    # The session's context is the last step's usage.
+    assert (summary.context_tokens, summary.steps, summary.session_id) == (2100, 2, SES)
+    assert summary.errors == []
+
+
+def test_bad_lines_are_recorded_not_fatal():
+    lines = [
+        STREAM[0],
+        '{"type": "tool_use", "part": {"tool": "read"',  # truncated
+        "not json at all",
+        line("compaction", {"type": "x"}),  # a type this version does not print
+        "[1, 2]",
+        line("tool_use", {"type": "tool"}),  # no tool name
+        "",
+        STREAM[1],
+    ]
+    parser = StreamParser("T1", "T1/e1-1", 2)
+    facts = [f for raw in lines for f in parser.feed(raw)]
+    skipped = [f for f in facts if isinstance(f, StreamLineSkipped)]
+    assert [s.line_no for s in skipped] == [2, 3, 4, 5, 6]
+    assert skipped[0].problem.startswith("invalid JSON")
+    assert skipped[2].problem == "unknown event type 'compaction'"
+    assert skipped[3].problem == "not a JSON object"
+    assert skipped[4].problem.startswith("malformed tool_use event")
+    assert [f.tool for f in facts if isinstance(f, ToolCalled)] == ["bash"]
+    assert all(s.turn == 2 and s.edge_id == "T1/e1-1" for s in skipped)
+
+
+def test_error_events_are_collected_for_the_turn():
+    err = line("error", error={"name": "APIError", "data": {"message": "bad key", "statusCode": 401}})
+    facts, summary = parse_stream(err, "T1", "T1/e1-1", 1)
+    assert facts == [] and summary.errors == ["APIError: bad key"]
+
+
+def test_usage_without_total_is_summed_and_missing_usage_is_zero():
+    no_total = line("step_finish", {"type": "step-finish", "tokens": {"input": 10, "output": 5}})
+    empty = line("step_finish", {"type": "step-finish"})
+    facts, summary = parse_stream(f"{no_total}\n{empty}", "T1", "T1/e1-1", 1)
+    assert [f.tokens_total for f in facts] == [15, 0]
+    assert summary.context_tokens == 0
+
+
+def test_tool_targets():
+    assert tool_target("grep", {"pattern": "TILE", "path": ".opencode/skills"}) == ".opencode/skills TILE"
+    assert tool_target("edit", {"filePath": "/w/a.py", "oldString": "x"}) == "/w/a.py"
+    assert tool_target("skill", {"name": "profile-kernel"}) == "profile-kernel"
+    assert tool_target("todowrite", {"todos": []}) is None
+    assert tool_target("bash", "not a dict") is None
