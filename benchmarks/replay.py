@@ -76,11 +76,8 @@ def tile(data: Path, src: str, dst: str, copies: int) -> None:
         new_seq: dict[int, int] = {}
         start = len(out)
         for r in rows:
-            if r["kind"] == "run_finished":
-                keep = k == copies - 1
-            else:
-                keep = k == 0 or r["kind"] not in ONCE
-            if keep:
+            last = r["kind"] == "run_finished"
+            if (k == copies - 1) if last else (k == 0 or r["kind"] not in ONCE):
                 r2 = dict(r)
                 for col in ID_COLUMNS:
                     if r2[col]:
@@ -88,7 +85,7 @@ def tile(data: Path, src: str, dst: str, copies: int) -> None:
                         r2[col] = rename[tree] + r2[col][len(tree):]
                 if r2["paths"]:  # the ids inside a recorded path selection
                     r2["paths"] = re.sub(r'"(T\d+)(?=[".])',
-                                         lambda m: '"' + rename[m.group(1)], r2["paths"])
+                                         lambda m, names=rename: '"' + names[m.group(1)], r2["paths"])
                 r2["seq"] = len(out) + 1
                 out.append(r2)
             new_seq[r["seq"]] = len(out)  # a dropped event maps to the last kept one

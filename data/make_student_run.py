@@ -18,7 +18,6 @@ snapshot's ``shared/`` (a real run keeps all; large benchmark corpora need the b
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import random
