@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from engine.catalog import Catalog
 from engine.config import RunConfig
@@ -88,15 +88,16 @@ class EdgeRun:
 class Spool:
     """Finished turns waiting to be appended in order (rounds mode).
 
-    One Parquet file per turn under ``<run>/spool/``, written atomically; a file is
-    removed once its turn is in the log.
+    One Arrow IPC file per turn under ``<run>/spool/`` (a private cache, not the log:
+    cheaper to write than Parquet, and exact), written atomically; a file is removed
+    once its turn is in the log.
     """
 
     def __init__(self, run_dir: Path) -> None:
         self.dir = run_dir / "spool"
 
     def _path(self, edge_id: str, turn: int) -> Path:
-        return self.dir / f"{edge_id.replace('/', '~')}--t{turn}.parquet"
+        return self.dir / f"{edge_id.replace('/', '~')}--t{turn}.arrow"
 
     def put(self, edge_id: str, turn: int, facts: list[Event]) -> None:
         self.dir.mkdir(exist_ok=True)
@@ -104,7 +105,8 @@ class Spool:
         tmp = final.with_name(f".tmp-{final.name}")
         table = to_arrow(facts, "spool", 1, SPOOL_TIME)
         with open(tmp, "wb") as fh:
-            pq.write_table(table, fh)
+            with pa.ipc.new_file(fh, table.schema) as out:
+                out.write_table(table)
             fh.flush()
             os.fsync(fh.fileno())
         os.rename(tmp, final)
@@ -113,7 +115,8 @@ class Spool:
         path = self._path(edge_id, turn)
         if not path.exists():
             return None
-        return [from_row(r) for r in pq.read_table(path).to_pylist()]
+        with pa.ipc.open_file(path) as spooled:
+            return [from_row(r) for r in spooled.read_all().to_pylist()]
 
     def drop(self, edge_id: str, turn: int) -> None:
         self._path(edge_id, turn).unlink(missing_ok=True)
@@ -352,6 +355,9 @@ class Explorer:
 
     def _stage_turn(self, run: EdgeRun, turn: int, facts: list[Event]) -> None:
         self._stage(facts)
+        self._turn_done(run, turn, facts)
+
+    def _turn_done(self, run: EdgeRun, turn: int, facts: list[Event]) -> None:
         run.done_turns.add(turn)
         if turn == 1:
             run.turn1_state = facts[-1].state
@@ -454,13 +460,23 @@ class Explorer:
         return self.pool.submit(self._run_turn, run, turn)
 
     def _run_phase(self, runs: list[EdgeRun], turn: int) -> list[EdgeRun]:
-        """Run one turn of every run concurrently and stage the results in batch order."""
+        """Run one turn of every run concurrently and stage the results in batch order.
+
+        The phase's facts are staged together (one Arrow batch instead of one per
+        turn); the turns that finished are staged even when a later one failed.
+        """
         todo = [r for r in runs if turn not in r.done_turns and not r.complete]
         pending = {r.edge_id: self._turn_facts(r, turn) for r in todo}
-        for run in todo:
-            result = pending[run.edge_id]
-            self._stage_turn(run, turn, result if isinstance(result, list) else self._result(result))
-            self._progress()
+        done: list[Event] = []
+        try:
+            for run in todo:
+                result = pending[run.edge_id]
+                facts = result if isinstance(result, list) else self._result(result)
+                done.extend(facts)
+                self._turn_done(run, turn, facts)
+                self._progress()
+        finally:
+            self._stage(done)
         return todo
 
     def _run_batch(self, batch: list[EdgeRun]) -> None:
@@ -533,7 +549,7 @@ class Explorer:
         edges = self.catalog.query(
             """
             select e.*, n.state as parent_state
-            from int_edges__scored as e
+            from int_edges__started as e
             left join int_nodes__created as n on n.tree_id = e.tree_id and n.node_id = e.parent_id
             where e.edge_id not in (select edge_id from stg_edge_judged)
             order by e.started_seq

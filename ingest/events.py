@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -131,6 +131,14 @@ class EdgeStarted(Event):
     parent_id: str
     slot: int
     attempt: int
+
+    @model_validator(mode="after")
+    def _id_follows(self) -> EdgeStarted:
+        # SPEC §6: ids are deterministic; the views read an edge's place from its id.
+        expected = f"{self.parent_id}/e{self.slot}-{self.attempt}"
+        if self.edge_id != expected:
+            raise ValueError(f"edge_id {self.edge_id!r} must be {expected!r}")
+        return self
 
 
 class ToolCalled(Event):

@@ -21,8 +21,12 @@ def root(tree_id: str = "T1", score: float = 1.0) -> RootAdded:
     return RootAdded(tree_id=tree_id, task="t", snapshot=f"snap-{tree_id}", path="/x", score=score)
 
 
-def start(edge_id: str, parent: str, slot: int = 1, attempt: int = 1) -> EdgeStarted:
+def start(edge_id: str, parent: str, slot: int | None = None, attempt: int | None = None) -> EdgeStarted:
+    """EdgeStarted of ``edge_id`` (<parent>/e<slot>-<attempt>; slot and attempt read from it)."""
     tree = parent.split(".")[0]
+    slot_text, attempt_text = edge_id.rsplit("/e", 1)[1].split("-")
+    slot = int(slot_text) if slot is None else slot
+    attempt = int(attempt_text) if attempt is None else attempt
     return EdgeStarted(tree_id=tree, edge_id=edge_id, parent_id=parent, slot=slot, attempt=attempt)
 
 
@@ -57,8 +61,8 @@ def edge(
     parent: str,
     s1: float | None,
     s2: float | None,
-    slot: int = 1,
-    attempt: int = 1,
+    slot: int | None = None,
+    attempt: int | None = None,
     skip2: bool = False,
     **kw,
 ) -> list[Event]:

@@ -234,3 +234,14 @@ def test_a_gap_in_the_log_is_reported(data_dir):
     log.parts()[1].path.unlink()
     with pytest.raises(LogError, match="seq 2 is missing"):
         log.parts(attempts=2)
+
+
+def test_an_edge_id_must_follow_from_its_parent_slot_and_attempt():
+    from pydantic import ValidationError
+
+    from ingest.events import EdgeStarted
+
+    ok = EdgeStarted(tree_id="T1", edge_id="T1.2/e3-2", parent_id="T1.2", slot=3, attempt=2)
+    assert from_row({"kind": "edge_started", **ok.model_dump()}) == ok
+    with pytest.raises(ValidationError, match="must be 'T1/e1-2'"):
+        EdgeStarted(tree_id="T1", edge_id="T1/e1-1", parent_id="T1", slot=1, attempt=2)

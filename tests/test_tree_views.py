@@ -131,8 +131,8 @@ def test_knowledge_needs_an_action_in_both_turns():
 
 
 def test_null_edge_score_nulls_outcome_knowledge_and_soft():
-    events = [root(), *edge("T1/e1-1", "T1", None, None, slot=1, attempt=2)]
-    e = rows(catalog(events), "edges")["T1/e1-1"]
+    events = [root(), *edge("T1/e1-2", "T1", None, None, slot=1, attempt=2)]
+    e = rows(catalog(events), "edges")["T1/e1-2"]
     assert (e["improved"], e["outcome"], e["knowledge"], e["soft"]) == (None, None, None, None)
     assert e["cleanliness"] == 1.0 and e["regression_stability"] == 0.0
 

@@ -1,6 +1,6 @@
 -- One row per edge attempt with every derived field and its verdict (public, SPEC §7).
 -- grain: tree_id, edge_id
--- sources: int_edges__scored
+-- sources: int_edges__started
 --
 -- Scores are raw. verdict and child_id are null while the edge is in flight;
 -- child_id is null unless the edge was kept (kept or kept_exempt).
@@ -32,4 +32,4 @@ select
     skip_turn2,
     started_seq,
     completed_seq
-from int_edges__scored
+from int_edges__started

@@ -1,9 +1,13 @@
 -- One row per edge attempt: its two turns, raw metrics, verdict and child id (SPEC §2).
 -- grain: tree_id, edge_id
--- sources: stg_edge_started, int_turns, run_config
+-- sources: int_turns, run_config
 -- materialized: table
 --
--- layer = depth(parent) + 1, the depth being the number of dots in the parent id.
+-- Edges with a finished turn (int_edges__started adds those in flight): parent,
+-- slot and attempt come from the id <parent>/e<slot>-<attempt> (SPEC §6; EdgeStarted
+-- enforces it), so that an edge starting leaves this table and those after it as
+-- they are. layer = depth(parent) + 1, the depth being the number of dots in the
+-- parent id.
 -- Turn 2 is skipped when turn 1 has no score and the edge cannot be kept anyway
 -- (layer >= 3, or layer 1 attempt 1). An edge is complete when turn 2 finished or
 -- was skipped; verdict and child id exist only then. hard_fail = not eval_ok or
@@ -11,14 +15,32 @@
 -- retry; hard-failing but exempt (layer 1 attempt >= 2, or layer 2) -> kept_exempt;
 -- hard-failing at layer >= 3 -> pruned; otherwise kept. The k-th kept edge out of
 -- P in completion order creates child P.k. Scores are raw; *_o are oriented.
-with joined as (
+with edges as (
+    select
+        tree_id,
+        edge_id,
+        regexp_extract(edge_id, '^(.+)/e(\d+)-(\d+)$', ['parent_id', 'slot', 'attempt']) as id
+    from int_turns
+    where turn = 1
+),
+
+started as (
+    select
+        tree_id,
+        edge_id,
+        id.parent_id,
+        cast(id.slot as integer) as slot,
+        cast(id.attempt as integer) as attempt
+    from edges
+),
+
+joined as (
     select
         s.tree_id,
         s.edge_id,
         s.parent_id,
         s.slot,
         s.attempt,
-        s.seq as started_seq,
         length(s.parent_id) - length(replace(s.parent_id, '.', '')) + 1 as layer,
         t1.score as s1,
         t2.score as s2,
@@ -36,7 +58,7 @@ with joined as (
         t1.state as turn1_state,
         c.sign,
         c.tool_error_prune
-    from stg_edge_started as s
+    from started as s
     cross join run_config as c
     left join int_turns as t1 on s.tree_id = t1.tree_id and s.edge_id = t1.edge_id and t1.turn = 1
     left join int_turns as t2 on s.tree_id = t2.tree_id and s.edge_id = t2.edge_id and t2.turn = 2

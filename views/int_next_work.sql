@@ -1,6 +1,6 @@
 -- Per tree and evaluation point: the edge that should start next, if any (SPEC §2).
 -- grain: tree_id, asof_seq
--- sources: int_trees__asof, int_nodes__asof, int_edges__scored, int_nodes__created, run_config
+-- sources: int_trees__asof, int_nodes__asof, int_edges__started, int_edges__scored, int_nodes__created, run_config
 --
 -- Nothing once the tree's stop condition holds. Otherwise, in this order: the
 -- root's next unstarted direction (kind fanout, lowest slot first), a retry owed
@@ -35,7 +35,7 @@ fanout as (
     from root_slots as r
     where not exists (
         select 1
-        from int_edges__scored as e
+        from int_edges__started as e
         where
             e.tree_id = r.tree_id
             and e.layer = 1
@@ -62,7 +62,7 @@ retries as (
             and e.completed_seq <= t.asof_seq
     where not exists (
         select 1
-        from int_edges__scored as n
+        from int_edges__started as n
         where
             n.tree_id = e.tree_id
             and n.layer = 1

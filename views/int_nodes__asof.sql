@@ -1,6 +1,6 @@
 -- Per evaluation point and node present then: children, failures, in-flight, leaf, ranks, Q, T, Select.
 -- grain: tree_id, asof_seq, node_id
--- sources: int_points, int_nodes__scored, int_edges__scored, run_config
+-- sources: int_points, int_nodes__scored, int_edges__started, run_config
 -- materialized: table
 --
 -- A node is present at point w when created_seq <= w; an edge counts as started
@@ -33,7 +33,7 @@ edge_counts as (
         count(*) filter (where e.completed_seq is null or e.completed_seq > p.asof_seq)
             as in_flight
     from int_points as p
-    inner join int_edges__scored as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
+    inner join int_edges__started as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
     group by all
 ),
 

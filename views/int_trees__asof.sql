@@ -1,6 +1,6 @@
 -- Per tree and evaluation point: kept edges, good leaves, in-flight and pending work, stop (SPEC §2).
 -- grain: tree_id, asof_seq
--- sources: int_points, int_nodes__asof, int_edges__scored, run_config
+-- sources: int_points, int_nodes__asof, int_edges__started, run_config
 -- materialized: table
 --
 -- Pending starts: root directions 1..root_children not started yet, and retries
@@ -33,7 +33,7 @@ edge_stats as (
         ) as retries_owed,
         count(*) filter (where e.layer = 1 and e.attempt >= 2) as retries_started
     from int_points as p
-    inner join int_edges__scored as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
+    inner join int_edges__started as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
     group by all
 ),
 
