@@ -37,9 +37,10 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.errors import ViewBuildError, ViewNotFoundError
-from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA, conform
+from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
 from ingest.log import EventLog
 
 VIEWS_DIR = Path(__file__).resolve().parent.parent / "views"
@@ -299,29 +300,27 @@ class Catalog:
     def _apply_incoming(self) -> None:
         if not self._incoming:
             return
-        table = pa.concat_tables(self._incoming, promote_options="default")
+        incoming = pa.concat_tables(self._incoming, promote_options="default")
         self._incoming = []
-        kind_column = table.column("kind").to_pylist()
-        rows_by_kind: dict[str, list[int]] = {}
-        for i, kind in enumerate(kind_column):
-            rows_by_kind.setdefault(kind, []).append(i)
-        for kind, rows in rows_by_kind.items():
-            part = conform(table.take(rows), KIND_COLUMNS[kind])  # noqa: F841 - read by DuckDB
-            self.con.execute(f"insert into log_{kind} select * from part")
-        last = max(table.column("seq").to_pylist())
+        table = incoming
+        present = set(table.column_names)
+        keys = ["kind", "tree_id"] if "tree_id" in present else ["kind"]
+        groups = table.group_by(keys, use_threads=False).aggregate([]).to_pylist()
+        kinds = sorted({g["kind"] for g in groups})
+        for kind in kinds:  # absent columns are null; DuckDB reads `incoming` by name
+            cols = ", ".join(f'"{c}"' for c in KIND_COLUMNS[kind] if c in present)
+            sql = f"insert into log_{kind} by name select {cols} from incoming where kind = ?"
+            self.con.execute(sql, [kind])
+        last = pc.max(table.column("seq")).as_py()
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [last])
-        if "run_started" in rows_by_kind:
+        if "run_started" in kinds:
             self._dirty_all = True
             self._sync_knowledge_patterns()
             return
         trees_by_kind: dict[str, set[str]] = {}
-        trees = (
-            table.column("tree_id").to_pylist() if "tree_id" in table.column_names
-            else [None] * table.num_rows
-        )  # fmt: skip
-        for tree, kind in zip(trees, kind_column, strict=True):
-            if tree is not None:
-                trees_by_kind.setdefault(kind, set()).add(tree)
+        for g in groups:
+            if g.get("tree_id") is not None:
+                trees_by_kind.setdefault(g["kind"], set()).add(g["tree_id"])
         for name in self.tables:
             for kind in self._kinds[name] & set(trees_by_kind):
                 self._stale[name] |= trees_by_kind[kind]

@@ -381,16 +381,6 @@ def to_arrow(events: list[Event], run_id: str, first_seq: int, recorded_at: date
     return pa.Table.from_arrays(arrays, schema=pa.schema(list(ENVELOPE) + [SCHEMA.field(x) for x in names]))
 
 
-def conform(table: pa.Table, names: list[str]) -> pa.Table:
-    """``table`` with exactly the columns ``names`` (absent ones as nulls)."""
-    arrays = [
-        table.column(name) if name in table.column_names
-        else pa.nulls(table.num_rows, SCHEMA.field(name).type)
-        for name in names
-    ]  # fmt: skip
-    return pa.Table.from_arrays(arrays, schema=pa.schema([SCHEMA.field(x) for x in names]))
-
-
 def from_row(row: dict[str, Any]) -> Event:
     """Rebuild the event of one stored row (envelope columns are ignored)."""
     cls = EVENT_TYPES[row["kind"]]
