@@ -12,6 +12,10 @@ create or replace macro pct(n_less, n_equal, n_total) as
 create or replace macro oriented(s, direction) as
     case when direction = 'minimize' then -s else s end;
 
+-- The layer of an edge from its parent node id: the parent's depth (its dots) + 1.
+create or replace macro edge_layer(parent_id) as
+    length(parent_id) - length(replace(parent_id, '.', '')) + 1;
+
 -- Numeric ordering key of a node id "T.2.10" -> [2, 10] so that T.2 < T.10.
 create or replace macro node_key(node_id) as
     list_transform(string_split(node_id, '.')[2:], lambda x: cast(x as integer));

@@ -41,7 +41,7 @@ joined as (
         s.parent_id,
         s.slot,
         s.attempt,
-        length(s.parent_id) - length(replace(s.parent_id, '.', '')) + 1 as layer,
+        edge_layer(s.parent_id) as layer,
         t1.score as s1,
         t2.score as s2,
         t1.score * c.sign as s1_o,

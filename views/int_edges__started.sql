@@ -12,7 +12,7 @@ select
     s.parent_id,
     s.slot,
     s.attempt,
-    length(s.parent_id) - length(replace(s.parent_id, '.', '')) + 1 as layer,
+    edge_layer(s.parent_id) as layer,
     s.seq as started_seq,
     e.* exclude (tree_id, edge_id, parent_id, slot, attempt, layer)
 from stg_edge_started as s
