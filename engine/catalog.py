@@ -302,16 +302,15 @@ class Catalog:
             return
         incoming = pa.concat_tables(self._incoming, promote_options="default")
         self._incoming = []
-        table = incoming
-        present = set(table.column_names)
+        present = set(incoming.column_names)
         keys = ["kind", "tree_id"] if "tree_id" in present else ["kind"]
-        groups = table.group_by(keys, use_threads=False).aggregate([]).to_pylist()
+        groups = incoming.group_by(keys, use_threads=False).aggregate([]).to_pylist()
         kinds = sorted({g["kind"] for g in groups})
         for kind in kinds:  # absent columns are null; DuckDB reads `incoming` by name
             cols = ", ".join(f'"{c}"' for c in KIND_COLUMNS[kind] if c in present)
             sql = f"insert into log_{kind} by name select {cols} from incoming where kind = ?"
             self.con.execute(sql, [kind])
-        last = pc.max(table.column("seq")).as_py()
+        last = pc.max(incoming.column("seq")).as_py()
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [last])
         if "run_started" in kinds:
             self._dirty_all = True

@@ -566,7 +566,7 @@ class Explorer:
             if e["turn2_seq"] is not None:
                 run.done_turns.add(2)
             run.complete = e["turn2_seq"] is not None or (
-                e["skip_turn2"] and e["edge_id"] in self._skipped
+                bool(e["skip_turn2"]) and e["edge_id"] in self._skipped
             )
             self.in_flight[run.edge_id] = run
         # A skip whose decision the crash lost is recorded now, in start order.
