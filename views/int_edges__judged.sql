@@ -15,7 +15,7 @@
 -- retry; hard-failing but exempt (layer 1 attempt >= 2, or layer 2) -> kept_exempt;
 -- hard-failing at layer >= 3 -> pruned; otherwise kept. The k-th kept edge out of
 -- P in completion order creates child P.k. Scores are raw; *_o are oriented.
-with edges as (
+with first_turns as (
     select
         tree_id,
         edge_id,
@@ -31,7 +31,7 @@ started as (
         id.parent_id,
         cast(id.slot as integer) as slot,
         cast(id.attempt as integer) as attempt
-    from edges
+    from first_turns
 ),
 
 joined as (
