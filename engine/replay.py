@@ -71,40 +71,15 @@ def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
 
 
 def tree_summaries(catalog: Catalog) -> list[dict[str, Any]]:
-    """Per tree: nodes, edges by verdict, leaves by reason, stop, best score."""
+    """Per tree: nodes, edges by verdict, leaves by reason, stop, best score (the trees view)."""
     return catalog.query(
         """
-        with verdicts as (
-            select
-                tree_id,
-                count(*) filter (where verdict = 'kept') as kept,
-                count(*) filter (where verdict = 'kept_exempt') as kept_exempt,
-                count(*) filter (where verdict = 'pruned') as pruned,
-                count(*) filter (where verdict = 'retry') as retried
-            from edges
-            group by all
-        ),
-
-        leaves as (
-            select
-                tree_id,
-                count(*) filter (where leaf_reason = 'depth') as depth_leaves,
-                count(*) filter (where leaf_reason = 'token') as token_leaves,
-                count(*) filter (where leaf_reason = 'exhausted') as exhausted_leaves,
-                count(*) filter (where leaf_reason = 'stopped') as stopped_leaves
-            from nodes
-            group by all
-        )
-
         select
-            t.tree_id, t.nodes, coalesce(v.kept, 0) as kept,
-            coalesce(v.kept_exempt, 0) as kept_exempt, coalesce(v.pruned, 0) as pruned,
-            coalesce(v.retried, 0) as retried, l.depth_leaves, l.token_leaves,
-            l.exhausted_leaves, l.stopped_leaves, t.stop_reason, t.best_score, t.status
-        from trees as t
-        left join verdicts as v using (tree_id)
-        left join leaves as l using (tree_id)
-        order by t.tree_id
+            tree_id, nodes, edges_kept as kept, edges_kept_exempt as kept_exempt,
+            edges_pruned as pruned, edges_retried as retried, depth_leaves, token_leaves,
+            exhausted_leaves, stopped_leaves, stop_reason, best_score, status
+        from trees
+        order by tree_id
         """
     )  # fmt: skip
 
