@@ -202,9 +202,12 @@ def _canonical(table: pa.Table) -> pa.Table:
 
 
 def _read_part(source: Path | BinaryIO, columns: list[str] | None) -> pa.Table:
-    table = pq.read_table(source)
     if columns is None:
+        table = pq.read_table(source)
         columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
+    else:  # only the columns asked for are decoded
+        present = set(pq.read_schema(source).names)
+        table = pq.read_table(source, columns=[c for c in columns if c in present])
     arrays = []
     for name in columns:
         if name in table.column_names:
