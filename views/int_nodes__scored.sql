@@ -4,21 +4,11 @@
 -- materialized: table
 --
 -- process(n) = mean of the non-null soft scores of the kept edges on root..n (0 if none).
+-- The mean is a correlated subquery so that a refresh of a few trees reads only
+-- their edges (a grouped CTE behind a left join is computed for every tree), and
+-- adds root to node, whatever the physical row order.
 with nodes as (
     select * from int_nodes__created
-),
-
-path_soft as (
-    select
-        n.tree_id,
-        n.node_id,
-        avg(e.soft) as mean_soft
-    from nodes as n
-    inner join int_edges__scored as e
-        on
-            n.tree_id = e.tree_id
-            and (n.node_id = e.child_id or starts_with(n.node_id, e.child_id || '.'))
-    group by all
 ),
 
 final as (
@@ -27,10 +17,18 @@ final as (
         l.ref_o,
         l.start_o,
         l.path_best_o,
-        coalesce(p.mean_soft, 0.0) as process
+        coalesce(
+            (
+                select avg(e.soft order by e.completed_seq)
+                from int_edges__scored as e
+                where
+                    e.tree_id = n.tree_id
+                    and (n.node_id = e.child_id or starts_with(n.node_id, e.child_id || '.'))
+            ),
+            0.0
+        ) as process
     from nodes as n
     inner join int_nodes__lineage as l using (tree_id, node_id)
-    left join path_soft as p using (tree_id, node_id)
 )
 
 select * from final
