@@ -28,9 +28,11 @@ defines the shared SQL macros (such as ``pct``) before any view is created.
 
 from __future__ import annotations
 
+import contextlib
 import graphlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from ingest.errors import ViewBuildError, ViewNotFoundError
+from ingest.errors import LogError, ViewBuildError, ViewNotFoundError
 from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
 from ingest.log import EventLog
 
@@ -154,13 +157,8 @@ def _base_tables(tree: Any) -> set[str]:
     return tables - ctes
 
 
-def dependency_order(
-    con: duckdb.DuckDBPyConnection,
-    views: dict[str, ViewDef],
-    reads: dict[str, set[str]] | None = None,
-) -> list[str]:
+def dependency_order(views: dict[str, ViewDef], reads: dict[str, set[str]]) -> list[str]:
     """View names ordered so that every view comes after the views it reads."""
-    reads = reads or {n: _referenced_tables(con, v) for n, v in views.items()}
     graph = {}
     for name, view in views.items():
         deps = reads[name] & set(views)
@@ -189,9 +187,10 @@ class Catalog:
         macros = views_dir / MACROS_FILE
         if macros.exists():
             self._execute(macros, macros.read_text())
-        # What every view reads (parsed once; the refresh plan and checks use it).
-        self._reads = {n: view_sources(con, v) for n, v in self.views.items()}
-        self.order = dependency_order(con, self.views, self._reads)
+        # What every view reads: its declared sources (tests/test_views.py checks
+        # that they are exactly what its SQL reads; parsing 50 views costs 0.2 s).
+        self._reads = {n: set(v.sources) for n, v in self.views.items()}
+        self.order = dependency_order(self.views, self._reads)
         self.tables = [n for n in self.order if self.views[n].materialized]
         self._check_materialized()
         for name in self.order:
@@ -268,8 +267,62 @@ class Catalog:
     def for_log(cls, log: EventLog, views_dir: Path = VIEWS_DIR, threads: int | None = None) -> Catalog:
         """A catalog holding the published prefix of ``log``."""
         catalog = cls.empty(views_dir, threads)
-        catalog.insert(log.read_table(LIGHT_SCHEMA.names))
+        catalog.load(log)
         return catalog
+
+    def load(self, log: EventLog, attempts: int = 50) -> None:
+        """Insert the published events of ``log``, read by DuckDB from its Parquet parts.
+
+        Each kind's table reads only its columns (no Arrow copy of the whole log in
+        between). The parts are read in one transaction: when compaction replaced a
+        part meanwhile, the load is rolled back and taken again from a new listing.
+        """
+        self._apply_incoming()
+        for attempt in range(attempts):
+            files = [str(p.path) for p in log.parts()]
+            if not files:
+                return
+            try:
+                present = set().union(*(_part_columns(f) for f in files))
+                self._load_files(files, present)
+            except (OSError, duckdb.Error) as err:
+                if all(Path(f).exists() for f in files):
+                    raise LogError(f"{self._unreadable(files, log)}: cannot read the log: {err}") from err
+                time.sleep(0.002 * attempt)  # a part was compacted away: list again
+                continue
+            self._dirty_all = True
+            self._sync_knowledge_patterns()
+            return
+        raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
+
+    def _unreadable(self, files: list[str], log: EventLog) -> str:
+        """The first part DuckDB cannot scan (else the log directory), for an error message."""
+        for f in files:
+            try:
+                for _batch in self.con.read_parquet(f).to_arrow_reader():
+                    pass
+            except duckdb.Error:
+                return f
+        return str(log.log_dir)
+
+    def _load_files(self, files: list[str], present: set[str]) -> None:
+        source = "read_parquet(getvariable('load_files'), union_by_name = true)"
+        self.con.execute("set variable load_files = ?", [files])
+        try:
+            self.con.execute("begin transaction")
+            kinds = {r[0] for r in self.con.execute(f"select distinct kind from {source}").fetchall()}
+            for kind in sorted(kinds & set(KIND_COLUMNS)):
+                cols = ", ".join(f'"{c}"' for c in KIND_COLUMNS[kind] if c in present)
+                sql = f"insert into log_{kind} by name select {cols} from {source} where kind = ?"
+                self.con.execute(sql, [kind])
+            self.con.execute(f"update log_tail set seq = greatest(seq, (select max(seq) from {source}))")
+            self.con.execute("commit")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                self.con.execute("rollback")
+            raise
+        finally:
+            self.con.execute("reset variable load_files")
 
     def _create_base_table(self) -> None:
         for kind, names in KIND_COLUMNS.items():
@@ -459,6 +512,14 @@ class Catalog:
         """The largest seq the catalog holds (0 when empty)."""
         self._apply_incoming()
         return self.con.execute("select coalesce(max(seq), 0) from event_log").fetchall()[0][0]
+
+
+def _part_columns(path: str) -> list[str]:
+    """The column names of one log part (LogError when it is not Parquet)."""
+    try:
+        return pq.read_schema(path).names
+    except pa.ArrowInvalid as err:
+        raise LogError(f"{path}: not a readable Parquet part of the log ({err})") from err
 
 
 def _kind_columns() -> dict[str, list[str]]:

@@ -201,3 +201,23 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert "already recorded" in text.stdout and "paths in" in text.stdout
     bad = invoke(runs, "reselect", "re", "--weights", "speed=1")
     assert bad.exit_code == 1 and "--weights" in bad.stderr
+
+
+@pytest.mark.parametrize("damage", ["not_parquet", "bad_pages"])
+def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(run_dir(runs, "rounds"), run_dir(data, "rounds"))
+    parts = sorted(run_dir(data, "rounds").glob("log/*.parquet"))
+    part = parts[len(parts) // 2]
+    raw = bytearray(part.read_bytes())
+    if damage == "not_parquet":
+        raw[-4:] = b"XXXX"  # the footer magic
+    else:
+        raw[8:400] = bytes(392)  # the first column chunk's pages
+    part.write_bytes(bytes(raw))
+    r = invoke(data, "replay", "rounds")
+    assert r.exit_code == 1
+    assert str(part) in r.output and "Traceback" not in r.output
+    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit)
