@@ -7,7 +7,7 @@
 -- mean and max oriented node score. A path is ranked only if every such node has a
 -- score and every edge a knowledge value (the layer-1/2 exemptions can leave nulls).
 -- avg_score and max_score are reported raw (for minimize: the mean raw score and
--- the raw score of the best node).
+-- the raw score of the best node). Means add root to leaf, whatever the row order.
 with nodes as (
     select n.*, c.edge_id as creating_edge_id
     from int_nodes__final as n
@@ -46,9 +46,9 @@ select
     list(s.node_id order by s.depth) as node_ids,
     count(*) filter (where s.depth > 0 and (s.score_o is null or s.knowledge is null)) = 0
         as ranked,
-    avg(s.cleanliness) filter (where s.depth > 0) as avg_cleanliness,
-    avg(s.knowledge) filter (where s.depth > 0) as avg_knowledge,
-    avg(s.score_o) filter (where s.depth > 0) as avg_score_o,
+    avg(s.cleanliness order by s.depth) filter (where s.depth > 0) as avg_cleanliness,
+    avg(s.knowledge order by s.depth) filter (where s.depth > 0) as avg_knowledge,
+    avg(s.score_o order by s.depth) filter (where s.depth > 0) as avg_score_o,
     max(s.score_o) filter (where s.depth > 0) as max_score_o,
     any_value(c.sign) as sign
 from steps as s
