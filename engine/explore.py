@@ -220,15 +220,23 @@ class Explorer:
 
     # ---------------------------------------------------------------- views
 
-    def _work_rows(self, trees: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        """Each tree's next work (all trees, or those listed)."""
+    def _work_rows(self, trees: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Each tree's next starts in order (all trees, or those listed).
+
+        One start, or every pending direction of a root that fans out.
+        """
         if trees is None:
-            rows = self.catalog.query("select * from int_next_work")
+            rows = self.catalog.query("select * from int_next_work order by tree_id, pick")
         else:
             rows = self.catalog.query(
-                "select * from int_next_work where tree_id in (select unnest(?))", [sorted(trees)]
+                "select * from int_next_work where tree_id in (select unnest(?)) "
+                "order by tree_id, pick",
+                [sorted(trees)],
             )
-        return {r["tree_id"]: r for r in rows}
+        work: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            work.setdefault(row["tree_id"], []).append(row)
+        return work
 
     def _edge_rows(self, runs: list[EdgeRun]) -> dict[str, dict[str, Any]]:
         """Skip rule, verdict and child id of each run."""
@@ -308,8 +316,9 @@ class Explorer:
     def _fill(self) -> list[EdgeRun]:
         """Start edges for every free slot, round-robin over trees (SPEC §2).
 
-        One query gives every tree's next work; trees that started an edge are
-        queried again (together) only when the round-robin comes back to one.
+        One query gives every tree's next work; trees that started all the work
+        they were given are queried again (together) only when the round-robin
+        comes back to one.
         """
         self._record_stops()
         free = self.config.parallel - len(self.in_flight)
@@ -326,15 +335,17 @@ class Explorer:
                     work.pop(t, None)
                 work.update(self._work_rows(list(stale)))
                 stale.clear()
-            row = work.get(tree)
-            if row is None or tree in self.stopped:
+            rows = work.get(tree)
+            if not rows or tree in self.stopped:
                 idle += 1
                 i += 1
                 continue
+            row = rows.pop(0)
             started.append(self._start(row))
             free -= 1
             idle = 0
-            stale.add(tree)
+            if not rows:
+                stale.add(tree)
             if row["kind"] != "fanout":  # a root's directions start together
                 i += 1
         self.rr = i % n

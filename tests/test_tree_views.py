@@ -278,10 +278,14 @@ def test_an_edge_in_flight_blocks_its_parent_and_the_exhausted_stop():
 
 def test_next_work_fans_out_then_retries_then_selects():
     cat = catalog([root()])
-    work = cat.query("select * from int_next_work")[0]
-    assert (work["kind"], work["edge_id"]) == ("fanout", "T1/e1-1")
+    work = cat.query("select * from int_next_work order by pick")
+    assert [(w["pick"], w["kind"], w["edge_id"]) for w in work] == [
+        (1, "fanout", "T1/e1-1"), (2, "fanout", "T1/e2-1"), (3, "fanout", "T1/e3-1"),
+    ]  # fmt: skip
     events = [root(), start("T1/e1-1", "T1", 1), start("T1/e2-1", "T1", 2)]
-    assert catalog(events).query("select edge_id from int_next_work")[0]["edge_id"] == "T1/e3-1"
+    assert catalog(events).query("select edge_id, pick from int_next_work") == [
+        {"edge_id": "T1/e3-1", "pick": 1}
+    ]
     events = [root(), *edge("T1/e1-1", "T1", None, None, slot=1, skip2=True)]
     events += edge("T1/e2-1", "T1", 1.5, 1.6, slot=2) + edge("T1/e3-1", "T1", 1.5, 1.6, slot=3)
     work = catalog(events).query("select * from int_next_work")[0]

@@ -28,7 +28,7 @@ with checked as (
             'nothing'
         ) as derived
     from stg_node_selected as r
-    left join int_next_work as w on r.tree_id = w.tree_id and r.watermark = w.asof_seq
+    left join int_next_work as w on r.tree_id = w.tree_id and r.watermark = w.asof_seq and w.pick = 1
 )
 
 select seq, 'node_selected' as kind, tree_id, subject, problem, recorded, derived

@@ -1,5 +1,5 @@
 -- Per tree and evaluation point: the edge that should start next, if any (SPEC §2).
--- grain: tree_id, asof_seq
+-- grain: tree_id, asof_seq, pick
 -- sources: int_trees__asof, int_nodes__asof, int_edges__started, int_edges__scored, int_nodes__created, run_config
 --
 -- Nothing once the tree's stop condition holds. Otherwise, in this order: the
@@ -8,6 +8,10 @@
 -- candidate with the highest Select, ties to the smallest node id (kind select).
 -- A selected node's slot is one more than the edges it has started; the edge id
 -- is <parent>/e<slot>-<attempt>.
+-- pick 1 is the next start. While a root fans out, every pending direction has a
+-- row (pick 1, 2, ... by slot): starting one changes nothing else that decides the
+-- next (directions come first, and a start never stops a tree), so the engine
+-- starts them in this order without asking again.
 with trees as (
     select * from int_trees__asof
     where stop_reason is null
@@ -114,10 +118,11 @@ final as (
         c.select_score,
         c.q,
         c.t,
-        p.state as parent_state
+        p.state as parent_state,
+        row_number() over (partition by c.tree_id, c.asof_seq order by c.priority) as pick
     from candidates as c
     left join int_nodes__created as p on c.tree_id = p.tree_id and c.parent_id = p.node_id
-    qualify row_number() over (partition by c.tree_id, c.asof_seq order by c.priority) = 1
+    qualify c.kind = 'fanout' or pick = 1
 )
 
 select * from final
