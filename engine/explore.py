@@ -221,10 +221,7 @@ class Explorer:
     # ---------------------------------------------------------------- views
 
     def _work_rows(self, trees: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:
-        """Each tree's next starts in order (all trees, or those listed).
-
-        One start, or every pending direction of a root that fans out.
-        """
+        """Each tree's starts due, in order (all trees, or those listed)."""
         if trees is None:
             rows = self.catalog.query("select * from int_next_work order by tree_id, pick")
         else:
@@ -316,9 +313,11 @@ class Explorer:
     def _fill(self) -> list[EdgeRun]:
         """Start edges for every free slot, round-robin over trees (SPEC §2).
 
-        One query gives every tree's next work; trees that started all the work
-        they were given are queried again (together) only when the round-robin
-        comes back to one.
+        One query gives every tree's starts due (int_next_work). A tree is queried
+        again (those trees together) when the round-robin comes back to it after
+        it started its Select winner (which changes the next one), or when its next
+        start is a selection (recorded with the watermark of the query that chose
+        it, which must see the tree's starts before it).
         """
         self._record_stops()
         free = self.config.parallel - len(self.in_flight)
@@ -344,7 +343,7 @@ class Explorer:
             started.append(self._start(row))
             free -= 1
             idle = 0
-            if not rows:
+            if row["kind"] == "select" or (rows and rows[0]["kind"] == "select"):
                 stale.add(tree)
             if row["kind"] != "fanout":  # a root's directions start together
                 i += 1

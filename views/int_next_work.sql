@@ -1,17 +1,17 @@
--- Per tree and evaluation point: the edge that should start next, if any (SPEC §2).
+-- Per tree and evaluation point: the edge starts due, in order (SPEC §2).
 -- grain: tree_id, asof_seq, pick
 -- sources: int_trees__asof, int_nodes__asof, int_edges__started, int_edges__scored, int_nodes__created, run_config
 --
--- Nothing once the tree's stop condition holds. Otherwise, in this order: the
--- root's next unstarted direction (kind fanout, lowest slot first), a retry owed
--- to a layer-1 attempt judged 'retry' (kind retry, oldest first), or the active
--- candidate with the highest Select, ties to the smallest node id (kind select).
--- A selected node's slot is one more than the edges it has started; the edge id
--- is <parent>/e<slot>-<attempt>.
--- pick 1 is the next start. While a root fans out, every pending direction has a
--- row (pick 1, 2, ... by slot): starting one changes nothing else that decides the
--- next (directions come first, and a start never stops a tree), so the engine
--- starts them in this order without asking again.
+-- Nothing once the tree's stop condition holds. Otherwise, in this order (pick 1
+-- is the next start): the root's unstarted directions (kind fanout, by slot), the
+-- retries owed to layer-1 attempts judged 'retry' (kind retry, oldest first), then
+-- the active candidate with the highest Select, ties to the smallest node id (kind
+-- select). A selected node's slot is one more than the edges it has started; the
+-- edge id is <parent>/e<slot>-<attempt>.
+-- Starting a direction or a retry changes only the root's edges, which decide none
+-- of the later rows (the root is never a candidate, and a start never stops a
+-- tree), so the engine starts them in order without asking again; it asks again
+-- before recording a selection, whose watermark must show the starts before it.
 with trees as (
     select * from int_trees__asof
     where stop_reason is null
@@ -122,7 +122,6 @@ final as (
         row_number() over (partition by c.tree_id, c.asof_seq order by c.priority) as pick
     from candidates as c
     left join int_nodes__created as p on c.tree_id = p.tree_id and c.parent_id = p.node_id
-    qualify c.kind = 'fanout' or pick = 1
 )
 
 select * from final
