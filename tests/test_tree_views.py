@@ -292,7 +292,7 @@ def test_next_work_fans_out_then_retries_then_selects():
     # Every start due, in order: the owed retry, then the Select winner (a retry
     # changes only the root's edges, so the winner stays the same).
     assert [(w["pick"], w["kind"]) for w in work] == [(1, "retry"), (2, "select")]
-    assert work[0]["edge_id"] == "T1/e1-2" and work[1]["parent_id"] in ("T1.1", "T1.2")
+    assert work[0]["edge_id"] == "T1/e1-2" and work[1]["edge_id"] == "T1.1/e1-1"  # a tie: smaller id
     events += edge("T1/e1-2", "T1", 1.5, 1.6, slot=1, attempt=2)
     work = catalog(events).query("select * from int_next_work")[0]
     assert work["kind"] == "select"
