@@ -202,7 +202,7 @@ class Catalog:
             else:
                 self._execute(view.path, f"create or replace view {name} as\n{view.sql}")
                 con.execute(f"comment on view {name} is '{comment}'")
-        self._dirty_all = False
+        self._whole: set[str] = set()  # tables to re-compute whole (all trees)
         self._incoming: list[pa.Table] = []
         self._plan_refresh()
         self._stale: dict[str, set[str]] = {n: set() for n in self.tables}  # table -> trees
@@ -290,7 +290,7 @@ class Catalog:
                     raise LogError(f"{self._unreadable(files, log)}: cannot read the log: {err}") from err
                 time.sleep(0.002 * attempt)  # a part was compacted away: list again
                 continue
-            self._dirty_all = True
+            self._whole = set(self.tables)
             self._sync_knowledge_patterns()
             return
         raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
@@ -359,7 +359,7 @@ class Catalog:
         self._insert_kinds(incoming, kinds, present)
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [pc.max(incoming.column("seq")).as_py()])
         if "run_started" in kinds:
-            self._dirty_all = True
+            self._whole = set(self.tables)
             self._sync_knowledge_patterns()
             return
         trees_by_kind: dict[str, set[str]] = {}
@@ -391,17 +391,25 @@ class Catalog:
         (through its views) arrived for that tree, or when a table it reads had that
         tree's rows recomputed. ``tables`` limits the work to what a query needs
         (with what they read); stale rows of other tables wait for their turn.
+        A table is re-computed whole after a load, a new watermark or new points.
         """
         self._apply_incoming()
-        if self._dirty_all:
-            for name in self.tables:
+        wanted = [n for n in self.tables if tables is None or n in tables]
+        if self._whole.isdisjoint(wanted):
+            self._refresh_trees(wanted)
+            return
+        for name in wanted:  # in dependency order, so what a table reads is fresh
+            if name in self._whole:
                 sql = self.views[name].sql
                 self._execute(self.views[name].path, f"delete from {name}")
                 self._execute(self.views[name].path, f"insert into {name} select * from ({sql})")
                 self._stale[name].clear()
-            self._dirty_all = False
-            return
-        wanted = [n for n in self.tables if tables is None or n in tables]
+                self._whole.discard(name)
+            else:
+                self._refresh_trees([name])
+
+    def _refresh_trees(self, wanted: list[str]) -> None:
+        """Re-compute the stale trees' rows of these tables (in dependency order)."""
         if not any(self._stale[n] for n in wanted):
             return
         # Trees that upstream tables make stale are among these, so the scope holds.
@@ -434,25 +442,37 @@ class Catalog:
     def stale(self) -> dict[str, list[str]]:
         """The trees whose rows each materialized table will re-compute before use."""
         self._apply_incoming()
-        if self._dirty_all:
-            return {n: ["*"] for n in self.tables}
-        return {n: sorted(trees) for n, trees in self._stale.items() if trees}
+        out = {n: sorted(trees) for n, trees in self._stale.items() if trees}
+        return out | {n: ["*"] for n in self._whole}
 
     def _tables_needed(self, sql: str) -> list[str]:
         """The materialized tables a query reads, directly or through views."""
         if sql not in self._needs:
             raw = self.con.execute("select json_serialize_sql(?)", [sql]).fetchall()[0][0]
             tree = json.loads(raw)
-            todo = list(_base_tables(tree)) if not tree.get("error") else list(self.views)
-            seen: set[str] = set()
-            while todo:
-                name = todo.pop()
-                if name in seen or name not in self.views:
-                    continue
-                seen.add(name)
-                todo.extend(self._upstream[name] if name in self.tables else self._reads[name])
+            seen = self._reached(_base_tables(tree) if not tree.get("error") else set(self.views))
             self._needs[sql] = [n for n in self.tables if n in seen]
         return self._needs[sql]
+
+    def _reached(self, names: set[str]) -> set[str]:
+        """These views and every view they read, directly or through others."""
+        seen: set[str] = set()
+        todo = list(names)
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in self.views:
+                continue
+            seen.add(name)
+            todo.extend(self._reads[name])
+        return seen
+
+    def kinds_read(self, view: str) -> set[str]:
+        """The event kinds a view reads, directly or through other views.
+
+        Its rows at a log prefix change only when an event of one of these kinds is
+        added (the log's tail alone moves no result: every view filters by seq).
+        """
+        return {n[4:] for n in self._reached({view}) if n.startswith("stg_") and n[4:] in KIND_COLUMNS}
 
     def _sync_knowledge_patterns(self) -> None:
         """Copy the recorded knowledge regexes into the variables the views read.
@@ -474,14 +494,14 @@ class Catalog:
             self.con.execute("reset variable watermark")
         else:
             self.con.execute("set variable watermark = ?", [int(seq)])
-        self._dirty_all = True
+        self._whole = set(self.tables)
 
     def set_points(self, mode: str) -> None:
         """Choose the as-of points of the tree views: 'now' or 'decisions' (replay)."""
         if mode not in ("now", "decisions"):
             raise ValueError(mode)
         self.con.execute("set variable asof_points = ?", [mode])
-        self._dirty_all = True
+        self._whole = set(self.tables)
 
     # -- reading
 

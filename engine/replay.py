@@ -63,11 +63,14 @@ def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
         for name in sorted(v for v in catalog.views if v.startswith("audit_"))
         for row in catalog.query(f"select * from {name}")
     ]
-    differences += _check_snapshot_picks(catalog) + _check_path_selections(catalog)
+    trees = tree_summaries(catalog)
     kinds = ", ".join(f"'{k}'" for k in sorted(DECISION_KINDS))
     count = catalog.query(f"select count(*) as n from event_log where kind in ({kinds})")[0]["n"]
+    # Last: a decision that later events would change is re-derived at its own
+    # watermark, after which the tree tables are evaluated again when next read.
+    differences += _check_snapshot_picks(catalog) + _check_path_selections(catalog)
     differences.sort(key=lambda d: (d.seq is None, d.seq or 0, d.kind, d.subject))
-    return ReplayResult(run_id, count, tree_summaries(catalog), differences, catalog)
+    return ReplayResult(run_id, count, trees, differences, catalog)
 
 
 def tree_summaries(catalog: Catalog) -> list[dict[str, Any]]:
@@ -84,23 +87,19 @@ def tree_summaries(catalog: Catalog) -> list[dict[str, Any]]:
     )  # fmt: skip
 
 
-def _facts_after(catalog: Catalog, seq: int, kinds: set[str] | None) -> bool:
-    """Whether facts (of these kinds, or any fact) follow ``seq`` in the log."""
-    if kinds is None:
-        names = ", ".join(f"'{k}'" for k in sorted(DECISION_KINDS))
-        where = f"kind not in ({names})"
-    else:
-        where = "kind in (" + ", ".join(f"'{k}'" for k in sorted(kinds)) + ")"
+def _events_after(catalog: Catalog, seq: int, kinds: set[str]) -> bool:
+    """Whether events of these kinds follow ``seq`` in the log."""
+    where = "kind in (" + ", ".join(f"'{k}'" for k in sorted(kinds) or ["-"]) + ")"
     rows = catalog.query(f"select count(*) as n from event_log where seq > ? and {where}", [seq])
     return rows[0]["n"] > 0
 
 
-def _at_watermark(catalog: Catalog, watermark: int, kinds: set[str] | None = None):
-    """Evaluate at a decision's prefix; cheap when no relevant fact followed it."""
+def _at_watermark(catalog: Catalog, watermark: int, view: str):
+    """Evaluate ``view`` at a decision's prefix; cheap when no event it reads followed."""
 
     class _Prefix:
         def __enter__(self) -> Catalog:
-            self.moved = _facts_after(catalog, watermark, kinds)
+            self.moved = _events_after(catalog, watermark, catalog.kinds_read(view))
             if self.moved:
                 catalog.set_points("now")
                 catalog.set_watermark(watermark)
@@ -118,7 +117,7 @@ def _check_snapshot_picks(catalog: Catalog) -> list[Difference]:
     out = []
     for row in catalog.query("select * from stg_snapshots_picked order by seq"):
         recorded = json.loads(row["detail"])
-        with _at_watermark(catalog, row["watermark"], {"snapshot_seen", "run_started"}):
+        with _at_watermark(catalog, row["watermark"], "snapshots"):
             derived = picked_detail(catalog, row["task"])
         out += _compare_lists(row["seq"], "snapshots_picked", None, recorded, derived,
                               key="snapshot", fields=("stage", "gain", "selected", "reason"))  # fmt: skip
@@ -128,7 +127,7 @@ def _check_snapshot_picks(catalog: Catalog) -> list[Difference]:
 def _check_path_selections(catalog: Catalog) -> list[Difference]:
     out = []
     for sel in recorded_selections(catalog):
-        with _at_watermark(catalog, sel["watermark"]):
+        with _at_watermark(catalog, sel["watermark"], "top_paths"):
             derived = top_paths(catalog, sel["weights"], sel["top_k"])
         recorded = sel["paths"]
         for p in recorded + derived:
