@@ -39,16 +39,8 @@ WRITE_RUNS = """
 import sys
 sys.path[:0] = [{root!r}, {root!r} + "/benchmarks"]
 from pathlib import Path
-from engine.config import RunConfig, TreeConfig
-from engine.runs import new_run
-from replay import SNAPSHOTS, tile
-data = Path({data!r})
-new_run(data, SNAPSHOTS, RunConfig(task="kernel-speedup", parallel=16), "bundled",
-        select=True, progress=False)
-long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
-                       backend_options={{"calls_per_step": [8, 14]}}, tree=TreeConfig())
-new_run(data, SNAPSHOTS, long_turns, "base", select=True, progress=False)
-tile(data, "base", "big", 10)
+from replay import write_runs
+write_runs(Path({data!r}), 10)
 """
 
 

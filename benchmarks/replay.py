@@ -104,6 +104,20 @@ def tile(data: Path, src: str, dst: str, copies: int) -> None:
         pass  # opening checks that the parts form a gapless log
 
 
+def write_runs(data: Path, copies: int) -> None:
+    """Write the two runs measured: ``bundled`` (the README pipeline) and ``big`` (tiled).
+
+    ``big`` tiles a 30-tree run with long turns (11-19 tool calls per step): ten copies
+    make 300 trees and ~1M events.
+    """
+    new_run(data, SNAPSHOTS, RunConfig(task="kernel-speedup", parallel=16), "bundled",
+            select=True, progress=False)  # fmt: skip
+    long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
+                           backend_options={"calls_per_step": [11, 19]}, tree=TreeConfig())  # fmt: skip
+    new_run(data, SNAPSHOTS, long_turns, "base", select=True, progress=False)
+    tile(data, "base", "big", copies)
+
+
 def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
     floors = [floor_seconds(data, run_id) for _ in range(repeat)]
     replays = [replay_seconds(data, run_id) for _ in range(repeat)]
@@ -121,14 +135,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
-        config = RunConfig(task="kernel-speedup", parallel=16)
-        new_run(data, SNAPSHOTS, config, "bundled", select=True, progress=False)
+        write_runs(data, args.copies)
         measure("bundled run (30 trees)", data, "bundled", args.repeat)
-        long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
-                               backend_options={"calls_per_step": [8, 14]},
-                               tree=TreeConfig())  # fmt: skip
-        new_run(data, SNAPSHOTS, long_turns, "base", select=True, progress=False)
-        tile(data, "base", "big", args.copies)
         measure(f"tiled run ({30 * args.copies} trees)", data, "big", args.repeat)
 
 

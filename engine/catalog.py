@@ -472,7 +472,10 @@ class Catalog:
         Its rows at a log prefix change only when an event of one of these kinds is
         added (the log's tail alone moves no result: every view filters by seq).
         """
-        return {n[4:] for n in self._reached({view}) if n.startswith("stg_") and n[4:] in KIND_COLUMNS}
+        read = set().union(*(self._reads[n] for n in self._reached({view})))
+        if "event_log" in read:
+            return set(KIND_COLUMNS)
+        return {k for k in KIND_COLUMNS if f"log_{k}" in read}
 
     def _sync_knowledge_patterns(self) -> None:
         """Copy the recorded knowledge regexes into the variables the views read.

@@ -18,6 +18,8 @@ from conftest import ROOT
 from test_explore import SMALL
 
 from cli import cli
+from engine.catalog import Catalog
+from engine.paths import default_parameters, top_paths
 from ingest.log import EventLog, run_dir
 
 
@@ -137,6 +139,28 @@ def test_a_forged_snapshot_pick_and_path_selection_are_found(runs):
     out = json.loads(invoke(runs, "replay", "forged2", "--json").stdout)
     kinds = {d["kind"] for d in out["differences"]}
     assert kinds == {"snapshots_picked", "paths_selected"}
+
+
+def test_a_path_selection_that_tree_facts_follow_is_re_derived_at_its_watermark(runs):
+    """Two copies of a run back to back (the benchmark's tiling): the one path selection
+    sits between them and saw only the first copy's trees."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "benchmarks" / "replay.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.tile(runs, "rounds", "twice", 2)
+    out = json.loads(invoke(runs, "replay", "twice", "--json").stdout)
+    assert out["differ"] == 0, out["differences"][:3]
+    assert len(out["trees"]) == 8
+    rows = EventLog(runs, "twice").read_table(["seq", "kind", "paths"]).to_pylist()
+    selection = first(rows, "paths_selected")
+    assert {p["tree_id"] for p in json.loads(selection["paths"])} == {"T0001", "T0002", "T0003", "T0004"}
+    assert any(r["kind"] == "tool_called" and r["seq"] > selection["seq"] for r in rows)
+    # So it was checked at its watermark: the log now gives the second copy's trees paths too.
+    catalog = Catalog.for_log(EventLog(runs, "twice"))
+    now = top_paths(catalog, *default_parameters(catalog))
+    assert len({p["tree_id"] for p in now}) == 8
 
 
 def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
