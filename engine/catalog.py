@@ -308,6 +308,9 @@ class Catalog:
     def _load_files(self, files: list[str], present: set[str]) -> None:
         source = "read_parquet(getvariable('load_files'), union_by_name = true)"
         self.con.execute("set variable load_files = ?", [files])
+        # Rows of a log table have no order (every view orders by seq where order
+        # matters), so the parts may be copied in parallel (measured: load -20%).
+        self.con.execute("set preserve_insertion_order = false")
         try:
             self.con.execute("begin transaction")
             kinds = {r[0] for r in self.con.execute(f"select distinct kind from {source}").fetchall()}
@@ -319,6 +322,7 @@ class Catalog:
                 self.con.execute("rollback")
             raise
         finally:
+            self.con.execute("reset preserve_insertion_order")
             self.con.execute("reset variable load_files")
 
     def _create_base_table(self) -> None:
@@ -470,7 +474,8 @@ class Catalog:
         """The event kinds a view reads, directly or through other views.
 
         Its rows at a log prefix change only when an event of one of these kinds is
-        added (the log's tail alone moves no result: every view filters by seq).
+        added (a later tail moves the "now" point of the tree views, not the state
+        at it: every view filters events by seq).
         """
         read = set().union(*(self._reads[n] for n in self._reached({view})))
         if "event_log" in read:

@@ -89,7 +89,9 @@ def tree_summaries(catalog: Catalog) -> list[dict[str, Any]]:
 
 def _events_after(catalog: Catalog, seq: int, kinds: set[str]) -> bool:
     """Whether events of these kinds follow ``seq`` in the log."""
-    where = "kind in (" + ", ".join(f"'{k}'" for k in sorted(kinds) or ["-"]) + ")"
+    if not kinds:
+        return False
+    where = "kind in (" + ", ".join(f"'{k}'" for k in sorted(kinds)) + ")"
     rows = catalog.query(f"select count(*) as n from event_log where seq > ? and {where}", [seq])
     return rows[0]["n"] > 0
 
