@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from ingest.errors import LogError, ViewBuildError, ViewNotFoundError
 from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
-from ingest.log import EventLog
+from ingest.log import EventLog, unreadable_part
 
 VIEWS_DIR = Path(__file__).resolve().parent.parent / "views"
 MACROS_FILE = "_macros.sql"
@@ -554,7 +554,7 @@ def _part_columns(path: str) -> list[str]:
     try:
         return pq.read_schema(path).names
     except pa.ArrowInvalid as err:
-        raise LogError(f"{path}: not a readable Parquet part of the log ({err})") from err
+        raise unreadable_part(path, err) from err
 
 
 def _kind_columns() -> dict[str, list[str]]:

@@ -174,7 +174,7 @@ class EventLog:
                 time.sleep(0.002 * attempt)
                 continue
             try:
-                tables = [_read_part(fh, columns) for fh in handles]
+                tables = [_read_part(fh, columns, part.path) for fh, part in zip(handles, parts, strict=True)]
             finally:
                 for fh in handles:
                     fh.close()
@@ -201,13 +201,30 @@ def _canonical(table: pa.Table) -> pa.Table:
     return table.select(names)
 
 
-def _read_part(source: Path | BinaryIO, columns: list[str] | None) -> pa.Table:
-    if columns is None:
-        table = pq.read_table(source)
-        columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
-    else:  # only the columns asked for are decoded
-        present = set(pq.read_schema(source).names)
-        table = pq.read_table(source, columns=[c for c in columns if c in present])
+def unreadable_part(path: Path | str, err: Exception) -> LogError:
+    """The error for a part file that is not readable Parquet (damaged, truncated)."""
+    return LogError(f"{path}: not a readable Parquet part of the log ({err})")
+
+
+def _read_whole(path: Path) -> pa.Table:
+    """One part file as written."""
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise unreadable_part(path, err) from err
+
+
+def _read_part(source: Path | BinaryIO, columns: list[str] | None, path: Path) -> pa.Table:
+    """One part with the columns of SCHEMA (or those asked for), absent fields as nulls."""
+    try:
+        if columns is None:
+            table = pq.read_table(source)
+            columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
+        else:  # only the columns asked for are decoded
+            present = set(pq.read_schema(source).names)
+            table = pq.read_table(source, columns=[c for c in columns if c in present])
+    except (pa.ArrowInvalid, OSError) as err:
+        raise unreadable_part(path, err) from err
     arrays = []
     for name in columns:
         if name in table.column_names:
@@ -382,7 +399,7 @@ class LogWriter:
             if any(p.level != level for p in tail):
                 return
             tables = [self._cache.pop(p.path, None) for p in tail]
-            tables = [t if t is not None else pq.read_table(p.path) for t, p in zip(tables, tail, strict=True)]
+            tables = [t if t is not None else _read_whole(p.path) for t, p in zip(tables, tail, strict=True)]
             merged = _canonical(pa.concat_tables(tables, promote_options="default"))
             part = self._publish(merged, tail[0].first, tail[-1].last, level + 1)
             for old in tail:

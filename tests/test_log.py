@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,6 +225,19 @@ def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
     with LogWriter.open(data_dir, "r") as w:  # recovery deletes the superseded parts
         assert w.file_count() == 3
     assert len(os.listdir(log.log_dir)) == 3
+
+
+def test_compaction_names_a_damaged_part_and_keeps_the_log(data_dir):
+    with _created(data_dir) as w:
+        for k in range(6):
+            w.append(facts(1, start=k))
+    log = EventLog(data_dir, "r")
+    damaged = log.parts()[3].path
+    damaged.write_bytes(damaged.read_bytes()[:-4] + b"XXXX")  # the footer magic
+    before = sorted(os.listdir(log.log_dir))
+    with LogWriter.open(data_dir, "r") as w, pytest.raises(LogError, match=re.escape(str(damaged))):
+        w.append(facts(1, start=6))  # the eighth part: merging reads the other seven
+    assert set(before) <= set(os.listdir(log.log_dir))  # nothing merged away
 
 
 def test_a_gap_in_the_log_is_reported(data_dir):

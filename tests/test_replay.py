@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from test_explore import SMALL
 from cli import cli
 from engine.catalog import Catalog
 from engine.paths import default_parameters, top_paths
+from ingest.errors import LogError
 from ingest.log import EventLog, run_dir
 
 
@@ -240,7 +242,10 @@ def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage):
     else:
         raw[8:400] = bytes(392)  # the first column chunk's pages
     part.write_bytes(bytes(raw))
-    r = invoke(data, "replay", "rounds")
-    assert r.exit_code == 1
-    assert str(part) in r.output and "Traceback" not in r.output
-    assert not isinstance(r.exception, Exception)  # a clean exit 1, not a crash
+    for command in (["replay", "rounds"], ["paths", "rounds"], ["explore", "--resume", "rounds"]):
+        r = invoke(data, *command)
+        assert r.exit_code == 1, (command, r.output)
+        assert str(part) in r.output and "Traceback" not in r.output
+        assert not isinstance(r.exception, Exception)  # a clean exit 1, not a crash
+    with pytest.raises(LogError, match=re.escape(str(part))):
+        EventLog(data, "rounds").read_table()
