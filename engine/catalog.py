@@ -14,9 +14,11 @@ inlines a view at every reference, so a DAG with diamonds plans in seconds; a
 materialized view is a table holding the result of its ``select``. The catalog
 keeps tables fresh itself: inserting events marks the trees they concern as
 dirty, and every query first re-computes the dirty trees' rows of each
-tree-scoped table (grain starting with ``tree_id``), in dependency order. Tables
-whose grain has no ``tree_id`` (``run_config``) are recomputed whole when the run
-config or the watermark changes. The SQL stays the one definition either way.
+tree-scoped table (grain starting with ``tree_id``) it reads, in dependency order.
+After a load, a new watermark or new as-of points, a table is recomputed whole
+when a query next reads it (so are tables whose grain has no ``tree_id``, such as
+``run_config``, when the run config changes). The SQL stays the one definition
+either way.
 
 The catalog keeps the light columns of every event in one table per kind,
 ``log_<kind>`` (only that kind's columns, so a staging view scans only its own
