@@ -162,6 +162,22 @@ def test_a_query_computes_only_the_tables_it_reads(sim_log):
         assert got and comparable(got) == comparable(want), name
 
 
+def test_run_progress_counts_the_edges_and_trees_of_the_run(sim_log):
+    from ingest.log import EventLog
+
+    catalog = Catalog.for_log(EventLog(*sim_log), threads=1)
+    row = catalog.query("select * from run_progress")[0]
+    edges = catalog.query("select verdict, count(*) as n from edges group by all")
+    by_verdict = {e["verdict"]: e["n"] for e in edges}
+    assert sum(by_verdict.values()) > 10
+    for verdict, column in (("kept", "edges_kept"), ("kept_exempt", "edges_kept_exempt"),
+                            ("pruned", "edges_pruned"), ("retry", "edges_retried"),
+                            (None, "edges_in_flight")):  # fmt: skip
+        assert row[column] == by_verdict.get(verdict, 0), column
+    statuses = [t["status"] for t in catalog.query("select status from trees")]
+    assert (row["trees"], row["trees_done"]) == (len(statuses), statuses.count("done"))
+
+
 def test_an_edge_starting_makes_only_the_as_of_tables_stale(sim_log):
     from ingest.events import EdgeStarted, to_arrow
     from ingest.log import EventLog
