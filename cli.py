@@ -283,7 +283,7 @@ def _render_explore(result: Any, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_id")
-@click.option("--tree", "tree_id", default=None, help="Draw this tree.")
+@click.option("--tree", "tree_id", default=None, help="Draw this tree (with --json: its lines).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
     """Rebuild every tree from the log and re-derive every recorded decision.
@@ -300,19 +300,20 @@ def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
 
     result = replay_run(_data_dir(), run_id)
     differ = len(result.differences)
+    lines = draw_tree(result.catalog, tree_id) if tree_id else []
+    if tree_id and not lines:  # before any output: the report is whole or not printed
+        raise click.ClickException(f"run {run_id!r} has no tree {tree_id!r}")
     if as_json:
         _echo_json({
             "run_id": run_id, "decisions": result.decisions, "differ": differ,
             "trees": result.trees, "differences": [vars(d) for d in result.differences],
+            **({"drawing": {"tree_id": tree_id, "lines": lines}} if tree_id else {}),
         })  # fmt: skip
     else:
         columns = ["tree_id", "nodes", "kept", "kept_exempt", "pruned", "retried", "depth_leaves",
                    "token_leaves", "exhausted_leaves", "stopped_leaves", "stop_reason", "best_score"]  # fmt: skip
         click.echo(_table(result.trees, columns))
         if tree_id:
-            lines = draw_tree(result.catalog, tree_id)
-            if not lines:
-                raise click.ClickException(f"run {run_id!r} has no tree {tree_id!r}")
             click.echo(f"\ntree {tree_id} (* = on a selected path, x = attempt without a node)")
             click.echo("\n".join(lines))
         for d in result.differences:

@@ -67,8 +67,11 @@ def test_replay_prints_trees_and_the_summary_line(runs):
     assert "tree T002 (* = on a selected path" in r.stdout
     assert "\n* T002  score " in r.stdout and "leaf: " in r.stdout
     assert r.stdout.rstrip().splitlines()[-1].endswith("decisions re-derived, 0 differ")
-    r = invoke(runs, "replay", "rounds", "--tree", "T999")
-    assert r.exit_code == 1 and "no tree 'T999'" in r.stderr
+    drawing = json.loads(invoke(runs, "replay", "rounds", "--tree", "T002", "--json").stdout)["drawing"]
+    assert drawing["tree_id"] == "T002" and "\n".join(drawing["lines"]) in r.stdout
+    for extra in ([], ["--json"]):  # an unknown tree: the error alone, not half a report
+        r = invoke(runs, "replay", "rounds", "--tree", "T999", *extra)
+        assert r.exit_code == 1 and "no tree 'T999'" in r.stderr and r.stdout == ""
 
 
 def forge(data: Path, src: str, dst: str, change) -> None:
