@@ -10,7 +10,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import duckdb
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import InputError
 
@@ -90,6 +91,16 @@ class KnowledgeConfig(_Strict):
     path_regex: str = rf"(^|[/\s\"'=]){SHARED_DIRS}/{KNOWLEDGE_KINDS}(/|$|[\s\"'])"
     command_regex: str = r"(^|[;&|(\s])coral\s+(notes|skills|log|show|kb)\b"
 
+    @field_validator("path_regex", "command_regex")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        """The views match with DuckDB's regex engine (RE2), so it must compile there."""
+        try:
+            duckdb.connect().execute("select regexp_matches('', ?)", [pattern])
+        except duckdb.Error as err:
+            raise ValueError(f"not a regular expression DuckDB (RE2) accepts: {err}") from err
+        return pattern
+
 
 class RunConfig(_Strict):
     """Everything a run is configured with; recorded in its first event."""
@@ -140,7 +151,9 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         where = f"{path}: " if path else ""
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in err.errors()
-        )
-        raise InputError(f"{where}invalid configuration ({problems})") from err
+        raise InputError(f"{where}invalid configuration ({problems(err)})") from err
+
+
+def problems(err: ValidationError) -> str:
+    """A validation error's problems on one line: ``field.path: message; ...``."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in err.errors())

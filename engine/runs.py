@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine.catalog import Catalog
-from engine.config import RunConfig
+from engine.config import RunConfig, problems
 from engine.explore import Explorer, Progress
 from engine.select import TOOL_VERSION, default_run_id, picked_detail, plan_selection
 from engine.teacher import Teacher
@@ -179,9 +181,12 @@ def resume_run(data_dir: Path, run_id: str, progress: bool | None = None) -> Exp
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
         if catalog.query("select count(*) as n from stg_run_finished")[0]["n"]:
             return summary(data_dir, run_id, resumed=False)
-        config = RunConfig.model_validate(
-            {k: v for k, v in json.loads(rows[0]["config"]).items() if k != "source"}
-        )
+        try:
+            config = RunConfig.model_validate(
+                {k: v for k, v in json.loads(rows[0]["config"]).items() if k != "source"}
+            )
+        except ValidationError as err:
+            raise LogError(f"{log.dir}: the recorded run config is not valid ({problems(err)})") from err
         teacher = make_teacher(config, writer.log.dir)
         try:
             explorer = Explorer(writer, catalog, config, teacher, Progress(catalog, progress))

@@ -195,6 +195,7 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
         (["--resume", "nope"], "run 'nope' not found"),
         (["{roots}", "--task", "k", "--config", "{bad}"], "invalid configuration"),
         (["{roots}", "--task", "k", "--config", "{toml}"], "invalid TOML"),
+        (["{roots}", "--task", "k", "--config", "{regex}"], "knowledge.path_regex: Value error, not a"),
     ],
 )
 def test_explore_errors_are_clean(tmp_path, roots, args, message):
@@ -202,11 +203,14 @@ def test_explore_errors_are_clean(tmp_path, roots, args, message):
     bad.write_text("[tree]\nmax_depth = 0\n")
     toml = tmp_path / "broken.toml"
     toml.write_text("[tree\n")
-    args = [a.format(roots=roots, bad=bad, toml=toml) for a in args]
+    regex = tmp_path / "regex.toml"
+    regex.write_text('[knowledge]\npath_regex = "(["\n')
+    args = [a.format(roots=roots, bad=bad, toml=toml, regex=regex) for a in args]
     r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", *args])
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith("Error: ") and message in r.stderr
     assert "Traceback" not in r.output
+    assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
 
 
 def test_explore_usage_errors(tmp_path, roots):

@@ -85,6 +85,23 @@ def forge(data: Path, src: str, dst: str, change) -> None:
     pq.write_table(forged, out / f"part-{1:012d}-{len(rows):012d}-L0.parquet")
 
 
+def test_resume_of_a_log_whose_recorded_config_is_invalid_is_a_clean_error(runs):
+    def change(rows):
+        rows[:] = [r for r in rows if r["kind"] != "run_finished"]  # the last event
+        started = first(rows, "run_started")
+        config = json.loads(started["config"])
+        config["knowledge"]["path_regex"] = "(["
+        started["config"] = json.dumps(config)
+
+    forge(runs, "rounds", "bad-config", change)
+    before = EventLog(runs, "bad-config").tail_seq()
+    r = invoke(runs, "explore", "--resume", "bad-config")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.stderr.startswith("Error: ") and "the recorded run config is not valid" in r.stderr
+    assert "knowledge.path_regex" in r.stderr
+    assert EventLog(runs, "bad-config").tail_seq() == before
+
+
 def first(rows, kind, **match):
     return next(r for r in rows if r["kind"] == kind and all(r[k] == v for k, v in match.items()))
 
