@@ -20,7 +20,7 @@ KNOWLEDGE_KINDS = r"(notes|skills|attempts|roles|logs)"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SelectionConfig(_Strict):

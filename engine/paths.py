@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,19 +36,29 @@ def selection_id(weights: dict[str, float], top_k: int) -> str:
 
 
 def parse_weights(text: str | None, defaults: dict[str, float]) -> dict[str, float]:
-    """``max=0.35,avg=0.25,...`` over the defaults; unknown keys or non-numbers are errors."""
+    """``max=0.35,avg=0.25,...`` over the defaults.
+
+    Unknown or repeated keys and values that are not finite numbers are errors (a
+    selection is recorded for good: NaN weights would rank every path NaN).
+    """
     weights = dict(defaults)
     if not text:
         return weights
+    given: set[str] = set()
     for item in text.split(","):
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or key not in WEIGHT_KEYS:
             raise InputError(f"--weights: expected key=value with keys {', '.join(WEIGHT_KEYS)}, got {item!r}")
+        if key in given:
+            raise InputError(f"--weights: {key} is given twice")
+        given.add(key)
         try:
             weights[key] = float(value)
         except ValueError as err:
             raise InputError(f"--weights: {key} must be a number, got {value!r}") from err
+        if not math.isfinite(weights[key]):
+            raise InputError(f"--weights: {key} must be a finite number, got {value!r}")
     return weights
 
 

@@ -196,6 +196,7 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
         (["{roots}", "--task", "k", "--config", "{bad}"], "invalid configuration"),
         (["{roots}", "--task", "k", "--config", "{toml}"], "invalid TOML"),
         (["{roots}", "--task", "k", "--config", "{regex}"], "knowledge.path_regex: Value error, not a"),
+        (["{roots}", "--task", "k", "--config", "{nan}"], "paths.max: Input should be a finite number"),
     ],
 )
 def test_explore_errors_are_clean(tmp_path, roots, args, message):
@@ -205,7 +206,9 @@ def test_explore_errors_are_clean(tmp_path, roots, args, message):
     toml.write_text("[tree\n")
     regex = tmp_path / "regex.toml"
     regex.write_text('[knowledge]\npath_regex = "(["\n')
-    args = [a.format(roots=roots, bad=bad, toml=toml, regex=regex) for a in args]
+    nan = tmp_path / "nan.toml"
+    nan.write_text("[paths]\nmax = nan\n")
+    args = [a.format(roots=roots, bad=bad, toml=toml, regex=regex, nan=nan) for a in args]
     r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", *args])
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith("Error: ") and message in r.stderr

@@ -246,8 +246,11 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert invoke(runs, "replay", "re").exit_code == 0
     text = invoke(runs, "reselect", "re", "--weights", "know=1,max=0,avg=0,clean=0", "--top-k", "2")
     assert "already recorded" in text.stdout and "paths in" in text.stdout
-    bad = invoke(runs, "reselect", "re", "--weights", "speed=1")
-    assert bad.exit_code == 1 and "--weights" in bad.stderr
+    for weights, problem in (("speed=1", "expected key=value"), ("max=nan", "finite"),
+                             ("know=inf", "finite"), ("max=0.3,max=0.4", "given twice")):  # fmt: skip
+        bad = invoke(runs, "reselect", "re", "--weights", weights)
+        assert bad.exit_code == 1 and "--weights: " in bad.stderr and problem in bad.stderr, weights
+    assert EventLog(runs, "re").tail_seq() == before + 1
 
 
 @pytest.mark.parametrize("damage", ["not_parquet", "bad_pages"])
