@@ -22,6 +22,14 @@ KNOWLEDGE_KINDS = r"(notes|skills|attempts|roles|logs)"
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    @field_validator("*")
+    @classmethod
+    def _fits_a_bigint(cls, value: Any) -> Any:
+        """Integers must fit the views' BIGINT (finite floats already fit a DOUBLE)."""
+        if type(value) is int and not -(2**63) <= value < 2**63:
+            raise ValueError("must fit a 64-bit integer")
+        return value
+
 
 class SelectionConfig(_Strict):
     """Snapshot selection (SPEC §1)."""

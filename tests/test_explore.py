@@ -197,6 +197,7 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
         (["{roots}", "--task", "k", "--config", "{toml}"], "invalid TOML"),
         (["{roots}", "--task", "k", "--config", "{regex}"], "knowledge.path_regex: Value error, not a"),
         (["{roots}", "--task", "k", "--config", "{nan}"], "paths.max: Input should be a finite number"),
+        (["{roots}", "--task", "k", "--seed", str(2**70)], "seed: Value error, must fit a 64-bit integer"),
     ],
 )
 def test_explore_errors_are_clean(tmp_path, roots, args, message):
