@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.config import RunConfig, SelectionConfig
+from engine.config import load_config
 from ingest.errors import InputError
 from ingest.events import RunStarted, SnapshotsPicked, to_arrow
 from ingest.log import EventLog, LogWriter, check_run_id
@@ -76,9 +76,8 @@ def plan_selection(
         raise InputError("--task must not be empty")
     facts = scan(all_snapshots, task)
     direction = direction or read_direction(all_snapshots, facts) or "maximize"
-    config = RunConfig(
-        task=task, direction=direction, selection=SelectionConfig(num_roots=num_roots)
-    )  # the resolved direction is recorded
+    config = load_config(None, {"task": task, "direction": direction, "selection": {"num_roots": num_roots}})
+    # (the resolved direction is recorded)
     started = RunStarted(
         command="select-snapshots",
         task=task,
