@@ -109,12 +109,15 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     name = path.name
     base: dict[str, Any] = {"task": task, "snapshot": name, "path": str(path)}
     m = NAME_RE.fullmatch(name)
+    unparseable = "unparseable folder name"
+    if m and int(m[1]) >= 2**63:  # the log holds a global index as a 64-bit integer
+        m, unparseable = None, "global index beyond a 64-bit integer"
     if m:
         base.update(global_index=int(m[1]), agent_id=m[2], short_hash=m[3])
     if not path.is_dir():
         return SnapshotSeen(**base, skip_reason="not a directory")
     if not m:
-        return SnapshotSeen(**base, skip_reason="unparseable folder name")
+        return SnapshotSeen(**base, skip_reason=unparseable)
     meta_path = path / "metadata.json"
     if not meta_path.exists():
         return SnapshotSeen(**base, skip_reason="missing metadata.json")

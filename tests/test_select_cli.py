@@ -53,6 +53,8 @@ def malformed_dir(root: Path) -> dict[str, str]:
     expected["eval-abc-agent-1-ffff"] = "unparseable folder name"
     (root / "eval-000020-agent-1-zzzz").mkdir()
     expected["eval-000020-agent-1-zzzz"] = "unparseable folder name"
+    huge = make_snapshot(root, 9).rename(root / f"eval-{2**64}-agent-1-abcdef12")
+    expected[huge.name] = "global index beyond a 64-bit integer"
     f = make_snapshot(root, 21)
     (f / "metadata.json").unlink()
     expected[f.name] = "missing metadata.json"
@@ -268,5 +270,5 @@ def test_human_summary_lists_stages_and_skips(tmp_path, data_dir):
         "stage", "candidates", "eligible", "quota", "picked_quota", "fills", "picked",
     ]  # fmt: skip
     assert [line.split()[0] for line in lines[2:5]] == ["early", "middle", "late"]
-    assert "skipped 12 folders:" in r.stdout
+    assert "skipped 13 folders:" in r.stdout
     assert "  README.txt: not a directory" in r.stdout
