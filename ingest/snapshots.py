@@ -32,8 +32,8 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"unreadable ({err.strerror or err})"
     try:
         return json.loads(raw.decode("utf-8")), None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        return None, f"invalid JSON ({err})"
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: JSONDecodeError,
+        return None, f"invalid JSON ({err})"  # or an integer of more digits than Python converts
 
 
 def numeric_score(value: Any) -> tuple[float | None, str | None]:
@@ -41,9 +41,13 @@ def numeric_score(value: Any) -> tuple[float | None, str | None]:
     if isinstance(value, bool):
         return None, f"score is a boolean ({json.dumps(value)})"
     if isinstance(value, int | float):
-        if not math.isfinite(float(value)):
+        try:
+            score = float(value)
+        except OverflowError:
+            return None, "score is too large for a 64-bit float"
+        if not math.isfinite(score):
             return None, f"score is {value}"
-        return float(value), None
+        return score, None
     if value is None:
         return None, "score is null"
     return None, f"score is not a number ({json.dumps(value)[:40]})"

@@ -114,6 +114,8 @@ def test_every_malformed_folder_is_recorded_with_its_reason(tmp_path, data_dir):
         ({"score": True}, "score is a boolean"),
         ({"score": "0.9"}, "score is not a number"),
         ({"score": None}, "score is null"),
+        ({"score": 10**400}, "score is too large for a 64-bit float"),
+        ('{"score": 1' + "0" * 5000 + ', "commit_hash": "STEM"}', "attempt file "),
     ],
 )
 def test_attempt_problems_keep_the_candidate_without_score(tmp_path, data_dir, attempt, problem):
@@ -124,6 +126,8 @@ def test_attempt_problems_keep_the_candidate_without_score(tmp_path, data_dir, a
     attempt_file = next((bad / "shared" / "attempts").iterdir())
     if attempt is None:
         attempt_file.unlink()
+    elif isinstance(attempt, str):  # raw text (json.dumps refuses an integer this long)
+        attempt_file.write_text(attempt.replace("STEM", attempt_file.stem))
     else:
         attempt_file.write_text(json.dumps(attempt | {"commit_hash": attempt_file.stem}, allow_nan=True))
     r = invoke(data_dir, "select-snapshots", root, tmp_path / "o", "--task", "t", "--run-id", "a1")
