@@ -14,6 +14,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import InputError
+from ingest.events import fits_int64
 
 SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
 KNOWLEDGE_KINDS = r"(notes|skills|attempts|roles|logs)"
@@ -26,7 +27,7 @@ class _Strict(BaseModel):
     @classmethod
     def _fits_a_bigint(cls, value: Any) -> Any:
         """Integers must fit the views' BIGINT (finite floats already fit a DOUBLE)."""
-        if type(value) is int and not -(2**63) <= value < 2**63:
+        if type(value) is int and not fits_int64(value):
             raise ValueError("must fit a 64-bit integer")
         return value
 

@@ -303,6 +303,11 @@ ENVELOPE = pa.schema(
 _SCALARS = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 
 
+def fits_int64(value: int) -> bool:
+    """Whether an integer fits the log's int64 columns (and the views' BIGINT)."""
+    return -(2**63) <= value < 2**63
+
+
 def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
     """Arrow type of a field annotation, and whether it is stored as JSON text."""
     args = [a for a in get_args(annotation) if a is not type(None)]

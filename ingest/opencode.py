@@ -17,7 +17,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.events import Event, MessageWritten, StepFinished, StreamLineSkipped, ToolCalled
+from ingest.events import (
+    Event,
+    MessageWritten,
+    StepFinished,
+    StreamLineSkipped,
+    ToolCalled,
+    fits_int64,
+)
 
 KNOWN_TYPES = {"step_start", "step_finish", "tool_use", "text", "reasoning", "error"}
 MAX_TEXT = 2000
@@ -81,8 +88,9 @@ class StreamParser:
             return []
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError as err:
-            return [self._skip(line_no, f"invalid JSON ({err.msg})", text)]
+        except (ValueError, RecursionError) as err:  # also an over-long integer, deep nesting
+            why = err.msg if isinstance(err, json.JSONDecodeError) else str(err) or type(err).__name__
+            return [self._skip(line_no, f"invalid JSON ({why})", text)]
         if not isinstance(obj, dict):
             return [self._skip(line_no, "not a JSON object", text)]
         kind = obj.get("type")
@@ -119,6 +127,8 @@ class StreamParser:
         if total is None:
             total = sum(values.values())
         values["tokens_total"] = int(total)
+        if not all(fits_int64(v) for v in values.values()):
+            raise ValueError("a token count does not fit a 64-bit integer")
         self.summary.context_tokens = values["tokens_total"]
         return [
             StepFinished(

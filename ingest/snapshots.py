@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.errors import InputError
-from ingest.events import SnapshotSeen
+from ingest.events import SnapshotSeen, fits_int64
 
 NAME_RE = re.compile(r"eval-([0-9]+)-(.+)-([0-9a-fA-F]+)")
 HEX_RE = re.compile(r"^[0-9a-fA-F]+$")
@@ -114,7 +114,7 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     base: dict[str, Any] = {"task": task, "snapshot": name, "path": str(path)}
     m = NAME_RE.fullmatch(name)
     unparseable = "unparseable folder name"
-    if m and int(m[1]) >= 2**63:  # the log holds a global index as a 64-bit integer
+    if m and not fits_int64(int(m[1])):  # the log holds a global index as a 64-bit integer
         m, unparseable = None, "global index beyond a 64-bit integer"
     if m:
         base.update(global_index=int(m[1]), agent_id=m[2], short_hash=m[3])
@@ -137,7 +137,7 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     eval_count = meta.get("eval_count")
     base.update(
         commit_hash=commit,
-        eval_count=eval_count if isinstance(eval_count, int) and not isinstance(eval_count, bool) else None,
+        eval_count=eval_count if type(eval_count) is int and fits_int64(eval_count) else None,
     )
     if "eval_ok" not in meta:
         return SnapshotSeen(**base, skip_reason="pending: metadata.json has no eval_ok")

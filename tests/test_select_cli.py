@@ -230,6 +230,17 @@ def test_a_number_of_roots_beyond_a_64_bit_integer_is_a_clean_error(tmp_path, da
     assert not (tmp_path / "o").exists()
 
 
+def test_an_eval_count_beyond_a_64_bit_integer_is_left_out(tmp_path, data_dir, snapshots):
+    meta_path = sorted(snapshots.glob("eval-*"))[0] / "metadata.json"
+    meta_path.write_text(json.dumps(json.loads(meta_path.read_text()) | {"eval_count": 10**30}))
+    r = invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t", "--run-id", "e1")
+    assert r.exit_code == 0, r.output
+    rows = Catalog.for_log(EventLog(data_dir, "e1")).query(
+        "select snapshot, eval_count from stg_snapshot_seen order by global_index"
+    )
+    assert rows[0]["eval_count"] is None and all(r["eval_count"] for r in rows[1:])
+
+
 def test_direction_comes_from_the_snapshots_coral_config(tmp_path, data_dir):
     root = tmp_path / "all_snapshots"
     for i in range(1, 11):
