@@ -396,7 +396,7 @@ class OpenCodeTeacher:
             path = shared / self.opts.attempts_subdir / f"{after}.json"
             try:
                 attempt = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
+            except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON
                 attempt = None
             if isinstance(attempt, dict):
                 score, _ = numeric_score(attempt.get("score"))
@@ -413,11 +413,15 @@ class OpenCodeTeacher:
         eval_word = self.opts.eval_command.split()[0]
         for line in lines:
             try:
-                part = json.loads(line).get("part") or {}
-            except (json.JSONDecodeError, AttributeError):
+                obj = json.loads(line)
+            except (ValueError, RecursionError):  # the parser recorded the line as skipped
                 continue
-            state = part.get("state") or {}
-            command = str((state.get("input") or {}).get("command", ""))
+            part = obj.get("part") if isinstance(obj, dict) else None
+            state = part.get("state") if isinstance(part, dict) else None
+            inputs = state.get("input") if isinstance(state, dict) else None
+            if not isinstance(inputs, dict):
+                continue
+            command = str(inputs.get("command", ""))
             if part.get("tool") in ("bash", "shell") and eval_word in command:
                 found = EVAL_BLOCK.findall(str(state.get("output") or ""))
                 if found:

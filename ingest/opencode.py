@@ -100,7 +100,7 @@ class StreamParser:
             self.summary.session_id = obj["sessionID"]
         try:
             return getattr(self, f"_on_{kind}")(obj)
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
             return [self._skip(line_no, f"malformed {kind} event ({err!r})", text)]
 
     def _skip(self, line_no: int, problem: str, text: str) -> StreamLineSkipped:

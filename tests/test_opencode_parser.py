@@ -76,17 +76,19 @@ def test_bad_lines_are_recorded_not_fatal():
         '{"type": "step_finish", "n": 1' + "0" * 5000 + "}",  # more digits than Python reads
         "[" * 100_000 + "]" * 100_000,  # nested deeper than the JSON reader recurses
         line("step_finish", {"type": "step-finish", "tokens": {"input": 2**64, "output": 1}}),
+        line("step_finish", {"type": "step-finish", "tokens": {"total": float("inf")}}),
     ]
     parser = StreamParser("T1", "T1/e1-1", 2)
     facts = [f for raw in lines for f in parser.feed(raw)]
     skipped = [f for f in facts if isinstance(f, StreamLineSkipped)]
-    assert [s.line_no for s in skipped] == [2, 3, 4, 5, 6, 9, 10, 11]
+    assert [s.line_no for s in skipped] == [2, 3, 4, 5, 6, 9, 10, 11, 12]
     assert skipped[0].problem.startswith("invalid JSON")
     assert skipped[2].problem == "unknown event type 'compaction'"
     assert skipped[3].problem == "not a JSON object"
     assert skipped[4].problem.startswith("malformed tool_use event")
     assert skipped[5].problem.startswith("invalid JSON") and skipped[6].problem.startswith("invalid JSON")
     assert skipped[7].problem.startswith("malformed step_finish event") and "64-bit" in skipped[7].problem
+    assert skipped[8].problem.startswith("malformed step_finish event")  # an infinite total
     assert not any(isinstance(f, StepFinished) for f in facts)
     assert [f.tool for f in facts if isinstance(f, ToolCalled)] == ["bash"]
     assert all(s.turn == 2 and s.edge_id == "T1/e1-1" for s in skipped)
