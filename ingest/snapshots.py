@@ -108,9 +108,24 @@ def _prefix_match(a: str, b: str) -> bool:
     return len(short) >= MIN_PREFIX and HEX_RE.match(short) is not None and long.startswith(short)
 
 
+def _shown(text: str) -> str:
+    """A file name as UTF-8 text: bytes that are not UTF-8 become U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def read_snapshot(path: Path, task: str) -> SnapshotSeen:
-    """The fact for one directory entry of ``all_snapshots``."""
+    """The fact for one directory entry of ``all_snapshots``.
+
+    The log holds text as UTF-8: an entry whose name is not UTF-8 is skipped (and
+    named with U+FFFD for the bytes it cannot hold); InputError when the directory
+    holding it is named so.
+    """
     name = path.name
+    if _shown(str(path)) != str(path):
+        if _shown(str(path.parent)) != str(path.parent):
+            raise InputError(f"{_shown(str(path.parent))}: the path is not UTF-8 - rename it")
+        return SnapshotSeen(task=task, snapshot=_shown(name), path=_shown(str(path)),
+                            skip_reason="folder name is not UTF-8")  # fmt: skip
     base: dict[str, Any] = {"task": task, "snapshot": name, "path": str(path)}
     m = NAME_RE.fullmatch(name)
     unparseable = "unparseable folder name"

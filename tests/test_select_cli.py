@@ -55,6 +55,8 @@ def malformed_dir(root: Path) -> dict[str, str]:
     expected["eval-000020-agent-1-zzzz"] = "unparseable folder name"
     huge = make_snapshot(root, 9).rename(root / f"eval-{2**64}-agent-1-abcdef12")
     expected[huge.name] = "global index beyond a 64-bit integer"
+    make_snapshot(root, 30).rename(root / os.fsdecode(b"eval-000030-agent-\xff-abcdef12"))
+    expected["eval-000030-agent-\ufffd-abcdef12"] = "folder name is not UTF-8"
     f = make_snapshot(root, 21)
     (f / "metadata.json").unlink()
     expected[f.name] = "missing metadata.json"
@@ -208,6 +210,11 @@ def test_not_a_snapshot_run_is_a_clean_error(tmp_path, data_dir):
     assert "Traceback" not in r.output
     r = invoke(data_dir, "select-snapshots", tmp_path / "missing", tmp_path / "o", "--task", "t")
     assert r.exit_code == 1 and "not a directory" in r.stderr
+    latin1 = tmp_path / os.fsdecode(b"caf\xe9")  # a directory name that is not UTF-8
+    make_snapshot(latin1, 1)
+    r = invoke(data_dir, "select-snapshots", latin1, tmp_path / "o", "--task", "t")
+    assert r.exit_code == 1 and "caf\ufffd: the path is not UTF-8" in r.stderr
+    assert "Traceback" not in r.output and not (tmp_path / "o").exists()
 
 
 def test_no_numeric_score_is_a_clean_error(tmp_path, data_dir):
@@ -285,5 +292,5 @@ def test_human_summary_lists_stages_and_skips(tmp_path, data_dir):
         "stage", "candidates", "eligible", "quota", "picked_quota", "fills", "picked",
     ]  # fmt: skip
     assert [line.split()[0] for line in lines[2:5]] == ["early", "middle", "late"]
-    assert "skipped 13 folders:" in r.stdout
+    assert "skipped 14 folders:" in r.stdout
     assert "  README.txt: not a directory" in r.stdout
