@@ -308,6 +308,11 @@ def fits_int64(value: int) -> bool:
     return -(2**63) <= value < 2**63
 
 
+def as_utf8(text: str) -> str:
+    """A file name or path as the log holds text (UTF-8): other bytes become U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
     """Arrow type of a field annotation, and whether it is stored as JSON text."""
     args = [a for a in get_args(annotation) if a is not type(None)]

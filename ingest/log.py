@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingest.errors import InputError, LogError, SeqConflictError, WriterLockedError
-from ingest.events import ENVELOPE, SCHEMA, Event, to_arrow
+from ingest.events import ENVELOPE, SCHEMA, Event, as_utf8, to_arrow
 
 FANOUT = 8
 CACHED_LEVELS = 3  # the writer keeps its small parts in memory for merging
@@ -124,6 +124,9 @@ class EventLog:
         self.run_id = check_run_id(run_id)
         self.dir = run_dir(self.data_dir, run_id)
         self.log_dir = self.dir / "log"
+        if as_utf8(str(self.data_dir)) != str(self.data_dir):  # DuckDB reads parts by path
+            msg = f"{as_utf8(str(self.data_dir))}: the data directory's path is not UTF-8 - use another --data"
+            raise LogError(msg)
 
     def exists(self) -> bool:
         """Whether the run has at least one published event."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.errors import InputError
-from ingest.events import SnapshotSeen, fits_int64
+from ingest.events import SnapshotSeen, as_utf8, fits_int64
 
 NAME_RE = re.compile(r"eval-([0-9]+)-(.+)-([0-9a-fA-F]+)")
 HEX_RE = re.compile(r"^[0-9a-fA-F]+$")
@@ -108,11 +108,6 @@ def _prefix_match(a: str, b: str) -> bool:
     return len(short) >= MIN_PREFIX and HEX_RE.match(short) is not None and long.startswith(short)
 
 
-def _shown(text: str) -> str:
-    """A file name as UTF-8 text: bytes that are not UTF-8 become U+FFFD."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
 def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     """The fact for one directory entry of ``all_snapshots``.
 
@@ -121,10 +116,10 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     holding it is named so.
     """
     name = path.name
-    if _shown(str(path)) != str(path):
-        if _shown(str(path.parent)) != str(path.parent):
-            raise InputError(f"{_shown(str(path.parent))}: the path is not UTF-8 - rename it")
-        return SnapshotSeen(task=task, snapshot=_shown(name), path=_shown(str(path)),
+    if as_utf8(str(path)) != str(path):
+        if as_utf8(str(path.parent)) != str(path.parent):
+            raise InputError(f"{as_utf8(str(path.parent))}: the path is not UTF-8 - rename it")
+        return SnapshotSeen(task=task, snapshot=as_utf8(name), path=as_utf8(str(path)),
                             skip_reason="folder name is not UTF-8")  # fmt: skip
     base: dict[str, Any] = {"task": task, "snapshot": name, "path": str(path)}
     m = NAME_RE.fullmatch(name)

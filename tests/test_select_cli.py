@@ -215,6 +215,11 @@ def test_not_a_snapshot_run_is_a_clean_error(tmp_path, data_dir):
     r = invoke(data_dir, "select-snapshots", latin1, tmp_path / "o", "--task", "t")
     assert r.exit_code == 1 and "caf\ufffd: the path is not UTF-8" in r.stderr
     assert "Traceback" not in r.output and not (tmp_path / "o").exists()
+    latin1_data = tmp_path / os.fsdecode(b"d\xe9")  # DuckDB could not read a log there
+    r = invoke(latin1_data, "select-snapshots", make_snapshot(tmp_path / "s", 1).parent, tmp_path / "o",
+               "--task", "t")  # fmt: skip
+    assert r.exit_code == 1 and "d\ufffd: the data directory's path is not UTF-8" in r.stderr
+    assert not latin1_data.exists() and not (tmp_path / "o").exists()
 
 
 def test_no_numeric_score_is_a_clean_error(tmp_path, data_dir):
