@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,7 +43,8 @@ class SelectionResult:
 def default_run_id(data_dir: Path, prefix: str, task: str) -> str:
     """A new run id ``<prefix>-<task>-<UTC time>`` that no run uses yet."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    safe_task = "".join(ch if ch.isalnum() or ch in "_.-" else "_" for ch in task)[:60]
+    # A run id takes ASCII letters, digits, '_', '-' and '.' but never "..".
+    safe_task = re.sub(r"\.\.+", "_", re.sub(r"[^A-Za-z0-9_.-]", "_", task))[:60]
     base = check_run_id(f"{prefix}-{safe_task}-{stamp}")
     candidate, n = base, 1
     while EventLog(data_dir, candidate).exists():

@@ -253,6 +253,15 @@ def test_an_eval_count_beyond_a_64_bit_integer_is_left_out(tmp_path, data_dir, s
     assert rows[0]["eval_count"] is None and all(r["eval_count"] for r in rows[1:])
 
 
+@pytest.mark.parametrize("task", ["..", "caf\u00e9", "a/b c", "x" * 300])
+def test_any_task_name_gives_a_valid_default_run_id(tmp_path, data_dir, snapshots, task):
+    r = invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", task, "--json")
+    assert r.exit_code == 0, r.output
+    run_id = json.loads(r.stdout)["run_id"]
+    assert EventLog(data_dir, run_id).exists() and run_id.startswith("select-")
+    assert Catalog.for_log(EventLog(data_dir, run_id)).query("select task from stg_run_started")[0]["task"] == task
+
+
 def test_direction_comes_from_the_snapshots_coral_config(tmp_path, data_dir):
     root = tmp_path / "all_snapshots"
     for i in range(1, 11):
