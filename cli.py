@@ -117,7 +117,8 @@ def views(as_json: bool) -> None:
 )
 @click.option("--num-roots", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--run-id", default=None, help="Id of the run to record (default: generated).")
-@click.option("--overwrite", is_flag=True, help="Replace the contents of a non-empty OUT.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an earlier output in OUT (only snapshot folders are replaced).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def select_snapshots(
     all_snapshots: Path,

@@ -20,7 +20,7 @@ from engine.config import load_config
 from ingest.errors import InputError
 from ingest.events import RunStarted, SnapshotsPicked, to_arrow
 from ingest.log import EventLog, LogWriter, check_run_id
-from ingest.snapshots import read_direction, scan
+from ingest.snapshots import NAME_RE, read_direction, scan
 
 TOOL_VERSION = "0.1.0"
 
@@ -53,14 +53,30 @@ def default_run_id(data_dir: Path, prefix: str, task: str) -> str:
     return candidate
 
 
-def _check_out(out: Path, source: Path, overwrite: bool) -> None:
-    out_abs, src_abs = out.resolve(), source.resolve()
+def _check_out(out: Path, source: Path, overwrite: bool, data_dir: Path) -> None:
+    out_abs, src_abs, data_abs = out.resolve(), source.resolve(), Path(data_dir).resolve()
     if out_abs == src_abs or src_abs in out_abs.parents or out_abs in src_abs.parents:
         raise InputError(f"{out}: the output must be outside the input {source}")
+    if out_abs == data_abs or out_abs in data_abs.parents:
+        raise InputError(f"{out}: the output must not hold the data directory {data_dir}")
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    _check_replaceable(out, overwrite)
+
+
+def _check_replaceable(out: Path, overwrite: bool) -> None:
+    """``out`` is empty, or (with ``overwrite``) holds only snapshot folders, as we write."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
         raise InputError(f"{out}: not empty - pass --overwrite to replace its contents")
+    other = next((e.name for e in sorted(out.iterdir()) if not (e.is_dir() and NAME_RE.fullmatch(e.name))), None)
+    if other is not None:
+        msg = (
+            f"{out}: holds {other!r}, not a snapshot folder - --overwrite only replaces "
+            "an earlier select-snapshots output"
+        )
+        raise InputError(msg)
 
 
 def plan_selection(
@@ -165,8 +181,7 @@ def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool) -> N
 
 def _swap_into_place(staging: Path, out: Path, overwrite: bool) -> None:
     if out.exists():
-        if any(out.iterdir()) and not overwrite:
-            raise InputError(f"{out}: not empty - pass --overwrite to replace its contents")
+        _check_replaceable(out, overwrite)  # again: it may have changed meanwhile
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.rename(out, old)
         os.rename(staging, out)
@@ -188,7 +203,7 @@ def select_snapshots(
     """Choose the MCTS roots of one task and copy them to ``out`` (SPEC §1)."""
     all_snapshots = Path(all_snapshots)
     if out is not None:
-        _check_out(Path(out), all_snapshots, overwrite)
+        _check_out(Path(out), all_snapshots, overwrite, data_dir)
     run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "select", task)
     if EventLog(data_dir, run_id).exists():
         raise InputError(f"run {run_id!r} already exists - choose another --run-id")

@@ -194,11 +194,31 @@ def test_non_empty_out_is_refused_unless_overwrite(tmp_path, data_dir, snapshots
     assert "not empty" in r.stderr and "--overwrite" in r.stderr
     assert (out / "keep.txt").read_text() == "mine"
     assert not (data_dir / "runs").exists() or not any((data_dir / "runs").iterdir())
+    # --overwrite replaces an earlier output (snapshot folders only), never other files.
+    r = invoke(data_dir, "select-snapshots", snapshots, out, "--task", "t", "--overwrite")
+    assert r.exit_code == 1 and "holds 'keep.txt', not a snapshot folder" in r.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    assert invoke(data_dir, "select-snapshots", snapshots, out, "--task", "t", "--num-roots", "3").exit_code == 0
+    assert len(list(out.iterdir())) == 3
     r = invoke(data_dir, "select-snapshots", snapshots, out, "--task", "t", "--overwrite")
     assert r.exit_code == 0, r.output
-    assert not (out / "keep.txt").exists()
     assert len(list(out.iterdir())) == 12  # R=30 > 12 eligible: all taken
     assert "Warning: only 12 eligible snapshots for 30 roots" in r.stderr
+
+
+def test_overwrite_never_replaces_the_data_directory(tmp_path, snapshots):
+    data = tmp_path / "work" / "data"
+    assert invoke(data, "select-snapshots", snapshots, tmp_path / "o", "--task", "t").exit_code == 0
+    runs = sorted((data / "runs").iterdir())
+    for out in (data, data.parent):  # the data directory, or a directory holding it
+        r = invoke(data, "select-snapshots", snapshots, out, "--task", "t", "--overwrite")
+        assert r.exit_code == 1 and "the output must not hold the data directory" in r.stderr
+        assert sorted((data / "runs").iterdir()) == runs
+    (data / "runs" / "eval-000001-agent-1-ffff").mkdir()  # looks like a snapshot, still refused
+    r = invoke(data, "select-snapshots", snapshots, data / "runs", "--task", "t", "--overwrite")
+    assert r.exit_code == 1 and "holds 'select-t-" in r.stderr
+    assert all(run.is_dir() for run in runs)
 
 
 def test_not_a_snapshot_run_is_a_clean_error(tmp_path, data_dir):
