@@ -161,6 +161,8 @@ def selected_paths(
     catalog = Catalog.for_log(EventLog(data, run_id).require())
     recorded = {s["selection_id"]: s for s in recorded_selections(catalog)}
     if not recorded:
+        if not catalog.query("select count(*) as n from stg_root_added")[0]["n"]:
+            raise LogError(f"run {run_id!r} has no trees (not an exploration run) - no paths")
         raise LogError(f"run {run_id!r} has no path selection yet (is it still running?)")
     wanted = selection or selection_id(*default_parameters(catalog))
     if wanted not in recorded:

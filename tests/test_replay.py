@@ -102,6 +102,14 @@ def test_resume_of_a_log_whose_recorded_config_is_invalid_is_a_clean_error(runs)
     assert EventLog(runs, "bad-config").tail_seq() == before
 
 
+def test_paths_of_a_run_without_a_selection_yet(runs):
+    forge(runs, "rounds", "unselected",
+          lambda rows: rows.__setitem__(slice(None), [r for r in rows if r["kind"] not in
+                                                      ("paths_selected", "run_finished")]))  # fmt: skip
+    r = invoke(runs, "paths", "unselected")
+    assert r.exit_code == 1 and "has no path selection yet (is it still running?)" in r.stderr
+
+
 def first(rows, kind, **match):
     return next(r for r in rows if r["kind"] == kind and all(r[k] == v for k, v in match.items()))
 

@@ -282,6 +282,14 @@ def test_any_task_name_gives_a_valid_default_run_id(tmp_path, data_dir, snapshot
     assert Catalog.for_log(EventLog(data_dir, run_id)).query("select task from stg_run_started")[0]["task"] == task
 
 
+def test_path_commands_on_a_selection_run_say_it_has_no_trees(tmp_path, data_dir, snapshots):
+    assert invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t",
+                  "--run-id", "s1").exit_code == 0  # fmt: skip
+    for command in ("paths", "reselect"):
+        r = invoke(data_dir, command, "s1")
+        assert r.exit_code == 1 and "run 's1' has no trees" in r.stderr, command
+
+
 def test_direction_comes_from_the_snapshots_coral_config(tmp_path, data_dir):
     root = tmp_path / "all_snapshots"
     for i in range(1, 11):
