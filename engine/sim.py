@@ -29,7 +29,11 @@ import random
 import threading
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.config import problems
 from engine.teacher import FactSink, RootInfo, TurnCancelled, TurnRequest
+from ingest.errors import InputError
 from ingest.events import EvalFinished, Event, TurnFinished
 from ingest.opencode import StreamParser
 
@@ -42,21 +46,45 @@ def _rng(*parts: object) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
+class SimOptions(BaseModel):
+    """``backend_options`` of a ``sim`` run (TOML ``[backend_options]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    latency_s: float = Field(0.0, ge=0, description="mean seconds a turn takes")
+    null_eval_rate: float = Field(0.10, ge=0, le=1)
+    hard_share: float = Field(0.12, ge=0, le=1, description="share of hard roots")
+    token_growth: tuple[int, int] = (8000, 25000)  # context tokens a turn adds: low, high
+    # A fresh session starts with the system prompt and tool schemas (~30 KB).
+    base_context: int = Field(9000, ge=0, le=10**12)
+    calls_per_step: tuple[int, int] = (1, 3)  # tool calls per step: low, high
+
+    @model_validator(mode="after")
+    def _ranges(self) -> SimOptions:
+        for name, top in (("token_growth", 10**12), ("calls_per_step", 1000)):
+            low, high = getattr(self, name)
+            if not 0 <= low <= high <= top:
+                raise ValueError(f"{name} must be [low, high] with 0 <= low <= high <= {top}")
+        return self
+
+
 class SimTeacher:
     """Simulated Teacher; ``options`` come from ``backend_options`` in the run config."""
 
     name = "sim"
 
     def __init__(self, seed: int, options: dict[str, Any] | None = None) -> None:
-        options = options or {}
+        try:
+            opts = SimOptions.model_validate(options or {})
+        except ValidationError as err:
+            raise InputError(f"sim backend options: {problems(err)}") from err
         self.seed = seed
-        self.latency_s = float(options.get("latency_s", 0.0))
-        self.null_eval_rate = float(options.get("null_eval_rate", 0.10))
-        self.hard_share = float(options.get("hard_share", 0.12))
-        self.token_growth = tuple(options.get("token_growth", (8000, 25000)))
-        # A fresh session starts with the system prompt and tool schemas (~30 KB).
-        self.base_context = int(options.get("base_context", 9000))
-        self.calls_per_step = tuple(options.get("calls_per_step", (1, 3)))
+        self.latency_s = opts.latency_s
+        self.null_eval_rate = opts.null_eval_rate
+        self.hard_share = opts.hard_share
+        self.token_growth = opts.token_growth
+        self.base_context = opts.base_context
+        self.calls_per_step = opts.calls_per_step
 
     # -- Teacher interface
 

@@ -198,6 +198,7 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
         (["{roots}", "--task", "k", "--config", "{regex}"], "knowledge.path_regex: Value error, not a"),
         (["{roots}", "--task", "k", "--config", "{nan}"], "paths.max: Input should be a finite number"),
         (["{roots}", "--task", "k", "--seed", str(2**70)], "seed: Value error, must fit a 64-bit integer"),
+        (["{roots}", "--task", "k", "--config", "{sim}"], "sim backend options: token_growth: Input should"),
     ],
 )
 def test_explore_errors_are_clean(tmp_path, roots, args, message):
@@ -209,7 +210,9 @@ def test_explore_errors_are_clean(tmp_path, roots, args, message):
     regex.write_text('[knowledge]\npath_regex = "(["\n')
     nan = tmp_path / "nan.toml"
     nan.write_text("[paths]\nmax = nan\n")
-    args = [a.format(roots=roots, bad=bad, toml=toml, regex=regex, nan=nan) for a in args]
+    sim = tmp_path / "sim.toml"
+    sim.write_text('[backend_options]\ntoken_growth = "x"\n')
+    args = [a.format(roots=roots, bad=bad, toml=toml, regex=regex, nan=nan, sim=sim) for a in args]
     r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", *args])
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith("Error: ") and message in r.stderr
