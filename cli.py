@@ -8,6 +8,7 @@ raises on purpose become ``Error: <message>`` with exit code 1, never a tracebac
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,18 @@ def _data_dir() -> Path:
 
 
 def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=str, allow_nan=False))
+    click.echo(json.dumps(_finite(value), indent=2, default=str, allow_nan=False))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as null (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:

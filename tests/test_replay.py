@@ -110,6 +110,20 @@ def test_paths_of_a_run_without_a_selection_yet(runs):
     assert r.exit_code == 1 and "has no path selection yet (is it still running?)" in r.stderr
 
 
+def test_json_output_writes_a_non_finite_number_as_null(runs):
+    def change(rows):
+        selection = first(rows, "paths_selected")
+        paths = json.loads(selection["paths"])
+        paths[0]["path_score"] = float("nan")  # as an older version could record
+        selection["paths"] = json.dumps(paths)
+
+    forge(runs, "rounds", "nan-score", change)
+    r = invoke(runs, "paths", "nan-score", "--json")
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    out = json.loads(r.stdout)
+    assert out["paths"][0]["path_score"] is None and out["paths"][1]["path_score"] > 0
+
+
 def first(rows, kind, **match):
     return next(r for r in rows if r["kind"] == kind and all(r[k] == v for k, v in match.items()))
 
