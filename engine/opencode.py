@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.config import RunConfig
+from engine.config import RunConfig, problems
 from engine.teacher import FactSink, RootInfo, TurnCancelled, TurnRequest
 from ingest.errors import InputError, ProjectError
 from ingest.events import EvalFinished, Event, TurnFinished
@@ -99,8 +99,7 @@ def resolve_options(config: RunConfig) -> dict[str, Any]:
     try:
         return OpenCodeOptions.model_validate(options).model_dump()
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise InputError(f"opencode backend options: {problems}") from err
+        raise InputError(f"opencode backend options: {problems(err)}") from err
 
 
 def _find_binary(configured: str | None) -> str:

@@ -111,6 +111,10 @@ def recorded_selections(catalog: Catalog) -> list[dict[str, Any]]:
     return rows
 
 
+def _has_trees(catalog: Catalog) -> bool:
+    return bool(catalog.query("select count(*) as n from stg_root_added")[0]["n"])
+
+
 @dataclass
 class Reselection:
     """The outcome of ``reselect``."""
@@ -127,7 +131,7 @@ def reselect(data, run_id: str, weights_text: str | None, top_k: int | None) -> 
     log = EventLog(data, run_id).require()
     with LogWriter.open(data, run_id) as writer:
         catalog = Catalog.for_log(log)
-        if not catalog.query("select count(*) as n from stg_root_added")[0]["n"]:
+        if not _has_trees(catalog):
             raise LogError(f"run {run_id!r} has no trees - nothing to select from")
         defaults, default_k = default_parameters(catalog)
         weights = parse_weights(weights_text, defaults)
@@ -161,7 +165,7 @@ def selected_paths(
     catalog = Catalog.for_log(EventLog(data, run_id).require())
     recorded = {s["selection_id"]: s for s in recorded_selections(catalog)}
     if not recorded:
-        if not catalog.query("select count(*) as n from stg_root_added")[0]["n"]:
+        if not _has_trees(catalog):
             raise LogError(f"run {run_id!r} has no trees (not an exploration run) - no paths")
         raise LogError(f"run {run_id!r} has no path selection yet (is it still running?)")
     wanted = selection or selection_id(*default_parameters(catalog))

@@ -79,12 +79,7 @@ class SimTeacher:
         except ValidationError as err:
             raise InputError(f"sim backend options: {problems(err)}") from err
         self.seed = seed
-        self.latency_s = opts.latency_s
-        self.null_eval_rate = opts.null_eval_rate
-        self.hard_share = opts.hard_share
-        self.token_growth = opts.token_growth
-        self.base_context = opts.base_context
-        self.calls_per_step = opts.calls_per_step
+        self.opts = opts
 
     # -- Teacher interface
 
@@ -102,9 +97,9 @@ class SimTeacher:
     ) -> list[Event]:
         edge = _rng(self.seed, "edge", request.edge_id)
         rng = _rng(self.seed, "turn", request.edge_id, request.turn)
-        hard = _rng(self.seed, "tree", request.tree_id).random() < self.hard_share
+        hard = _rng(self.seed, "tree", request.tree_id).random() < self.opts.hard_share
         traits = self._edge_traits(edge, hard)
-        if self.latency_s > 0 and cancel.wait(self.latency_s * rng.uniform(0.5, 1.5)):
+        if self.opts.latency_s > 0 and cancel.wait(self.opts.latency_s * rng.uniform(0.5, 1.5)):
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
         if cancel.is_set():
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
@@ -113,8 +108,8 @@ class SimTeacher:
         fresh = session is None
         if request.fork or fresh:
             session = "ses_sim_" + hashlib.sha256(request.edge_id.encode()).hexdigest()[:20]
-        ctx_start = self.base_context if fresh else int(start.get("ctx") or 0)
-        low, high = self.token_growth
+        ctx_start = self.opts.base_context if fresh else int(start.get("ctx") or 0)
+        low, high = self.opts.token_growth
         growth = int(min(high, max(low, traits["growth"] * rng.uniform(0.9, 1.1))))
         lines = self._stream(rng, traits, session, ctx_start, growth, request)
         parser = StreamParser(request.tree_id, request.edge_id, request.turn)
@@ -173,7 +168,7 @@ class SimTeacher:
         sign = -1.0 if direction == "minimize" else 1.0
         scale = max(abs(quality), 1.0)
         new_quality = quality + sign * scale * (traits["drift"] + rng.gauss(0.0, 0.04))
-        if rng.random() < max(self.null_eval_rate, traits["null_eval"]):
+        if rng.random() < max(self.opts.null_eval_rate, traits["null_eval"]):
             return None, rng.choice(["crashed", "timeout"]), quality
         score = round(new_quality + rng.gauss(0.0, 0.005 * scale), 4)
         status = "improved" if sign * (score - quality) > 0 else "regressed"
@@ -211,7 +206,7 @@ class SimTeacher:
             else:
                 if wants_knowledge and step == knowledge_step:
                     calls.append(self._knowledge_call(rng))
-                for _ in range(rng.randint(*self.calls_per_step)):
+                for _ in range(rng.randint(*self.opts.calls_per_step)):
                     calls.append(self._work_call(rng))
             for tool, inputs in calls:
                 call_no += 1
