@@ -42,11 +42,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ingest.errors import LogError, ViewBuildError, ViewNotFoundError
 from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
-from ingest.log import EventLog, unreadable_part
+from ingest.log import EventLog, part_schema
 
 VIEWS_DIR = Path(__file__).resolve().parent.parent / "views"
 MACROS_FILE = "_macros.sql"
@@ -281,11 +280,12 @@ class Catalog:
         """
         self._apply_incoming()
         for attempt in range(attempts):
-            files = [str(p.path) for p in log.parts()]
+            parts = log.parts()
+            files = [str(p.path) for p in parts]
             if not files:
                 return
             try:
-                present = set().union(*(_part_columns(f) for f in files))
+                present = set().union(*(part_schema(p).names for p in parts))
                 self._load_files(files, present)
             except (OSError, duckdb.Error) as err:
                 if all(Path(f).exists() for f in files):
@@ -549,14 +549,6 @@ class Catalog:
         """The largest seq the catalog holds (0 when empty)."""
         self._apply_incoming()
         return self.con.execute("select seq from log_tail").fetchall()[0][0]
-
-
-def _part_columns(path: str) -> list[str]:
-    """The column names of one log part (LogError when it is not Parquet)."""
-    try:
-        return pq.read_schema(path).names
-    except pa.ArrowInvalid as err:
-        raise unreadable_part(path, err) from err
 
 
 def _kind_columns() -> dict[str, list[str]]:

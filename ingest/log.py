@@ -177,7 +177,7 @@ class EventLog:
                 time.sleep(0.002 * attempt)
                 continue
             try:
-                tables = [_read_part(fh, columns, part.path) for fh, part in zip(handles, parts, strict=True)]
+                tables = [_read_part(fh, columns, part) for fh, part in zip(handles, parts, strict=True)]
             finally:
                 for fh in handles:
                     fh.close()
@@ -209,25 +209,64 @@ def unreadable_part(path: Path | str, err: Exception) -> LogError:
     return LogError(f"{path}: not a readable Parquet part of the log ({err})")
 
 
-def _read_whole(path: Path) -> pa.Table:
+def part_schema(part: Part, source: BinaryIO | None = None) -> pa.Schema:
+    """The columns of a published part, once its footer agrees with the log.
+
+    Reads only the Parquet footer (of ``source``, an open handle, or the file).
+    LogError names the part when it is not readable Parquet, lacks an envelope
+    column, has a column typed unlike the log's, or does not hold exactly the seqs
+    its name says (a foreign or altered file would otherwise be read as events).
+    A part removed meanwhile raises FileNotFoundError (readers list again).
+    """
+    try:
+        meta = pq.read_metadata(part.path if source is None else source)
+        schema = meta.schema.to_arrow_schema()
+    except pa.ArrowInvalid as err:
+        raise unreadable_part(part.path, err) from err
+    problem = _part_problem(part, meta, schema)
+    if problem:
+        raise LogError(f"{part.path}: not a part of this log ({problem})")
+    return schema
+
+
+def _part_problem(part: Part, meta: pq.FileMetaData, schema: pa.Schema) -> str | None:
+    missing = [n for n in ENVELOPE.names if n not in schema.names]
+    if missing:
+        return f"no {', '.join(missing)} column"
+    for field in schema:
+        if field.name in SCHEMA.names and field.type != SCHEMA.field(field.name).type:
+            return f"column {field.name} is {field.type}, the log's is {SCHEMA.field(field.name).type}"
+    if meta.num_rows != part.rows:
+        return f"{meta.num_rows} rows, its name says seqs {part.first}..{part.last}"
+    seq = next(i for i in range(meta.num_columns) if meta.schema.column(i).path == "seq")
+    stats = [meta.row_group(r).column(seq).statistics for r in range(meta.num_row_groups)]
+    if stats and all(s is not None and s.has_min_max for s in stats):
+        low, high = min(s.min for s in stats), max(s.max for s in stats)
+        if (low, high) != (part.first, part.last):
+            return f"seqs {low}..{high}, its name says {part.first}..{part.last}"
+    return None
+
+
+def _read_whole(part: Part) -> pa.Table:
     """One part file as written."""
     try:
-        return pq.read_table(path)
+        part_schema(part)
+        return pq.read_table(part.path)
     except (pa.ArrowInvalid, OSError) as err:
-        raise unreadable_part(path, err) from err
+        raise unreadable_part(part.path, err) from err
 
 
-def _read_part(source: Path | BinaryIO, columns: list[str] | None, path: Path) -> pa.Table:
+def _read_part(source: BinaryIO, columns: list[str] | None, part: Part) -> pa.Table:
     """One part with the columns of SCHEMA (or those asked for), absent fields as nulls."""
+    present = set(part_schema(part, source).names)
     try:
         if columns is None:
             table = pq.read_table(source)
             columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
         else:  # only the columns asked for are decoded
-            present = set(pq.read_schema(source).names)
             table = pq.read_table(source, columns=[c for c in columns if c in present])
     except (pa.ArrowInvalid, OSError) as err:
-        raise unreadable_part(path, err) from err
+        raise unreadable_part(part.path, err) from err
     arrays = []
     for name in columns:
         if name in table.column_names:
@@ -402,7 +441,7 @@ class LogWriter:
             if any(p.level != level for p in tail):
                 return
             tables = [self._cache.pop(p.path, None) for p in tail]
-            tables = [t if t is not None else _read_whole(p.path) for t, p in zip(tables, tail, strict=True)]
+            tables = [t if t is not None else _read_whole(p) for t, p in zip(tables, tail, strict=True)]
             merged = _canonical(pa.concat_tables(tables, promote_options="default"))
             part = self._publish(merged, tail[0].first, tail[-1].last, level + 1)
             for old in tail:

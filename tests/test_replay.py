@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -275,18 +276,31 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert EventLog(runs, "re").tail_seq() == before + 1
 
 
-@pytest.mark.parametrize("damage", ["not_parquet", "bad_pages"])
+@pytest.mark.parametrize(
+    "damage", ["not_parquet", "bad_pages", "foreign", "seq_as_text", "other_seqs", "row_dropped"]
+)
 def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage):
     data = tmp_path / "data"
     shutil.copytree(run_dir(runs, "rounds"), run_dir(data, "rounds"))
     parts = sorted(run_dir(data, "rounds").glob("log/*.parquet"))
     part = parts[len(parts) // 2]
     raw = bytearray(part.read_bytes())
+    table = pq.read_table(part)
+    seq = table.column_names.index("seq")
     if damage == "not_parquet":
         raw[-4:] = b"XXXX"  # the footer magic
-    else:
+    elif damage == "bad_pages":
         raw[8:400] = bytes(392)  # the first column chunk's pages
-    part.write_bytes(bytes(raw))
+    if damage in ("not_parquet", "bad_pages"):
+        part.write_bytes(bytes(raw))
+    elif damage == "foreign":  # valid Parquet, not events: it was read as no events
+        pq.write_table(pa.table({"x": list(range(table.num_rows))}), part)
+    elif damage == "seq_as_text":
+        pq.write_table(table.set_column(seq, "seq", pc.cast(table["seq"], pa.string())), part)
+    elif damage == "other_seqs":  # as many rows, shifted: read as other events before
+        pq.write_table(table.set_column(seq, "seq", pc.add(table["seq"], 1)), part)
+    else:
+        pq.write_table(table.slice(1), part)
     for command in (["replay", "rounds"], ["paths", "rounds"], ["explore", "--resume", "rounds"]):
         r = invoke(data, *command)
         assert r.exit_code == 1, (command, r.output)
