@@ -43,6 +43,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.config import regex_problem
 from ingest.errors import LogError, ViewBuildError, ViewNotFoundError
 from ingest.events import DECISION_KINDS, ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
 from ingest.log import EventLog, part_schema
@@ -293,7 +294,7 @@ class Catalog:
                 time.sleep(0.002 * attempt)  # a part was compacted away: list again
                 continue
             self._whole = set(self.tables)
-            self._sync_knowledge_patterns()
+            self._sync_knowledge_patterns(str(log.log_dir))
             return
         raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
 
@@ -366,7 +367,7 @@ class Catalog:
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [pc.max(incoming.column("seq")).as_py()])
         if "run_started" in kinds:
             self._whole = set(self.tables)
-            self._sync_knowledge_patterns()
+            self._sync_knowledge_patterns("the inserted RunStarted event")
             return
         trees_by_kind: dict[str, set[str]] = {}
         for g in groups:
@@ -484,10 +485,11 @@ class Catalog:
             return set(KIND_COLUMNS)
         return {k for k in KIND_COLUMNS if f"log_{k}" in read}
 
-    def _sync_knowledge_patterns(self) -> None:
+    def _sync_knowledge_patterns(self, where: str) -> None:
         """Copy the recorded knowledge regexes into the variables the views read.
 
         DuckDB compiles a regex once only when it is a constant; a variable is one.
+        ``where`` names the log in the error for a regex DuckDB cannot compile.
         """
         body = self.views["run_config"].sql  # the definition, even before the table is filled
         rows = self.con.execute(f"select path_regex, command_regex from ({body})").fetchall()
@@ -496,6 +498,10 @@ class Catalog:
         row = rows[0]
         for name, value in zip(("knowledge_path_regex", "knowledge_command_regex"), row, strict=True):
             if value is not None:
+                problem = regex_problem(value)
+                if problem:  # only a forged log: a run's config is checked before it is recorded
+                    field = name.replace("_", ".", 1)
+                    raise LogError(f"{where}: the run config records {field} = {value!r}, {problem}")
                 self.con.execute(f"set variable {name} = ?", [value])
 
     def set_watermark(self, seq: int | None) -> None:

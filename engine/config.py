@@ -103,12 +103,19 @@ class KnowledgeConfig(_Strict):
     @field_validator("path_regex", "command_regex")
     @classmethod
     def _compiles(cls, pattern: str) -> str:
-        """The views match with DuckDB's regex engine (RE2), so it must compile there."""
-        try:
-            duckdb.connect().execute("select regexp_matches('', ?)", [pattern])
-        except duckdb.Error as err:
-            raise ValueError(f"not a regular expression DuckDB (RE2) accepts: {err}") from err
+        problem = regex_problem(pattern)
+        if problem:
+            raise ValueError(problem)
         return pattern
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why the views cannot match with ``pattern`` (they use DuckDB's RE2), or None."""
+    try:
+        duckdb.connect().execute("select regexp_matches('', ?)", [pattern])
+    except duckdb.Error as err:
+        return f"not a regular expression DuckDB (RE2) accepts: {err}"
+    return None
 
 
 class RunConfig(_Strict):

@@ -91,7 +91,7 @@ def test_resume_of_a_log_whose_recorded_config_is_invalid_is_a_clean_error(runs)
         rows[:] = [r for r in rows if r["kind"] != "run_finished"]  # the last event
         started = first(rows, "run_started")
         config = json.loads(started["config"])
-        config["knowledge"]["path_regex"] = "(["
+        config["tree"]["max_depth"] = 0
         started["config"] = json.dumps(config)
 
     forge(runs, "rounds", "bad-config", change)
@@ -99,8 +99,27 @@ def test_resume_of_a_log_whose_recorded_config_is_invalid_is_a_clean_error(runs)
     r = invoke(runs, "explore", "--resume", "bad-config")
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert r.stderr.startswith("Error: ") and "the recorded run config is not valid" in r.stderr
-    assert "knowledge.path_regex" in r.stderr
+    assert "tree.max_depth" in r.stderr
     assert EventLog(runs, "bad-config").tail_seq() == before
+
+
+def test_a_log_recording_a_regex_duckdb_cannot_compile_is_named(runs):
+    def change(rows):
+        rows[:] = [r for r in rows if r["kind"] != "run_finished"]
+        started = first(rows, "run_started")
+        config = json.loads(started["config"])
+        config["knowledge"]["path_regex"] = "(["
+        started["config"] = json.dumps(config)
+
+    forge(runs, "rounds", "bad-regex", change)
+    log = EventLog(runs, "bad-regex")
+    before = log.tail_seq()
+    for command in (["replay", "bad-regex"], ["explore", "--resume", "bad-regex"]):
+        r = invoke(runs, *command)
+        assert r.exit_code == 1 and "Traceback" not in r.output, command
+        assert r.stderr.startswith(f"Error: {log.log_dir}: the run config records knowledge.path_regex")
+        assert "views/" not in r.stderr  # the log is at fault, not a view
+    assert log.tail_seq() == before
 
 
 def test_paths_of_a_run_without_a_selection_yet(runs):
