@@ -7,9 +7,13 @@ raises on purpose become ``Error: <message>`` with exit code 1, never a tracebac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +25,52 @@ from ingest.log import DATA_ENV, default_data_dir
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwind like Ctrl-C (args: the signal number)."""
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _unwind_on_termination() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into an exception while a command runs.
+
+    By default they end the process on the spot, so the cleanup on the way out
+    never ran: the OpenCode sessions of the turns in flight (in process groups of
+    their own) kept running with nobody to stop them. Raised in the main thread,
+    the exception unwinds like Ctrl-C: the Teacher's processes are stopped, staged
+    events are dropped (their turns are re-run by --resume), the lock is released.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handled = (signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, _raise_terminated) for s in handled}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 class _Group(click.Group):
     """Turns ProjectError into a clean ``Error: ...`` message and exit code 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _unwind_on_termination():
+                return super().invoke(ctx)
         except ProjectError as err:
             raise click.ClickException(str(err)) from err
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+        except Terminated as sig:
+            click.echo(f"Terminated by {signal.Signals(sig.args[0]).name}.", err=True)
+            sys.exit(128 + sig.args[0])
 
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)

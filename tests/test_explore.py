@@ -107,7 +107,10 @@ def assert_log_is_sound(data_dir: Path, run_id: str) -> None:
     assert cat.query("select count(*) as n from stg_run_finished")[0]["n"] == 1
 
 
-def run_until_killed(data_dir: Path, args: list[str], kill_after_seq: int) -> None:
+def run_until_killed(
+    data_dir: Path, args: list[str], kill_after_seq: int, sig: int = signal.SIGKILL
+) -> tuple[int, str]:
+    """Run ``explore`` until its log reaches a seq, then send ``sig``: (exit code, stderr)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data_dir), "explore", *args],
@@ -118,19 +121,24 @@ def run_until_killed(data_dir: Path, args: list[str], kill_after_seq: int) -> No
     try:
         while proc.poll() is None:
             if log.exists() and log.tail_seq() >= kill_after_seq:
-                proc.send_signal(signal.SIGKILL)
+                proc.send_signal(sig)
                 break
             time.sleep(0.02)
-        proc.wait(timeout=300)
+        _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc.returncode, err.decode()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["rounds", "async"])
-def test_kill_9_then_resume_completes_without_losing_or_repeating_turns(
-    tmp_path, roots, small_config, schedule
+@pytest.mark.parametrize(
+    ("schedule", "sig"),
+    [("rounds", signal.SIGKILL), ("async", signal.SIGKILL), ("rounds", signal.SIGTERM)],
+    ids=["rounds-SIGKILL", "async-SIGKILL", "rounds-SIGTERM"],
+)
+def test_kill_then_resume_completes_without_losing_or_repeating_turns(
+    tmp_path, roots, small_config, schedule, sig
 ):
     data = tmp_path / "data"
     common = ["--parallel", "4", "--seed", "3", "--schedule", schedule, "--config", str(small_config)]
@@ -139,9 +147,11 @@ def test_kill_9_then_resume_completes_without_losing_or_repeating_turns(
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     first, second = sorted(rng.sample(range(total // 10, 9 * total // 10), 2))
-    run_until_killed(data, [str(roots), "--task", "k", "--run-id", "cut", *common], first)
+    code, err = run_until_killed(data, [str(roots), "--task", "k", "--run-id", "cut", *common], first, sig)
     assert EventLog(data, "cut").tail_seq() < total, f"seed {seed}: the run was not interrupted"
-    run_until_killed(data, ["--resume", "cut"], second)
+    if sig == signal.SIGTERM:  # unwound like Ctrl-C: a message, 128 + 15, no traceback
+        assert code == 143 and err.rstrip().endswith("Terminated by SIGTERM."), (code, err)
+    run_until_killed(data, ["--resume", "cut"], second, sig)
     explore(data, "--resume", "cut")
     assert_log_is_sound(data, "cut")
     resumed = Catalog.for_log(EventLog(data, "cut")).query("select count(*) as n from stg_run_resumed")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -198,6 +201,47 @@ def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_
     assert {e["eval_status"] for e in evals} == {"timeout"}
     edges = {e["edge_id"]: e["verdict"] for e in cat.query("select * from edges")}
     assert edges == {"T001/e1-1": "retry", "T001/e1-2": "kept_exempt"}
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots):
+    """A scheduler's SIGTERM (preemption, ``timeout``) must not orphan OpenCode sessions."""
+    model = FakeModel(script, stall=True).start()
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_depth = 1\n")
+    data = tmp_path / "data"
+    home = EventLog(data, "term").dir / "opencode" / "data"
+    env = dict(os.environ, PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(roots),
+         "--task", "speedup", "--run-id", "term", "--backend", "opencode",
+         "--model", "fake/scripted", "--endpoint", model.base_url, "--config", str(config),
+         "--turn-timeout", "600"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(model.requests) < 2 and time.monotonic() < deadline:  # both sessions asked
+            seen |= opencode_pids(home)
+            time.sleep(0.1)
+        seen |= opencode_pids(home)
+        assert len(model.requests) >= 2 and seen, "the two turns did not start"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        model.stop()
+        time.sleep(0.5)
+        seen |= opencode_pids(home)
+        alive = [pid for pid in seen if Path(f"/proc/{pid}").exists()]
+        for pid in alive:  # do not leave them to the next test
+            os.kill(pid, signal.SIGKILL)
+    assert alive == [], f"processes survived: {alive}"
+    assert proc.returncode == 143 and err.rstrip().endswith("Terminated by SIGTERM."), err
+    assert "Traceback" not in err
+    assert CliRunner().invoke(cli, ["--data", str(data), "replay", "term"]).exit_code == 0
 
 
 def test_opencode_backend_errors_are_clean(tmp_path, roots):
