@@ -17,7 +17,8 @@ attempt JSON that ``coral eval`` wrote for the new commit
 (``.opencode/attempts/<commit>.json``), else the block the eval printed, else none.
 A turn that exceeds its timeout, or is cancelled, is killed with every process it
 started — including tool processes that left its process group — found by a marker
-in their environment.
+in their environment; a run's other mark lets a resumed run stop what a killed
+process of the run left running.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ingest.snapshots import numeric_score
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MARKER_ENV = "TEACHER_MCTS_TURN"
+RUN_ENV = "TEACHER_MCTS_RUN"  # every process of a run's turns: its run directory
 EVAL_BLOCK = re.compile(
     r"CORAL Eval \(#\d+\):\s*(\S+)\s*\nCommit:\s*(\S+)\s*\nStatus:\s*(\S+)(?:\s*\nFeedback:\s*(.*))?"
 )
@@ -137,9 +139,9 @@ def _copy_dir(src: Path | None, dest: Path) -> None:
         dest.mkdir(parents=True)
 
 
-def kill_marked(marker: str) -> list[int]:
-    """SIGKILL every process whose environment carries ``MARKER_ENV=marker``."""
-    needle = f"{MARKER_ENV}={marker}".encode()
+def kill_marked(marker: str, name: str = MARKER_ENV) -> list[int]:
+    """SIGKILL every process whose environment carries ``name=marker``."""
+    needle = f"{name}={marker}".encode()
     killed = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -167,10 +169,15 @@ class OpenCodeTeacher:
         self.opts = OpenCodeOptions.model_validate(resolve_options(config))
         self.task = config.task or "task"
         self.bin = _find_binary(self.opts.opencode_bin)
+        self.run_dir = Path(run_dir).resolve()
         self.home = Path(run_dir) / "opencode"
         self.worktrees = Path(self.opts.worktree_root or Path(run_dir) / "worktrees")
         self.worktrees.mkdir(parents=True, exist_ok=True)
         self.env = self._environment()
+        # Sessions a killed process of this run left running (kill -9 skips every
+        # cleanup) would go on writing into worktrees its turns are re-run in. Only
+        # this run's writer starts them, so whatever carries the run's mark is left over.
+        kill_marked(self.env[RUN_ENV], RUN_ENV)
         self._init_database()
         self._tree_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
@@ -202,6 +209,7 @@ class OpenCodeTeacher:
             XDG_CONFIG_HOME=str(self.home / "config"), XDG_CACHE_HOME=str(self.home / "cache"),
             XDG_STATE_HOME=str(self.home / "state"), OPENCODE_CONFIG_CONTENT=json.dumps(config),
             OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_PERMISSION=json.dumps({"question": "deny"}),
+            **{RUN_ENV: str(self.run_dir)},
         )  # fmt: skip
         return env
 

@@ -7,6 +7,7 @@ missing file (a failing tool call), write solution.py, run `coral eval -m`, answ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -203,29 +204,47 @@ def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_
     assert edges == {"T001/e1-1": "retry", "T001/e1-2": "kept_exempt"}
 
 
-@pytest.mark.slow
-def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots):
-    """A scheduler's SIGTERM (preemption, ``timeout``) must not orphan OpenCode sessions."""
-    model = FakeModel(script, stall=True).start()
-    config = tmp_path / "run.toml"
+def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, run_id: str):
+    """``explore`` (opencode, 2 turns at once) in a process, once both sessions asked the model.
+
+    Returns the process and the pids of the OpenCode processes seen.
+    """
+    config = data.parent / f"{run_id}.toml"
     config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_depth = 1\n")
-    data = tmp_path / "data"
-    home = EventLog(data, "term").dir / "opencode" / "data"
     env = dict(os.environ, PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(roots),
-         "--task", "speedup", "--run-id", "term", "--backend", "opencode",
+         "--task", "speedup", "--run-id", run_id, "--backend", "opencode",
          "--model", "fake/scripted", "--endpoint", model.base_url, "--config", str(config),
          "--turn-timeout", "600"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    home = EventLog(data, run_id).dir / "opencode" / "data"
     seen: set[int] = set()
-    try:
-        deadline = time.monotonic() + 120
-        while len(model.requests) < 2 and time.monotonic() < deadline:  # both sessions asked
-            seen |= opencode_pids(home)
-            time.sleep(0.1)
+    deadline = time.monotonic() + 120
+    while len(model.requests) < 2 and time.monotonic() < deadline and proc.poll() is None:
         seen |= opencode_pids(home)
+        time.sleep(0.1)
+    seen |= opencode_pids(home)
+    return proc, seen
+
+
+def survivors(seen: set[int], home: Path) -> list[int]:
+    """The OpenCode processes still alive (killed, so that no other test meets them)."""
+    alive = [pid for pid in seen | opencode_pids(home) if Path(f"/proc/{pid}").exists()]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots):
+    """A scheduler's SIGTERM (preemption, ``timeout``) must not orphan OpenCode sessions."""
+    model = FakeModel(script, stall=True).start()
+    data = tmp_path / "data"
+    proc, seen = start_explore_until_sessions_run(data, roots, model, "term")
+    try:
         assert len(model.requests) >= 2 and seen, "the two turns did not start"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -234,14 +253,40 @@ def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots):
             proc.kill()
         model.stop()
         time.sleep(0.5)
-        seen |= opencode_pids(home)
-        alive = [pid for pid in seen if Path(f"/proc/{pid}").exists()]
-        for pid in alive:  # do not leave them to the next test
-            os.kill(pid, signal.SIGKILL)
+        alive = survivors(seen, EventLog(data, "term").dir / "opencode" / "data")
     assert alive == [], f"processes survived: {alive}"
     assert proc.returncode == 143 and err.rstrip().endswith("Terminated by SIGTERM."), err
     assert "Traceback" not in err
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "term"]).exit_code == 0
+
+
+@pytest.mark.slow
+def test_resume_stops_the_sessions_a_killed_run_left_running(tmp_path, roots, coral_on_path):
+    """kill -9 skips every cleanup; the resumed run must stop those sessions before re-running
+    their turns in the same worktrees."""
+    model = FakeModel(script, stall=True).start()
+    data = tmp_path / "data"
+    home = EventLog(data, "k9").dir / "opencode" / "data"
+    proc, seen = start_explore_until_sessions_run(data, roots, model, "k9")
+    try:
+        assert len(model.requests) >= 2 and seen, "the two turns did not start"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        time.sleep(0.5)
+        orphans = {pid for pid in seen if Path(f"/proc/{pid}").exists()}
+        assert orphans, "kill -9 left no session running: nothing to check"
+        model.stall = False
+        r = CliRunner().invoke(cli, ["--data", str(data), "explore", "--resume", "k9"])
+        still = [pid for pid in orphans if Path(f"/proc/{pid}").exists()]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        model.stop()
+        alive = survivors(seen, home)
+    assert r.exit_code == 0, r.output
+    assert still == [], f"sessions of the killed process survived the resume: {still}"
+    assert alive == []
+    assert CliRunner().invoke(cli, ["--data", str(data), "replay", "k9"]).exit_code == 0
 
 
 def test_opencode_backend_errors_are_clean(tmp_path, roots):
