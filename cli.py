@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from ingest.errors import ProjectError
+from ingest.errors import ProjectError, os_problem
 from ingest.log import DATA_ENV, default_data_dir
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -65,6 +65,8 @@ class _Group(click.Group):
                 return super().invoke(ctx)
         except ProjectError as err:
             raise click.ClickException(str(err)) from err
+        except OSError as err:  # the machine's (a full disk, a quota), not the input's
+            raise click.ClickException(os_problem(err)) from err
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             sys.exit(130)

@@ -109,11 +109,14 @@ class Spool:
         final = self._path(edge_id, turn)
         tmp = final.with_name(f".tmp-{final.name}")
         with self._lock:
-            self.dir.mkdir(exist_ok=True)
             table = to_arrow(facts, "spool", 1, SPOOL_TIME)
-            with open(tmp, "wb") as fh, pa.ipc.new_file(fh, table.schema) as out:
-                out.write_table(table)
-            os.rename(tmp, final)
+            try:
+                self.dir.mkdir(exist_ok=True)
+                with open(tmp, "wb") as fh, pa.ipc.new_file(fh, table.schema) as out:
+                    out.write_table(table)
+                os.rename(tmp, final)
+            except OSError:  # only a cache: the turn is kept in memory until the log has it
+                tmp.unlink(missing_ok=True)
 
     def take(self, edge_id: str, turn: int) -> list[Event] | None:
         path = self._path(edge_id, turn)

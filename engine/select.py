@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.catalog import Catalog
 from engine.config import load_config
-from ingest.errors import InputError
+from ingest.errors import InputError, OutputError, os_problem
 from ingest.events import RunStarted, SnapshotsPicked, to_arrow
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.snapshots import NAME_RE, read_direction, scan
@@ -215,7 +215,14 @@ def select_snapshots(
         [task],
     )
     if out is not None:
-        copy_snapshots(picks, Path(out), overwrite)
+        try:
+            copy_snapshots(picks, Path(out), overwrite)
+        except OSError as err:
+            msg = (
+                f"{out}: cannot copy the picked snapshots ({os_problem(err)}); nothing was "
+                f"written there (the selection is recorded in run {run_id!r})"
+            )
+            raise OutputError(msg) from err
     return summarize(catalog, run_id, task, direction, num_roots, out, picks)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+
 
 class ProjectError(Exception):
     """Base of every error the project raises on purpose."""
@@ -32,3 +35,18 @@ class ViewNotFoundError(KeyError, ProjectError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "view not found"
+
+
+class OutputError(ProjectError):
+    """The machine refused to write an output (a full disk, a quota, permissions)."""
+
+
+def os_problem(err: OSError) -> str:
+    """An OS error as ``<file>: <reason>`` (the first of a failed tree copy's)."""
+    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list) and err.args[0]:
+        _src, dst, why = err.args[0][0]  # why: "[Errno 28] No space left on device: 'a' -> 'b'"
+        reason = re.match(r"\[Errno \d+\] ([^:]+)", str(why))
+        more = len(err.args[0]) - 1
+        return f"{dst}: {reason[1] if reason else why}" + (f" (and {more} more)" if more else "")
+    where = f"{err.filename}: " if err.filename else ""
+    return f"{where}{err.strerror or err}"

@@ -422,12 +422,19 @@ class LogWriter:
         self._tmp_counter += 1
         tmp = self.log.log_dir / f".tmp-{os.getpid()}-{self._tmp_counter}.parquet"
         final = self.log.log_dir / f"part-{first:012d}-{last:012d}-L{level}.parquet"
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd", compression_level=1 if level == 0 else 3)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.rename(tmp, final)
-        _fsync_dir(self.log.log_dir)
+        try:
+            with open(tmp, "wb") as fh:
+                pq.write_table(table, fh, compression="zstd", compression_level=1 if level == 0 else 3)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmp, final)
+            _fsync_dir(self.log.log_dir)
+        except OSError as err:  # a full disk, a quota: what is published stays intact
+            tmp.unlink(missing_ok=True)
+            tail = self._published_tail()
+            kept = f"the log is intact up to seq {tail}" if tail else "nothing of the run was published"
+            msg = f"{final}: cannot write this part of the log ({err.strerror or err}); {kept}"
+            raise LogError(msg) from err
         part = Part(first, last, level, final)
         if level < CACHED_LEVELS:
             self._cache[final] = table

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import resource
 import signal
 import subprocess
 import sys
@@ -158,6 +160,55 @@ def test_kill_then_resume_completes_without_losing_or_repeating_turns(
     assert resumed[0]["n"] >= 1
     if schedule == "rounds":
         assert tree_shape(data, "cut") == tree_shape(data, "whole"), f"kill seed {seed}"
+
+
+def test_a_full_disk_stops_the_run_cleanly_and_resume_goes_on(tmp_path, roots, small_config):
+    """A write the OS refuses (here: a file-size limit, as a full disk or quota would)."""
+    data = tmp_path / "data"
+    limit = 30_000  # bytes: small parts fit, a merged one does not
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(roots),
+         "--task", "k", "--run-id", "full", "--parallel", "4", "--config", str(small_config)],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+        preexec_fn=limited, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    error = re.search(
+        r"^Error: (\S+\.parquet): cannot write this part of the log \(File too large\); "
+        r"the log is intact up to seq (\d+)$", proc.stderr, re.MULTILINE,
+    )  # fmt: skip
+    assert error, proc.stderr
+    log = EventLog(data, "full")
+    assert not Path(error[1]).exists() and log.tail_seq() == int(error[2])
+    assert not [f for f in os.listdir(log.log_dir) if f.startswith(".tmp-")]
+    explore(data, "--resume", "full")
+    assert_log_is_sound(data, "full")
+    assert CliRunner().invoke(cli, ["--data", str(data), "replay", "full"]).exit_code == 0
+
+
+def test_a_spool_write_the_os_refuses_keeps_the_run_going(tmp_path):
+    """The spool only spares re-running a turn after a kill: a refused write is skipped."""
+    code = """
+import resource, sys
+from pathlib import Path
+from engine.explore import Spool
+from ingest.events import ToolCalled
+spool = Spool(Path(sys.argv[1]))
+calls = [ToolCalled(tree_id="T1", edge_id="T1/e1-1", turn=1, step=1, call_id=f"c{i}", tool="bash",
+                    status="ok", target="x" * 200) for i in range(100)]
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+spool.put("T1/e1-1", 1, calls)  # 20 kB: refused
+spool.put("T1/e1-2", 1, calls[:1])
+print(spool.take("T1/e1-1", 1) is None, len(spool.take("T1/e1-2", 1)), sorted(p.name for p in spool.dir.iterdir()))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(" ", 2) == ["True", "1", "['T1~e1-2--t1.arrow']\n"]
 
 
 def test_async_mode_completes_with_every_edge_judged(tmp_path, roots, small_config):

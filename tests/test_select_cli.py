@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import make_snapshot
+from conftest import ROOT, make_snapshot
 
 from cli import cli
 from engine.catalog import Catalog
@@ -219,6 +222,30 @@ def test_overwrite_never_replaces_the_data_directory(tmp_path, snapshots):
     r = invoke(data, "select-snapshots", snapshots, data / "runs", "--task", "t", "--overwrite")
     assert r.exit_code == 1 and "holds 'select-t-" in r.stderr
     assert all(run.is_dir() for run in runs)
+
+
+def test_a_copy_the_os_refuses_is_a_clean_error_and_leaves_no_output(tmp_path, data_dir, snapshots):
+    """A full disk or quota (here: a file-size limit) while copying the picks."""
+    out, previous = tmp_path / "roots", tmp_path / "roots-before"
+    assert invoke(data_dir, "select-snapshots", snapshots, out, "--task", "t", "--num-roots", "3").exit_code == 0
+    before = tree_digest(out)
+    (snapshots / sorted(os.listdir(snapshots))[0] / "code" / "weights.bin").write_bytes(bytes(200_000))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    for target in (out, previous):  # replacing an earlier output, and a new one
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "--data", str(data_dir), "select-snapshots",
+             str(snapshots), str(target), "--task", "t", "--overwrite"],
+            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+            preexec_fn=limited, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"Error: {target}: cannot copy the picked snapshots (")
+        assert "weights.bin: File too large); nothing was written there" in proc.stderr
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert tree_digest(out) == before and not previous.exists()
 
 
 def test_not_a_snapshot_run_is_a_clean_error(tmp_path, data_dir):
