@@ -29,50 +29,67 @@ class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: unwind like Ctrl-C (args: the signal number)."""
 
 
-def _raise_terminated(signum: int, _frame: object) -> None:
+def _on_signal(signum: int, _frame: object) -> None:
     signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
-    raise Terminated(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
 
 @contextlib.contextmanager
-def _unwind_on_termination() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into an exception while a command runs.
+def _unwind_on_signals(received: list[int]) -> Iterator[None]:
+    """Turn SIGINT/SIGTERM/SIGHUP into an exception while a command runs.
 
-    By default they end the process on the spot, so the cleanup on the way out
-    never ran: the OpenCode sessions of the turns in flight (in process groups of
-    their own) kept running with nobody to stop them. Raised in the main thread,
-    the exception unwinds like Ctrl-C: the Teacher's processes are stopped, staged
+    By default SIGTERM and SIGHUP end the process on the spot, so the cleanup on
+    the way out never ran: the OpenCode sessions of the turns in flight (in process
+    groups of their own) kept running with nobody to stop them. Raised in the main
+    thread, the exception unwinds: the Teacher's processes are stopped, staged
     events are dropped (their turns are re-run by --resume), the lock is released.
+    The signals received are appended to ``received``: raised inside a callback
+    from DuckDB (a scan of an Arrow table runs Python code), the exception comes out
+    as a DuckDB error, and the caller must still report the signal.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    handled = (signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, _raise_terminated) for s in handled}
+
+    def handler(signum: int, frame: object) -> None:
+        received.append(signum)
+        _on_signal(signum, frame)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, handler) for s in handled}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 class _Group(click.Group):
     """Turns ProjectError into a clean ``Error: ...`` message and exit code 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        received: list[int] = []
         try:
-            with _unwind_on_termination():
+            with _unwind_on_signals(received):
                 return super().invoke(ctx)
-        except ProjectError as err:
-            raise click.ClickException(str(err)) from err
-        except OSError as err:  # the machine's (a full disk, a quota), not the input's
-            raise click.ClickException(os_problem(err)) from err
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
-            sys.exit(130)
-        except Terminated as sig:
-            click.echo(f"Terminated by {signal.Signals(sig.args[0]).name}.", err=True)
-            sys.exit(128 + sig.args[0])
+        except Exception as err:
+            if received:  # whatever the interruption turned into on its way out
+                _exit_signalled(received[0])
+            if isinstance(err, ProjectError):
+                raise click.ClickException(str(err)) from err
+            if isinstance(err, OSError):  # the machine's (a full disk, a quota), not the input's
+                raise click.ClickException(os_problem(err)) from err
+            raise
+        except (KeyboardInterrupt, Terminated):
+            _exit_signalled(received[0] if received else signal.SIGINT)
+
+
+def _exit_signalled(signum: int) -> None:
+    if signum == signal.SIGINT:
+        click.echo("Interrupted.", err=True)
+    else:
+        click.echo(f"Terminated by {signal.Signals(signum).name}.", err=True)
+    sys.exit(128 + signum)
 
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
