@@ -498,7 +498,7 @@ class Catalog:
         row = rows[0]
         for name, value in zip(("knowledge_path_regex", "knowledge_command_regex"), row, strict=True):
             if value is not None:
-                problem = regex_problem(value)
+                problem = regex_problem(value, self.con)
                 if problem:  # only a forged log: a run's config is checked before it is recorded
                     field = name.replace("_", ".", 1)
                     raise LogError(f"{where}: the run config records {field} = {value!r}, {problem}")
