@@ -258,8 +258,8 @@ def _read_whole(part: Part) -> pa.Table:
 
 def _read_part(source: BinaryIO, columns: list[str] | None, part: Part) -> pa.Table:
     """One part with the columns of SCHEMA (or those asked for), absent fields as nulls."""
-    present = set(part_schema(part, source).names)
     try:
+        present = set(part_schema(part, source).names)
         if columns is None:
             table = pq.read_table(source)
             columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
