@@ -8,6 +8,7 @@ raises on purpose become ``Error: <message>`` with exit code 1, never a tracebac
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import signal
@@ -77,8 +78,8 @@ class _Group(click.Group):
                 _exit_signalled(received[0])
             if isinstance(err, ProjectError):
                 raise click.ClickException(str(err)) from err
-            if isinstance(err, OSError):  # the machine's (a full disk, a quota), not the input's
-                raise click.ClickException(os_problem(err)) from err
+            if isinstance(err, OSError) and err.errno != errno.EPIPE:  # EPIPE: click exits quietly
+                raise click.ClickException(os_problem(err)) from err  # a full disk, a quota
             raise
         except (KeyboardInterrupt, Terminated):
             _exit_signalled(received[0] if received else signal.SIGINT)

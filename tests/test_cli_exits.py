@@ -1,15 +1,18 @@
-"""Signals while a command runs: a clean message and exit code, wherever they land."""
+"""How commands end when interrupted: signals wherever they land, a reader that goes away."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import click
 import duckdb
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT
 
 from cli import _Group
 
@@ -56,3 +59,20 @@ def test_a_signal_inside_a_duckdb_callback_still_exits_cleanly(sig, message):
     r = run(body)
     assert r.exit_code == 128 + sig and r.stderr.strip() == message, r.output
     assert "Traceback" not in r.output
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`python cli.py paths RUN | head -1`: no message (click exits 1 on EPIPE), no traceback."""
+    code = """
+import click
+from cli import _Group
+group = _Group(name="t")
+group.add_command(click.Command("go", callback=lambda: [click.echo(f"row {i}") for i in range(10**6)]))
+group(["go"])
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    assert proc.stdout.readline() == b"row 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == "", err
