@@ -56,7 +56,10 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
         received.append(signum)
         _on_signal(signum, frame)
 
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    # A signal the process was started ignoring stays ignored (nohup: SIGHUP; a
+    # background job of a non-interactive shell: SIGINT).
+    handled = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+               if signal.getsignal(s) is not signal.SIG_IGN]  # fmt: skip
     previous = {s: signal.signal(s, handler) for s in handled}
     try:
         yield

@@ -76,3 +76,27 @@ group(["go"])
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1 and err == "", err
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    """`nohup python cli.py explore ...`: logging out must not end the run."""
+    code = """
+import time
+import click
+from cli import _Group
+def body():
+    print("started", flush=True)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("finished", flush=True)
+group = _Group(name="t")
+group.add_command(click.Command("go", callback=body))
+group(["go"])
+"""
+    proc = subprocess.Popen(["nohup", sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    assert proc.stdout.readline() == b"started\n"
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == b"finished\n", err
