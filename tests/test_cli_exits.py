@@ -20,6 +20,19 @@ SIGNALS = [(signal.SIGINT, "Interrupted."), (signal.SIGTERM, "Terminated by SIGT
            (signal.SIGHUP, "Terminated by SIGHUP.")]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def default_dispositions():
+    """The dispositions of a command started from a terminal, however pytest was started
+    (a signal it inherited as ignored would stay ignored, by design)."""
+    saved = {s: signal.getsignal(s) for s, _ in SIGNALS}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 def run(body) -> click.testing.Result:
     group = _Group(name="t")
     group.add_command(click.Command("go", callback=body))
