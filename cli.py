@@ -30,11 +30,6 @@ class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: unwind like Ctrl-C (args: the signal number)."""
 
 
-def _on_signal(signum: int, _frame: object) -> None:
-    signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
-    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
-
-
 @contextlib.contextmanager
 def _unwind_on_signals(received: list[int]) -> Iterator[None]:
     """Turn SIGINT/SIGTERM/SIGHUP into an exception while a command runs.
@@ -52,9 +47,10 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, _frame: object) -> None:
         received.append(signum)
-        _on_signal(signum, frame)
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
     # A signal the process was started ignoring stays ignored (nohup: SIGHUP; a
     # background job of a non-interactive shell: SIGINT).
