@@ -167,6 +167,15 @@ def opencode_pids(home: Path) -> set[int]:
     return found
 
 
+def survivors(seen: set[int], home: Path) -> list[int]:
+    """The OpenCode processes still alive (killed, so that no other test meets them)."""
+    alive = [pid for pid in seen | opencode_pids(home) if Path(f"/proc/{pid}").exists()]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
+
+
 @pytest.mark.slow
 def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_on_path):
     model = FakeModel(script, stall=True).start()
@@ -192,7 +201,7 @@ def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_
         model.stop()
     assert r.exit_code == 0, r.output
     assert seen, "no opencode process was observed"
-    alive = [pid for pid in seen if Path(f"/proc/{pid}").exists()]
+    alive = survivors(seen, home)
     assert alive == [], f"processes survived: {alive}"
     cat = Catalog.for_log(EventLog(data, "stall"))
     turns = cat.query("select edge_id, turn, score, outcome, skipped from turns order by edge_id, turn")
@@ -227,15 +236,6 @@ def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, 
         time.sleep(0.1)
     seen |= opencode_pids(home)
     return proc, seen
-
-
-def survivors(seen: set[int], home: Path) -> list[int]:
-    """The OpenCode processes still alive (killed, so that no other test meets them)."""
-    alive = [pid for pid in seen | opencode_pids(home) if Path(f"/proc/{pid}").exists()]
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return alive
 
 
 @pytest.mark.slow
