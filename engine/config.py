@@ -41,7 +41,9 @@ class SelectionConfig(_Strict):
 class TreeConfig(_Strict):
     """Tree shape and stop limits (SPEC §2)."""
 
-    root_children: int = Field(3, ge=1)
+    # Every unstarted root direction is a row of the next-work view at each point,
+    # so a typo like 10**6 would stall the run (1,000 takes ~1 min on the bundled run).
+    root_children: int = Field(3, ge=1, le=1000)
     max_children: int = Field(2, ge=1)
     max_depth: int = Field(4, ge=1)
     hard_token_limit: int = Field(100_000, ge=1)

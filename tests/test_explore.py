@@ -260,6 +260,7 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
         (["{roots}", "--task", "k", "--config", "{nan}"], "paths.max: Input should be a finite number"),
         (["{roots}", "--task", "k", "--seed", str(2**70)], "seed: Value error, must fit a 64-bit integer"),
         (["{roots}", "--task", "k", "--config", "{sim}"], "sim backend options: token_growth: Input should"),
+        (["{roots}", "--task", "k", "--config", "{wide}"], "tree.root_children: Input should be less than or equal"),
     ],
 )
 def test_explore_errors_are_clean(tmp_path, roots, args, message):
@@ -273,7 +274,9 @@ def test_explore_errors_are_clean(tmp_path, roots, args, message):
     nan.write_text("[paths]\nmax = nan\n")
     sim = tmp_path / "sim.toml"
     sim.write_text('[backend_options]\ntoken_growth = "x"\n')
-    args = [a.format(roots=roots, bad=bad, toml=toml, regex=regex, nan=nan, sim=sim) for a in args]
+    wide = tmp_path / "wide.toml"
+    wide.write_text("[tree]\nroot_children = 1000000\n")
+    args = [a.format(roots=roots, bad=bad, toml=toml, regex=regex, nan=nan, sim=sim, wide=wide) for a in args]
     r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", *args])
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith("Error: ") and message in r.stderr
