@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.catalog import Catalog
 from ingest.errors import InputError, LogError
-from ingest.events import PathsSelected
+from ingest.events import PathsSelected, fits_int64
 from ingest.log import EventLog, LogWriter
 
 WEIGHT_KEYS = ("max", "avg", "clean", "know")
@@ -138,6 +138,8 @@ def reselect(data, run_id: str, weights_text: str | None, top_k: int | None) -> 
         k = default_k if top_k is None else top_k
         if k < 1:
             raise InputError("--top-k must be at least 1")
+        if not fits_int64(k):
+            raise InputError("--top-k must fit a 64-bit integer")
         wanted = selection_id(weights, k)
         existing = {s["selection_id"]: s for s in recorded_selections(catalog)}
         appended = wanted not in existing

@@ -292,6 +292,10 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
                              ("know=inf", "finite"), ("max=0.3,max=0.4", "given twice")):  # fmt: skip
         bad = invoke(runs, "reselect", "re", "--weights", weights)
         assert bad.exit_code == 1 and "--weights: " in bad.stderr and problem in bad.stderr, weights
+    for k, problem in (("0", "at least 1"), (str(2**63), "fit a 64-bit integer")):
+        bad = invoke(runs, "reselect", "re", "--top-k", k)
+        assert bad.exit_code == 1 and bad.stderr.startswith("Error: --top-k ") and problem in bad.stderr, k
+        assert "Traceback" not in bad.output
     assert EventLog(runs, "re").tail_seq() == before + 1
 
 
