@@ -11,6 +11,7 @@ published prefix.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,8 +159,9 @@ def _compare_lists(
 
 
 def _same(a: Any, b: Any) -> bool:
+    """Equal, or floats within TOLERANCE (as the views' ``differs``: NaN equals NaN)."""
     if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= TOLERANCE
+        return a == b or (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOLERANCE
     return a == b
 
 

@@ -299,6 +299,28 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert EventLog(runs, "re").tail_seq() == before + 1
 
 
+def test_replay_agrees_with_scores_that_overflow_to_infinity(tmp_path):
+    """Weights near the float limit make Select and PathScore inf or NaN: absurd, yet
+    recorded and implied alike, so replay must not call them different."""
+    config = tmp_path / "huge.toml"
+    config.write_text(SMALL + "alpha = 1e308\n[q]\nscore_rank = 1e308\nbest_rank = 1e308\n"
+                      "process = -1e308\n[paths]\nmax = 1e308\navg = 1e308\n")  # fmt: skip
+    data = tmp_path / "data"
+    snapshots = ROOT / "data" / "student_run" / "all_snapshots"
+    r = invoke(data, "explore", str(snapshots), "--select", "--task", "kernel-speedup",
+               "--num-roots", "2", "--run-id", "huge", "--parallel", "4", "--config", str(config))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = invoke(data, "reselect", "huge", "--weights", "max=1e308,avg=1e308,clean=-1e308,know=-1e308")
+    assert r.exit_code == 0, r.output
+    catalog = Catalog.for_log(EventLog(data, "huge"))
+    scores = catalog.query("select select_score from stg_node_selected")
+    assert any(s["select_score"] in (float("inf"), float("-inf")) or s["select_score"] != s["select_score"]
+               for s in scores)  # fmt: skip
+    r = invoke(data, "replay", "huge", "--json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 0 and out["differ"] == 0, out["differences"][:3]
+
+
 @pytest.mark.parametrize(
     "damage", ["not_parquet", "bad_pages", "foreign", "seq_as_text", "other_seqs", "row_dropped"]
 )

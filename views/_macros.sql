@@ -20,6 +20,11 @@ create or replace macro edge_layer(parent_id) as
 create or replace macro node_key(node_id) as
     list_transform(string_split(node_id, '.')[2:], lambda x: cast(x as integer));
 
+-- Whether two recorded numbers differ beyond float noise (1e-9). Equal values never
+-- differ, infinities and NaN included (DuckDB holds NaN = NaN; inf - inf is NaN).
+create or replace macro differs(a, b) as
+    a <> b and abs(a - b) > 1e-9;
+
 -- Whether an event belongs to the log prefix the catalog shows: seq <= the
 -- watermark variable (every event when it is unset). Staging views filter with it.
 create or replace macro in_prefix(seq) as

@@ -15,9 +15,9 @@ with checked as (
             when w.kind <> 'select' then 'a ' || w.kind || ' start was due instead'
             when w.parent_id <> r.node_id then 'another node had the highest Select'
             when
-                abs(w.select_score - r.select_score) > 1e-9
-                or abs(w.q - r.q) > 1e-9
-                or abs(w.t - r.t) > 1e-9
+                differs(w.select_score, r.select_score)
+                or differs(w.q, r.q)
+                or differs(w.t, r.t)
                 then 'scores differ'
         end as problem,
         r.node_id || format(' (select {:.6f}, q {:.6f}, t {:.6f})', r.select_score, r.q, r.t)
