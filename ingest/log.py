@@ -110,7 +110,9 @@ def _cover(parts: list[Part]) -> tuple[list[Part], str | None]:
             straddling = [p for p in parts if p.first < expected <= p.last]
             if straddling:
                 return chosen, f"{straddling[0].path.name} overlaps the parts before it"
-            return chosen, f"seq {expected} is missing (gap before {max_last})"
+            resume = min(p.first for p in parts if p.first > expected)
+            missing = f"seq {expected} is" if resume == expected + 1 else f"seqs {expected}-{resume - 1} are"
+            return chosen, f"{missing} missing: no part holds them (the log goes on to seq {max_last})"
         chosen.append(part)
         expected = part.last + 1
     return chosen, None
