@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from test_explore import SMALL
 
 from cli import cli
 from engine.catalog import Catalog
-from engine.paths import default_parameters, top_paths
+from engine.paths import default_parameters, recorded_selections, top_paths
 from ingest.errors import LogError
 from ingest.log import EventLog, run_dir
 
@@ -316,6 +317,8 @@ def test_replay_agrees_with_scores_that_overflow_to_infinity(tmp_path):
     scores = catalog.query("select select_score from stg_node_selected")
     assert any(s["select_score"] in (float("inf"), float("-inf")) or s["select_score"] != s["select_score"]
                for s in scores)  # fmt: skip
+    path_scores = [p["path_score"] for s in recorded_selections(catalog) for p in s["paths"]]
+    assert any(not math.isfinite(v) for v in path_scores)
     r = invoke(data, "replay", "huge", "--json")
     out = json.loads(r.stdout)
     assert r.exit_code == 0 and out["differ"] == 0, out["differences"][:3]
