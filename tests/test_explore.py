@@ -220,6 +220,33 @@ def test_async_mode_completes_with_every_edge_judged(tmp_path, roots, small_conf
     assert_log_is_sound(data, "as")
 
 
+def test_any_64_bit_count_in_the_config_works(tmp_path, roots):
+    """The validator accepts every count that fits 64 bits, so the views must too."""
+    big = 2**63 - 1
+    data = tmp_path / "data"
+    r = CliRunner().invoke(cli, ["--data", str(data), "select-snapshots", str(ROOT / "data" / "student_run" /
+                                 "all_snapshots"), str(tmp_path / "all"), "--task", "k", "--num-roots", str(big),
+                                 "--run-id", "all", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    catalog = Catalog.for_log(EventLog(data, "all"))
+    counts = catalog.query("select count(*) filter (where selected) as n, count(*) filter (where eval_ok) as ok "
+                           "from snapshots")[0]  # fmt: skip
+    assert counts["n"] == counts["ok"] == len(json.loads(r.stdout)["picks"])  # R beyond them: all picked
+    config = tmp_path / "big.toml"
+    config.write_text(f"[tree]\nmax_children = {big}\nmax_depth = {big}\nhard_token_limit = {big}\n"
+                      f"target_good_leaves = {big}\nmax_failed_expansions = {big}\nmax_valid_edges = 12\n"
+                      f"[paths]\ntop_k = {big}\n")  # fmt: skip
+    explore(data, roots, "--task", "k", "--config", config, "--run-id", "big", "--parallel", "8")
+    catalog = Catalog.for_log(EventLog(data, "big"))
+    trees = catalog.query("select stop_reason, kept_edges from trees")
+    assert len(trees) == 4
+    assert {t["stop_reason"] for t in trees} == {"max_edges"} and all(t["kept_edges"] > 12 for t in trees)
+    paths = catalog.query("select count(*) filter (where selected) as s, count(rank) as n from paths")[0]
+    assert paths["s"] == paths["n"] > 0  # k beyond the paths: every ranked path is selected
+    r = CliRunner().invoke(cli, ["--data", str(data), "replay", "big"])
+    assert r.exit_code == 0 and "0 differ" in r.stdout, r.output
+
+
 def test_explore_records_the_whole_config_and_the_roots(tmp_path, roots, small_config):
     data = tmp_path / "data"
     explore(data, roots, "--task", "k", "--run-id", "cfg", "--seed", 11, "--config", small_config)

@@ -4,6 +4,7 @@
 --
 -- early = floor(R/6 + 0.5) = (R+3)//6, middle = floor(R/2 + 0.5) = (R+1)//2,
 -- late = R - early - middle (30 -> 5/15/10). Fills go middle -> late -> early.
+-- Computed in HUGEINT: R may be any 64-bit count (R + 3 must not overflow).
 with stages as (
     select *
     from (values ('early', 1, 3), ('middle', 2, 1), ('late', 3, 2)) as v (stage, stage_order, fill_order)
@@ -14,13 +15,13 @@ final as (
         s.stage,
         s.stage_order,
         s.fill_order,
-        case s.stage
-            when 'early' then (c.num_roots + 3) // 6
-            when 'middle' then (c.num_roots + 1) // 2
-            else c.num_roots - (c.num_roots + 3) // 6 - (c.num_roots + 1) // 2
-        end as quota
+        cast(case s.stage
+            when 'early' then (c.r + 3) // 6
+            when 'middle' then (c.r + 1) // 2
+            else c.r - (c.r + 3) // 6 - (c.r + 1) // 2
+        end as bigint) as quota
     from stages as s
-    cross join run_config as c
+    cross join (select cast(num_roots as hugeint) as r from run_config) as c
 )
 
 select * from final

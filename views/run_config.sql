@@ -24,15 +24,15 @@ final as (
         case when direction = 'minimize' then -1.0 else 1.0 end as sign,
         cast(json_extract_string(config, '$.seed') as bigint) as seed,
         json_extract_string(config, '$.backend') as backend,
-        cast(json_extract_string(config, '$.selection.num_roots') as integer) as num_roots,
-        cast(json_extract_string(config, '$.tree.root_children') as integer) as root_children,
-        cast(json_extract_string(config, '$.tree.max_children') as integer) as max_children,
-        cast(json_extract_string(config, '$.tree.max_depth') as integer) as max_depth,
+        cast(json_extract_string(config, '$.selection.num_roots') as bigint) as num_roots,
+        cast(json_extract_string(config, '$.tree.root_children') as bigint) as root_children,
+        cast(json_extract_string(config, '$.tree.max_children') as bigint) as max_children,
+        cast(json_extract_string(config, '$.tree.max_depth') as bigint) as max_depth,
         cast(json_extract_string(config, '$.tree.hard_token_limit') as bigint) as hard_token_limit,
-        cast(json_extract_string(config, '$.tree.target_good_leaves') as integer)
+        cast(json_extract_string(config, '$.tree.target_good_leaves') as bigint)
             as target_good_leaves,
-        cast(json_extract_string(config, '$.tree.max_valid_edges') as integer) as max_valid_edges,
-        cast(json_extract_string(config, '$.tree.max_failed_expansions') as integer)
+        cast(json_extract_string(config, '$.tree.max_valid_edges') as bigint) as max_valid_edges,
+        cast(json_extract_string(config, '$.tree.max_failed_expansions') as bigint)
             as max_failed_expansions,
         cast(json_extract_string(config, '$.tree.tool_error_prune') as double) as tool_error_prune,
         cast(json_extract_string(config, '$.tree.alpha') as double) as alpha,
@@ -62,7 +62,7 @@ final as (
         cast(json_extract_string(config, '$.paths.avg') as double) as w_path_avg,
         cast(json_extract_string(config, '$.paths.clean') as double) as w_path_clean,
         cast(json_extract_string(config, '$.paths.know') as double) as w_path_know,
-        cast(json_extract_string(config, '$.paths.top_k') as integer) as top_k,
+        cast(json_extract_string(config, '$.paths.top_k') as bigint) as top_k,
         cast(json_extract(config, '$.knowledge.file_tools') as varchar[]) as file_tools,
         cast(json_extract(config, '$.knowledge.shell_tools') as varchar[]) as shell_tools,
         cast(json_extract(config, '$.knowledge.knowledge_tools') as varchar[]) as knowledge_tools,
