@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -472,5 +473,27 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, as_json: bool)
             click.echo(f"  {tree}: in {', '.join(ins) or '-'}; out {', '.join(outs) or '-'}")
 
 
+def _open_standard_streams() -> None:
+    """Give a closed stdin, stdout or stderr /dev/null before anything else runs.
+
+    Started with fd 2 closed (as some launchers do), Python sets sys.stderr to None
+    and a run stopped as its progress display started; and the next file opened - a
+    log part - would take a closed number, where a library's or a Teacher process's
+    output would land.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        if getattr(sys, name) is None:  # Python found the fd closed at start-up
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115
+
+
 if __name__ == "__main__":
+    _open_standard_streams()
     cli()

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT
 
-from cli import _Group
+from cli import _Group, cli
 
 SIGNALS = [(signal.SIGINT, "Interrupted."), (signal.SIGTERM, "Terminated by SIGTERM."),
            (signal.SIGHUP, "Terminated by SIGHUP.")]  # fmt: skip
@@ -78,7 +78,7 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
     """`python cli.py paths RUN | head -1`: no message (click exits 1 on EPIPE), no traceback."""
     code = """
 import click
-from cli import _Group
+from cli import _Group, cli
 group = _Group(name="t")
 group.add_command(click.Command("go", callback=lambda: [click.echo(f"row {i}") for i in range(10**6)]))
 group(["go"])
@@ -96,7 +96,7 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
     code = """
 import time
 import click
-from cli import _Group
+from cli import _Group, cli
 def body():
     print("started", flush=True)
     deadline = time.monotonic() + 1.5
@@ -113,3 +113,22 @@ group(["go"])
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and out == b"finished\n", err
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_command_started_with_a_standard_stream_closed_still_runs(tmp_path, closed):
+    """A closed fd 0/1/2 gets /dev/null: else the run stopped at its first progress line
+    (stderr), and the next file opened - a log part - would take that fd number."""
+    args = [sys.executable, str(ROOT / "cli.py"), "--data", str(tmp_path / "data"), "explore",
+            str(ROOT / "data" / "student_run" / "all_snapshots"), "--select", "--task", "k",
+            "--num-roots", "2", "--run-id", "closed"]  # fmt: skip
+    config = tmp_path / "small.toml"
+    config.write_text("[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
+    r = subprocess.run([*args, "--config", str(config)], preexec_fn=lambda: os.close(closed),
+                       stdout=subprocess.DEVNULL if closed == 1 else subprocess.PIPE,
+                       stderr=subprocess.DEVNULL if closed == 2 else subprocess.PIPE, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    if closed != 1:
+        assert b"Top-6: " in r.stdout
+    replay = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "replay", "closed"])
+    assert replay.exit_code == 0 and "0 differ" in replay.stdout
