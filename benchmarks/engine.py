@@ -41,7 +41,8 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def run(trees: int, parallel: int, data: Path) -> dict:
+def new_engine(writer: LogWriter, trees: int, parallel: int) -> Explorer:
+    """A live engine over a new run of ``trees`` synthetic roots (nothing explored yet)."""
     config = RunConfig(task="bench", parallel=parallel, seed=1)
     catalog = Catalog.empty(threads=1)
     roots = [
@@ -49,14 +50,30 @@ def run(trees: int, parallel: int, data: Path) -> dict:
                   score=1.0 + i / trees)
         for i in range(1, trees + 1)
     ]  # fmt: skip
+    catalog.insert(writer.stage([RunStarted(command="explore", task="bench",
+                                            config=config.model_dump(mode="json")), *roots]))  # fmt: skip
+    writer.flush()
+    return Explorer(writer, catalog, config, SimTeacher(config.seed))
+
+
+def cold_decision(explorer: Explorer, tree: str) -> float:
+    """Seconds to refresh every tree table of ``tree`` (made stale first) and ask its next work."""
+    catalog = explorer.catalog
+    for table in catalog.tables:
+        if catalog.views[table].tree_scoped:
+            catalog._stale[table].add(tree)
+    t0 = time.perf_counter()
+    explorer._work_rows([tree])
+    return time.perf_counter() - t0
+
+
+def run(trees: int, parallel: int, data: Path) -> dict:
     latencies: list[float] = []  # a fill: stop check and every tree's next work
     reasks: list[float] = []  # trees asked again within a fill
     queries: list[float] = []  # each of these without refreshing the tables
     with LogWriter.create(data, f"bench-{trees}") as writer:
-        catalog.insert(writer.stage([RunStarted(command="explore", task="bench",
-                                                config=config.model_dump(mode="json")), *roots]))  # fmt: skip
-        writer.flush()
-        explorer = Explorer(writer, catalog, config, SimTeacher(config.seed))
+        explorer = new_engine(writer, trees, parallel)
+        catalog = explorer.catalog
         work_rows, record_stops, refresh = explorer._work_rows, explorer._record_stops, catalog.refresh
         fill_start: list[float] = []  # a fill checks the stop conditions, then asks
         refreshing = [0.0]  # time spent refreshing tables since the decision began
@@ -99,14 +116,8 @@ def run(trees: int, parallel: int, data: Path) -> dict:
         elapsed = time.perf_counter() - start
         edges = catalog.query("select count(*) as n from stg_edge_judged")[0]["n"]
         events = catalog.tail_seq()
-        cold = []
-        for tree in explorer.trees[:: max(1, trees // 20)]:
-            for table in catalog.tables:
-                if catalog.views[table].tree_scoped:
-                    catalog._stale[table].add(tree)
-            t0 = time.perf_counter()
-            work_rows([tree])
-            cold.append(time.perf_counter() - t0)
+        explorer._work_rows = work_rows
+        cold = [cold_decision(explorer, tree) for tree in explorer.trees[:: max(1, trees // 20)]]
     return {
         "trees": trees, "edges": edges, "events": events, "seconds": elapsed,
         "edges_per_s": edges / elapsed, "teacher_s": waited[0],
@@ -125,23 +136,9 @@ def fixed_cost(data: Path, reps: int = 21) -> float:
     The refresh statements and the next-work query run over empty tables: what is
     left is DuckDB's cost of planning and starting them (the floor of a decision).
     """
-    config = RunConfig(task="bench", parallel=1, seed=1)
-    catalog = Catalog.empty(threads=1)
-    root = RootAdded(tree_id="T001", task="bench", snapshot="s1", path="/x", score=1.0)
     with LogWriter.create(data, "bench-fixed") as writer:
-        catalog.insert(writer.stage([RunStarted(command="explore", task="bench",
-                                                config=config.model_dump(mode="json")), root]))  # fmt: skip
-        writer.flush()
-        explorer = Explorer(writer, catalog, config, SimTeacher(config.seed))
-        times = []
-        for _ in range(reps):
-            for table in catalog.tables:
-                if catalog.views[table].tree_scoped:
-                    catalog._stale[table].add("T001")
-            t0 = time.perf_counter()
-            explorer._work_rows(["T001"])
-            times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+        explorer = new_engine(writer, 1, 1)
+        return 1000 * statistics.median(cold_decision(explorer, "T001") for _ in range(reps))
 
 
 def main() -> None:
