@@ -117,8 +117,8 @@ group(["go"])
 
 @pytest.mark.parametrize("closed", [0, 1, 2])
 def test_a_command_started_with_a_standard_stream_closed_still_runs(tmp_path, closed):
-    """A closed fd 0/1/2 gets /dev/null: else the run stopped at its first progress line
-    (stderr), and the next file opened - a log part - would take that fd number."""
+    """A closed fd 0/1/2 gets /dev/null: with stderr closed a run stopped as its progress
+    display started, and the next file opened - a log part - would take that fd number."""
     args = [sys.executable, str(ROOT / "cli.py"), "--data", str(tmp_path / "data"), "explore",
             str(ROOT / "data" / "student_run" / "all_snapshots"), "--select", "--task", "k",
             "--num-roots", "2", "--run-id", "closed"]  # fmt: skip
