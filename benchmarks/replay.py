@@ -2,7 +2,9 @@
 
 Two runs: the README pipeline on the bundled Student run (30 trees, sim Teacher),
 and a ~300-tree, ~1M-event run made by tiling a 30-tree sim run with long turns ten
-times (tree ids renamed, seqs and watermarks shifted, so every decision stays valid).
+times (tree ids renamed, seqs and watermarks shifted, so every decision stays valid)
+and ending it as an exploration ends: the Top-k selection over all its trees, then
+RunFinished.
 For each: the median replay time (load the log, rebuild every tree, re-derive every
 decision) and the median time DuckDB takes to scan the same columns of the same
 Parquet files. Target: replay <= 5x the floor.
@@ -27,14 +29,17 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.catalog import Catalog  # noqa: E402
 from engine.config import RunConfig, TreeConfig  # noqa: E402
+from engine.paths import default_parameters, selection_decision  # noqa: E402
 from engine.replay import replay_run  # noqa: E402
 from engine.runs import new_run  # noqa: E402
-from ingest.events import LIGHT_SCHEMA  # noqa: E402
+from ingest.events import LIGHT_SCHEMA, RunFinished  # noqa: E402
 from ingest.log import EventLog, LogWriter, run_dir  # noqa: E402
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
-ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected", "run_finished"}
+ONCE = {"run_started", "snapshot_seen", "snapshots_picked"}
+AT_END = {"paths_selected", "run_finished"}
 ID_COLUMNS = ("tree_id", "edge_id", "parent_id", "child_id", "node_id")
 
 
@@ -63,9 +68,10 @@ def replay_seconds(data: Path, run_id: str) -> tuple[float, int, int]:
 def tile(data: Path, src: str, dst: str, copies: int) -> None:
     """Write run ``dst``: ``copies`` back-to-back copies of ``src`` with renamed trees.
 
-    Whole-run events (config, snapshot selection, the first path selection) are kept
-    once and RunFinished only at the end; each copy's seqs and watermarks are shifted
-    together, so every decision still sees the same tree state.
+    Whole-run events (config, snapshot selection) are kept once; each copy's seqs and
+    watermarks are shifted together, so every decision still sees the same tree
+    state. The copies' path selections and RunFinished are dropped: as at the end of
+    an exploration, the default selection over every tree and RunFinished follow.
     """
     source = EventLog(data, src).read_table()
     rows = source.to_pylist()
@@ -76,8 +82,7 @@ def tile(data: Path, src: str, dst: str, copies: int) -> None:
         new_seq: dict[int, int] = {}
         start = len(out)
         for r in rows:
-            last = r["kind"] == "run_finished"
-            if (k == copies - 1) if last else (k == 0 or r["kind"] not in ONCE):
+            if r["kind"] not in AT_END and (k == 0 or r["kind"] not in ONCE):
                 r2 = dict(r)
                 for col in ID_COLUMNS:
                     if r2[col]:
@@ -100,8 +105,10 @@ def tile(data: Path, src: str, dst: str, copies: int) -> None:
         part = table.slice(first, step)
         name = f"part-{first + 1:012d}-{first + part.num_rows:012d}-L3.parquet"
         pq.write_table(part, log_dir / name, compression="zstd")
-    with LogWriter.open(data, dst):
-        pass  # opening checks that the parts form a gapless log
+    with LogWriter.open(data, dst) as writer:  # opening checks the parts form a gapless log
+        catalog = Catalog.for_log(EventLog(data, dst))
+        weights, top_k = default_parameters(catalog)
+        writer.append([selection_decision(catalog, writer.tail, weights, top_k), RunFinished()])
 
 
 def write_runs(data: Path, copies: int) -> None:
