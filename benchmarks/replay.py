@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from engine.catalog import Catalog  # noqa: E402
 from engine.config import RunConfig, TreeConfig  # noqa: E402
 from engine.paths import default_parameters, selection_decision  # noqa: E402
-from engine.replay import replay_run  # noqa: E402
+from engine.replay import PHASES, replay_run  # noqa: E402
 from engine.runs import new_run  # noqa: E402
 from ingest.events import LIGHT_SCHEMA, RunFinished  # noqa: E402
 from ingest.log import EventLog, LogWriter, run_dir  # noqa: E402
@@ -57,12 +57,13 @@ def floor_seconds(data: Path, run_id: str) -> float:
     return time.perf_counter() - start
 
 
-def replay_seconds(data: Path, run_id: str) -> tuple[float, int, int]:
+def replay_seconds(data: Path, run_id: str) -> tuple[float, dict[str, float], int]:
+    """Wall time of one replay, its phases, and the decisions it re-derived."""
     start = time.perf_counter()
     result = replay_run(data, run_id)
     elapsed = time.perf_counter() - start
     assert not result.differences, result.differences[:3]
-    return elapsed, result.decisions, EventLog(data, run_id).tail_seq()
+    return elapsed, result.seconds, result.decisions
 
 
 def tile(data: Path, src: str, dst: str, copies: int) -> None:
@@ -130,9 +131,15 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
     replays = [replay_seconds(data, run_id) for _ in range(repeat)]
     floor = statistics.median(floors)
     replay = statistics.median(r[0] for r in replays)
-    _, decisions, events = replays[0]
+    events, decisions = EventLog(data, run_id).tail_seq(), replays[0][2]
     print(f"{label}: {events} events, {decisions} decisions: replay {replay:.2f} s, "
           f"scan floor {floor:.3f} s, ratio {replay / floor:.1f}x (target <= 5x)")
+    phases = ", ".join(
+        f"{name} {statistics.median(r[1][name] for r in replays):.2f} s "
+        f"({statistics.median(r[1][name] for r in replays) / floor:.1f}x)"
+        for name in PHASES
+    )  # fmt: skip
+    print(f"  phases (median, x floor): {phases}")
 
 
 def main() -> None:

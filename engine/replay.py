@@ -10,8 +10,10 @@ published prefix.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,10 @@ from ingest.events import DECISION_KINDS
 from ingest.log import EventLog
 
 TOLERANCE = 1e-9
+# What replay_run times (ReplayResult.seconds): creating the views, loading the log's
+# events, the tree tables at every decision point, the tree decisions' audits and
+# summaries, the whole-run decisions (snapshot picks, path selections).
+PHASES = ("views", "events", "tree tables", "tree decisions", "whole-run decisions")
 
 
 @dataclass
@@ -47,18 +53,32 @@ class ReplayResult:
     trees: list[dict[str, Any]]
     differences: list[Difference] = field(default_factory=list)
     catalog: Catalog | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase
 
 
 def load(data_dir: Path, run_id: str) -> Catalog:
     """A catalog over the published prefix of a run, evaluated at every decision point."""
-    catalog = Catalog.for_log(EventLog(data_dir, run_id).require())
-    catalog.set_points("decisions")
+    log = EventLog(data_dir, run_id).require()
+    catalog = Catalog.empty()
+    _load_into(catalog, log)
     return catalog
+
+
+def _load_into(catalog: Catalog, log: EventLog) -> None:
+    catalog.load(log)
+    catalog.set_points("decisions")
 
 
 def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     """Rebuild a run from its log and re-derive every recorded decision."""
-    catalog = load(data_dir, run_id)
+    log = EventLog(data_dir, run_id).require()
+    marks = [time.perf_counter()]
+    catalog = Catalog.empty()
+    marks.append(time.perf_counter())
+    _load_into(catalog, log)
+    marks.append(time.perf_counter())
+    catalog.refresh()  # every tree table, at every decision point
+    marks.append(time.perf_counter())
     differences = [
         Difference(**row)
         for name in sorted(v for v in catalog.views if v.startswith("audit_"))
@@ -67,11 +87,14 @@ def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     trees = tree_summaries(catalog)
     kinds = ", ".join(f"'{k}'" for k in sorted(DECISION_KINDS))
     count = catalog.query(f"select count(*) as n from event_log where kind in ({kinds})")[0]["n"]
+    marks.append(time.perf_counter())
     # Last: a decision that later events would change is re-derived at its own
     # watermark, after which the tree tables are evaluated again when next read.
     differences += _check_snapshot_picks(catalog) + _check_path_selections(catalog)
     differences.sort(key=lambda d: (d.seq is None, d.seq or 0, d.kind, d.subject))
-    return ReplayResult(run_id, count, trees, differences, catalog)
+    marks.append(time.perf_counter())
+    seconds = dict(zip(PHASES, (b - a for a, b in itertools.pairwise(marks)), strict=True))
+    return ReplayResult(run_id, count, trees, differences, catalog, seconds)
 
 
 def tree_summaries(catalog: Catalog) -> list[dict[str, Any]]:

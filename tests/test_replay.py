@@ -61,6 +61,19 @@ def test_replay_passes_on_sim_runs(runs, run):
     assert sum(t["kept"] + t["kept_exempt"] for t in out["trees"]) > 20
 
 
+def test_replay_times_each_of_its_phases(runs):
+    """The benchmark's breakdown: every phase timed, in order, adding up to the whole."""
+    from engine.replay import PHASES, replay_run
+
+    start = time.perf_counter()
+    result = replay_run(runs, "rounds")
+    elapsed = time.perf_counter() - start
+    assert list(result.seconds) == list(PHASES)
+    assert all(s > 0 for s in result.seconds.values())
+    assert sum(result.seconds.values()) <= elapsed
+    assert sum(result.seconds.values()) > 0.8 * elapsed  # nothing slow left untimed
+
+
 def test_replay_prints_trees_and_the_summary_line(runs):
     r = invoke(runs, "replay", "rounds", "--tree", "T002")
     assert r.exit_code == 0
