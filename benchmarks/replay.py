@@ -38,8 +38,7 @@ from ingest.events import LIGHT_SCHEMA, RunFinished  # noqa: E402
 from ingest.log import EventLog, LogWriter, run_dir  # noqa: E402
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
-ONCE = {"run_started", "snapshot_seen", "snapshots_picked"}
-AT_END = {"paths_selected", "run_finished"}
+ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected"}
 ID_COLUMNS = ("tree_id", "edge_id", "parent_id", "child_id", "node_id")
 
 
@@ -66,14 +65,16 @@ def replay_seconds(data: Path, run_id: str) -> tuple[float, dict[str, float], in
     return elapsed, result.seconds, result.decisions
 
 
-def tile(data: Path, src: str, dst: str, copies: int) -> None:
+def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True) -> None:
     """Write run ``dst``: ``copies`` back-to-back copies of ``src`` with renamed trees.
 
     Whole-run events (config, snapshot selection) are kept once; each copy's seqs and
     watermarks are shifted together, so every decision still sees the same tree
-    state. The copies' path selections and RunFinished are dropped: as at the end of
-    an exploration, the default selection over every tree and RunFinished follow.
+    state. As at the end of an exploration, the default path selection over every
+    tree and RunFinished follow the copies. With ``select_at_end=False`` the first
+    copy's path selection is kept instead, which later tree facts follow.
     """
+    drop = {"run_finished"} | ({"paths_selected"} if select_at_end else set())
     source = EventLog(data, src).read_table()
     rows = source.to_pylist()
     trees = sorted({r["tree_id"] for r in rows if r["tree_id"]})
@@ -83,7 +84,7 @@ def tile(data: Path, src: str, dst: str, copies: int) -> None:
         new_seq: dict[int, int] = {}
         start = len(out)
         for r in rows:
-            if r["kind"] not in AT_END and (k == 0 or r["kind"] not in ONCE):
+            if r["kind"] not in drop and (k == 0 or r["kind"] not in ONCE):
                 r2 = dict(r)
                 for col in ID_COLUMNS:
                     if r2[col]:
@@ -109,7 +110,8 @@ def tile(data: Path, src: str, dst: str, copies: int) -> None:
     with LogWriter.open(data, dst) as writer:  # opening checks the parts form a gapless log
         catalog = Catalog.for_log(EventLog(data, dst))
         weights, top_k = default_parameters(catalog)
-        writer.append([selection_decision(catalog, writer.tail, weights, top_k), RunFinished()])
+        end = [selection_decision(catalog, writer.tail, weights, top_k)] if select_at_end else []
+        writer.append([*end, RunFinished()])
 
 
 def write_runs(data: Path, copies: int) -> None:
