@@ -35,7 +35,7 @@ from engine.paths import default_parameters, selection_decision  # noqa: E402
 from engine.replay import PHASES, replay_run  # noqa: E402
 from engine.runs import new_run  # noqa: E402
 from ingest.events import LIGHT_SCHEMA, RunFinished  # noqa: E402
-from ingest.log import EventLog, LogWriter, run_dir  # noqa: E402
+from ingest.log import EventLog, LogWriter, run_dir, write_part  # noqa: E402
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
 ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected"}
@@ -106,7 +106,7 @@ def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True
     for first in range(0, table.num_rows, step):
         part = table.slice(first, step)
         name = f"part-{first + 1:012d}-{first + part.num_rows:012d}-L3.parquet"
-        pq.write_table(part, log_dir / name, compression="zstd")
+        write_part(part, str(log_dir / name), level=3)
     with LogWriter.open(data, dst) as writer:  # opening checks the parts form a gapless log
         catalog = Catalog.for_log(EventLog(data, dst))
         weights, top_k = default_parameters(catalog)

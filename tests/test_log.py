@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 
 from ingest.errors import LogError, SeqConflictError, WriterLockedError
-from ingest.events import SCHEMA, RunResumed, RunStarted, SnapshotSeen, from_row
+from ingest.events import SCHEMA, RunResumed, RunStarted, SnapshotSeen, ToolCalled, from_row
 from ingest.log import EventLog, LogWriter
 
 
@@ -209,6 +209,38 @@ def test_compaction_bounds_files_and_keeps_content(data_dir):
     assert table.column("seq").to_pylist() == list(range(1, len(expected) + 1))
     assert [from_row(r) for r in table.to_pylist()] == expected
     assert table.schema.names == SCHEMA.names
+
+
+def test_a_merged_part_gives_each_large_kind_a_row_group_and_a_kind_load_skips_the_rest(data_dir):
+    """Kinds with >= 1/8 of a merged part's rows get a row group each, the others share one."""
+    import duckdb
+
+    def calls(n: int, start: int) -> list[ToolCalled]:
+        return [ToolCalled(tree_id="T1", edge_id="e", turn=1, step=1, call_id=f"c{start + i}",
+                           tool="read", status="ok") for i in range(n)]  # fmt: skip
+
+    with _created(data_dir) as w:  # 8 flushes, merged: 1 start, 56 calls, 3 snapshots
+        for k in range(7):
+            w.append(calls(8, 8 * k) + facts(1 if k < 3 else 0, start=k))
+    part = EventLog(data_dir, "r").parts()[0]
+    assert part.level == 1
+    meta = pq.ParquetFile(part.path)
+    groups = [meta.read_row_group(g, columns=["seq", "kind"]) for g in range(meta.num_row_groups)]
+    kinds = [sorted(set(g.column("kind").to_pylist())) for g in groups]
+    assert kinds == [["tool_called"], ["run_started", "snapshot_seen"]]
+    for g in groups:
+        seqs = g.column("seq").to_pylist()
+        assert seqs == sorted(seqs)
+    # The statistics let a scan of one kind skip the other row group.
+    con = duckdb.connect()
+    plan = con.execute(
+        "explain analyze select count(*) from read_parquet(?) where kind = 'snapshot_seen'",
+        [str(part.path)],
+    ).fetchall()[0][1]
+    assert re.search(r"Row Groups Scanned: 1 / 2", plan), plan
+    table = EventLog(data_dir, "r").read_table()
+    assert table.column("seq").to_pylist() == list(range(1, 61))
+    assert table.column("kind").to_pylist().count("tool_called") == 56
 
 
 def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
