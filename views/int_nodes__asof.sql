@@ -3,6 +3,8 @@
 -- sources: int_points, int_nodes__scored, int_edges__started, run_config
 -- materialized: table
 --
+-- The node attributes only its children's edges use (state, last_turn_score_o, ref_o,
+-- start_o) are left out: nothing reads them per point, and every point would copy them.
 -- A node is present at point w when created_seq <= w; an edge counts as started
 -- when started_seq <= w and as finished when completed_seq <= w.
 -- open_leaf_reason (the final 'stopped' is added by int_nodes__final): token
@@ -17,7 +19,7 @@ with present as (
     select
         p.asof_seq,
         p.is_now,
-        n.*
+        n.* exclude (state, last_turn_score_o, ref_o, start_o)
     from int_points as p
     inner join int_nodes__scored as n on p.tree_id = n.tree_id and n.created_seq <= p.asof_seq
 ),
