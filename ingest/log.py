@@ -258,26 +258,28 @@ def _part_problem(part: Part, meta: pq.FileMetaData, schema: pa.Schema) -> str |
 
 
 def _read_whole(part: Part) -> pa.Table:
-    """One part file with the columns it was written with, in seq order."""
+    """One part file as written."""
     try:
         part_schema(part)
-        return pq.read_table(part.path).sort_by("seq")
+        return pq.read_table(part.path)
     except (pa.ArrowInvalid, OSError) as err:
         raise unreadable_part(part.path, err) from err
 
 
 def _row_groups(table: pa.Table) -> list[pa.Table]:
-    """A merged part's rows (in seq order) as row groups: the large kinds', then the rest.
+    """A merged part's rows as row groups, seq order in each: the large kinds', then the rest.
 
-    One ``take`` reorders the rows (a merged table has a chunk per merged part, where
-    a filter per group costs 2-3x as much); the groups are slices of it.
+    The merged parts may hold their rows grouped by kind, so each group's row numbers
+    are put in seq order; then one ``take`` reorders the rows (a merged table has a
+    chunk per merged part, where a filter per group costs 2-3x as much), and the
+    groups are slices of it.
     """
-    kind = table.column("kind")
+    kind, seq = table.column("kind"), table.column("seq")
     counts = pc.value_counts(kind).to_pylist()
     large = sorted(c["values"] for c in counts if c["counts"] * GROUP_SHARE >= table.num_rows)
     masks = [pc.equal(kind, k) for k in large]
     masks.append(pc.invert(pc.is_in(kind, pa.array(large, pa.string()))))
-    rows = [r for r in map(pc.indices_nonzero, masks) if len(r)]
+    rows = [r.take(pc.sort_indices(seq.take(r))) for r in map(pc.indices_nonzero, masks) if len(r)]
     ordered = table.take(pa.concat_arrays(rows))
     groups, start = [], 0
     for r in rows:
@@ -287,7 +289,7 @@ def _row_groups(table: pa.Table) -> list[pa.Table]:
 
 
 def write_part(table: pa.Table, sink: BinaryIO | str, level: int) -> None:
-    """Write the rows of a part (in seq order) at its level: flushed (0) or merged."""
+    """Write the rows of a part at its level: flushed (0, in seq order) or merged."""
     if level == 0:
         pq.write_table(table, sink, compression="zstd", compression_level=1)
         return

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -241,6 +242,28 @@ def test_a_merged_part_gives_each_large_kind_a_row_group_and_a_kind_load_skips_t
     table = EventLog(data_dir, "r").read_table()
     assert table.column("seq").to_pylist() == list(range(1, 61))
     assert table.column("kind").to_pylist().count("tool_called") == 56
+
+
+def test_a_merge_of_parts_grouped_by_kind_writes_each_group_in_seq_order(tmp_path):
+    """A merge beyond the writer's cache reads merged parts as written (grouped by kind)."""
+    from ingest.events import to_arrow
+    from ingest.log import write_part
+
+    events = [RunStarted(command="t")] + [
+        e for k in range(20) for e in (*facts(1, start=k), ToolCalled(
+            tree_id="T1", edge_id="e", turn=1, step=1, call_id=f"c{k}", tool="read", status="ok"))
+    ]  # fmt: skip
+    table = to_arrow(events, "r", 1, datetime.now(UTC))
+    grouped = table.sort_by([("kind", "descending"), ("seq", "descending")])  # any order
+    write_part(grouped, str(tmp_path / "p.parquet"), level=1)
+    meta = pq.ParquetFile(tmp_path / "p.parquet")
+    groups = [meta.read_row_group(g, columns=["seq", "kind"]) for g in range(meta.num_row_groups)]
+    assert [sorted(set(g.column("kind").to_pylist())) for g in groups] == [
+        ["snapshot_seen"], ["tool_called"], ["run_started"]
+    ]
+    for g in groups:
+        seqs = g.column("seq").to_pylist()
+        assert seqs == sorted(seqs)
 
 
 def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
