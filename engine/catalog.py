@@ -299,11 +299,15 @@ class Catalog:
         raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
 
     def _unreadable(self, files: list[str], log: EventLog) -> str:
-        """The first part DuckDB cannot scan (else the log directory), for an error message."""
+        """The first part DuckDB cannot scan (else the log directory), for an error message.
+
+        Hashing every column decodes every page (statistics cannot answer it), and the
+        one-row answer makes any failure a ``duckdb.Error`` of ``execute`` (a streamed
+        Arrow reader raised some as OSError, depending on when the scan failed).
+        """
         for f in files:
             try:
-                for _batch in self.con.read_parquet(f).to_arrow_reader():
-                    pass
+                self.con.execute("select bit_xor(hash(columns(*))) from read_parquet(?)", [f])
             except duckdb.Error:
                 return f
         return str(log.log_dir)
