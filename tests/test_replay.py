@@ -71,7 +71,9 @@ def test_replay_times_each_of_its_phases(runs):
     assert list(result.seconds) == list(PHASES)
     assert all(s > 0 for s in result.seconds.values())
     assert sum(result.seconds.values()) <= elapsed
-    assert sum(result.seconds.values()) > 0.8 * elapsed  # nothing slow left untimed
+    # Nothing slow left untimed: only the log's listing is (milliseconds); the bound is
+    # loose so that a pause of a loaded machine there cannot fail it.
+    assert sum(result.seconds.values()) > 0.5 * elapsed
 
 
 def test_replay_prints_trees_and_the_summary_line(runs):
