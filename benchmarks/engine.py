@@ -116,7 +116,7 @@ def run(trees: int, parallel: int, data: Path) -> dict:
         elapsed = time.perf_counter() - start
         edges = catalog.query("select count(*) as n from stg_edge_judged")[0]["n"]
         events = catalog.tail_seq()
-        explorer._work_rows = work_rows
+        explorer._work_rows = work_rows  # cold decisions are not fills: untimed above
         cold = [cold_decision(explorer, tree) for tree in explorer.trees[:: max(1, trees // 20)]]
     return {
         "trees": trees, "edges": edges, "events": events, "seconds": elapsed,

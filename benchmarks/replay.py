@@ -136,12 +136,8 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
     events, decisions = EventLog(data, run_id).tail_seq(), replays[0][2]
     print(f"{label}: {events} events, {decisions} decisions: replay {replay:.2f} s, "
           f"scan floor {floor:.3f} s, ratio {replay / floor:.1f}x (target <= 5x)")
-    phases = ", ".join(
-        f"{name} {statistics.median(r[1][name] for r in replays):.2f} s "
-        f"({statistics.median(r[1][name] for r in replays) / floor:.1f}x)"
-        for name in PHASES
-    )  # fmt: skip
-    print(f"  phases (median, x floor): {phases}")
+    phases = {name: statistics.median(r[1][name] for r in replays) for name in PHASES}
+    print("  phases (median, x floor): " + ", ".join(f"{n} {s:.2f} s ({s / floor:.1f}x)" for n, s in phases.items()))
 
 
 def main() -> None:

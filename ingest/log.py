@@ -307,10 +307,13 @@ def _read_part(source: BinaryIO, columns: list[str] | None, part: Part) -> pa.Ta
             columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
         else:  # only the columns asked for are decoded
             wanted = [c for c in columns if c in present]
-            table = pq.read_table(source, columns=wanted if "seq" in wanted else [*wanted, "seq"])
+            if part.level and "seq" not in wanted:
+                wanted.append("seq")  # to sort by, below
+            table = pq.read_table(source, columns=wanted)
     except (pa.ArrowInvalid, OSError) as err:
         raise unreadable_part(part.path, err) from err
-    table = table.sort_by("seq")  # a merged part holds its rows grouped by kind
+    if part.level:  # a merged part holds its rows grouped by kind; a flushed one is in seq order
+        table = table.sort_by("seq")
     arrays = []
     for name in columns:
         if name in table.column_names:

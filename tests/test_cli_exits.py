@@ -78,7 +78,7 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
     """`python cli.py paths RUN | head -1`: no message (click exits 1 on EPIPE), no traceback."""
     code = """
 import click
-from cli import _Group, cli
+from cli import _Group
 group = _Group(name="t")
 group.add_command(click.Command("go", callback=lambda: [click.echo(f"row {i}") for i in range(10**6)]))
 group(["go"])
@@ -96,7 +96,7 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
     code = """
 import time
 import click
-from cli import _Group, cli
+from cli import _Group
 def body():
     print("started", flush=True)
     deadline = time.monotonic() + 1.5
