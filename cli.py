@@ -1,8 +1,10 @@
 """Command line: select snapshots, explore, replay, and read the views of a run.
 
-Each command parses its options, makes one library call and renders the result.
-stdout carries data only; progress and warnings go to stderr. Errors the project
-raises on purpose become ``Error: <message>`` with exit code 1, never a traceback.
+Each command parses its options, makes one library call and renders the result;
+the rendering for a terminal (tables, explore's progress line, a tree's drawing)
+lives here. stdout carries data only; progress and warnings go to stderr. Errors
+the project raises on purpose become ``Error: <message>`` with exit code 1, never
+a traceback. The algorithm the commands run is explained in docs/ALGORITHM.md.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
+from engine import __version__
 from ingest.errors import ProjectError, os_problem
 from ingest.log import DATA_ENV, default_data_dir
 
@@ -94,7 +98,7 @@ def _exit_signalled(signum: int) -> None:
 
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
-@click.version_option("0.1.0", prog_name="teacher-mcts")
+@click.version_option(__version__, prog_name="teacher-mcts")
 @click.option(
     "--data",
     "data_dir",
@@ -111,6 +115,9 @@ def cli(ctx: click.Context, data_dir: Path | None) -> None:
 
 def _data_dir() -> Path:
     return click.get_current_context().obj["data_dir"]
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 
 
 def _echo_json(value: Any) -> None:
@@ -148,9 +155,9 @@ def _fmt(value: Any) -> str:
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option
 def views(as_json: bool) -> None:
-    """List the views of the catalog with what each derives and its grain.
+    """List the views of the catalog with what each derives, its grain and its sources.
 
     \b
     Example:
@@ -160,13 +167,8 @@ def views(as_json: bool) -> None:
 
     defs = read_views()
     if as_json:
-        _echo_json(
-            [
-                {"view": v.name, "summary": v.summary, "grain": list(v.grain),
-                 "sources": list(v.sources), "notes": v.notes}
-                for v in defs.values()
-            ]
-        )  # fmt: skip
+        _echo_json([{"view": v.name, "summary": v.summary, "grain": list(v.grain),
+                     "sources": list(v.sources), "notes": v.notes} for v in defs.values()])  # fmt: skip
         return
     for v in defs.values():
         click.echo(f"{v.name}\n    {v.summary}\n    grain: {', '.join(v.grain)}")
@@ -179,60 +181,45 @@ def views(as_json: bool) -> None:
 @cli.command("select-snapshots")
 @click.argument("all_snapshots", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--task", required=True, help="Task name recorded with every fact.")
-@click.option(
-    "--direction",
-    type=click.Choice(["maximize", "minimize"]),
-    default=None,
-    help="Score direction (default: the snapshots' CORAL config, else maximize).",
-)
+@click.option("--task", required=True, help="Task name recorded with every fact and in the copies.")
+@click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None,
+              help="Score direction (default: the snapshots' CORAL config, else maximize).")  # fmt: skip
 @click.option("--num-roots", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--run-id", default=None, help="Id of the run to record (default: generated).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an earlier output in OUT (only snapshot folders are replaced).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def select_snapshots(
-    all_snapshots: Path,
-    out: Path,
-    task: str,
-    direction: str | None,
-    num_roots: int,
-    run_id: str | None,
-    overwrite: bool,
-    as_json: bool,
-) -> None:
-    """Choose the MCTS roots of a task and copy them to OUT (SPEC §1).
+@json_option
+def select_snapshots(all_snapshots: Path, out: Path, task: str, direction: str | None, num_roots: int,
+                     run_id: str | None, overwrite: bool, as_json: bool) -> None:  # fmt: skip
+    """Choose the MCTS roots of a task and copy them to OUT (docs/ALGORITHM.md, "Roots").
+
+    Every folder is staged early, middle or late by how far its score got along
+    the run's learning curve; the roots are spread over the stages by quota. The
+    copies' metadata.json gain score, stage, selection_reason and task, which
+    explore reads.
 
     \b
     Example:
         python cli.py select-snapshots data/student_run/all_snapshots data/out/roots --task demo
     """
-    from engine.select import select_snapshots as run
+    from engine.roots import select_snapshots as run
 
-    result = run(
-        all_snapshots, out, task, _data_dir(), direction, num_roots, run_id, overwrite
-    )
+    result = run(all_snapshots, out, task, _data_dir(), direction, num_roots, run_id, overwrite)
     for warning in result.warnings:
         click.echo(f"Warning: {warning}", err=True)
     if as_json:
-        _echo_json(
-            {
-                "run_id": result.run_id, "task": result.task, "direction": result.direction,
-                "num_roots": result.num_roots, "out": str(result.out), "stages": result.stages,
-                "picks": [
-                    {k: p[k] for k in ("snapshot", "global_index", "agent_id", "score", "stage",
-                                       "selection_reason")}
-                    for p in result.picks
-                ],
-                "skipped": result.skipped, "warnings": result.warnings,
-            }
-        )  # fmt: skip
+        _echo_json({
+            "run_id": result.run_id, "task": result.task, "direction": result.direction,
+            "num_roots": result.num_roots, "out": str(result.out), "stages": result.stages,
+            "picks": [{k: p[k] for k in ("snapshot", "global_index", "agent_id", "score", "stage",
+                                         "selection_reason")} for p in result.picks],
+            "skipped": result.skipped, "warnings": result.warnings,
+        })  # fmt: skip
         return
     click.echo(f"run {result.run_id}: task {result.task} ({result.direction}), R={result.num_roots}")
     columns = ["stage", "candidates", "eligible", "quota", "picked_quota", "fills", "picked"]
     click.echo(_table(result.stages, columns))
-    total = sum(s["picked"] for s in result.stages)
-    click.echo(f"picked {total} snapshots -> {result.out}")
+    click.echo(f"picked {sum(s['picked'] for s in result.stages)} snapshots -> {result.out}")
     if result.skipped:
         click.echo(f"skipped {len(result.skipped)} folders:")
         for s in result.skipped:
@@ -242,16 +229,55 @@ def select_snapshots(
 # ---------------------------------------------------------------- explore
 
 
+class ProgressLine:
+    """explore's progress on stderr: a live line on a terminal, else a line every ``period`` s."""
+
+    def __init__(self, period: float = 60.0) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.live = self.console.is_terminal
+        self.period = 1.0 if self.live else period
+        self.start = time.monotonic()
+        self.last = self.start
+        self._shown = False
+
+    def __call__(self, read: Callable[[], dict[str, Any]]) -> None:
+        now = time.monotonic()
+        if now - self.last < self.period:
+            return
+        self.last = now
+        line = self.line(read(), now - self.start)
+        if self.live:  # one line, rewritten in place
+            self.console.file.write("\r\033[K" + line)
+            self.console.file.flush()
+            self._shown = True
+        else:
+            self.console.print(line)
+
+    @staticmethod
+    def line(p: dict[str, Any], elapsed: float) -> str:
+        return (
+            f"trees {p['trees_done']}/{p['trees']} done | edges kept {p['kept_edges']} "
+            f"({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, retried "
+            f"{p['retried_edges']} | leaves {p['leaves']} | turns running {p['turns_running']} | "
+            f"{elapsed:,.0f} s"
+        )
+
+    def close(self) -> None:
+        if self._shown:
+            self.console.file.write("\n")
+            self.console.file.flush()
+
+
 OPENCODE_OPTIONS = {"model": "model", "endpoint": "endpoint", "api_key_env": "api_key_env",
                     "eval_command": "eval_command", "turn_timeout": "turn_timeout_s",
                     "worktrees": "worktree_root"}  # fmt: skip
 
 
 def _explore_overrides(**kw: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in ("backend", "parallel", "schedule", "seed", "direction", "task"):
-        if kw.get(key) is not None:
-            out[key] = kw[key]
+    out: dict[str, Any] = {k: kw[k] for k in ("backend", "parallel", "schedule", "seed", "direction", "task")
+                           if kw.get(k) is not None}  # fmt: skip
     if kw.get("num_roots") is not None:
         out["selection"] = {"num_roots": kw["num_roots"]}
     backend = {opt: kw[key] for key, opt in OPENCODE_OPTIONS.items() if kw.get(key) is not None}
@@ -268,15 +294,17 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--backend", type=click.Choice(["sim", "opencode"]), default=None,
               help="Teacher backend (default sim).")  # fmt: skip
 @click.option("--parallel", type=click.IntRange(min=1), default=None,
-              help="Slots shared by all trees (default 4).")  # fmt: skip
+              help="Teacher slots shared by all trees (default 4).")  # fmt: skip
 @click.option("--schedule", type=click.Choice(["rounds", "async"]), default=None,
-              help="rounds (reproducible, default) or async.")  # fmt: skip
+              help="rounds: batches, reproducible (default for sim); async: a free slot is refilled "
+                   "at once (default for opencode).")  # fmt: skip
 @click.option("--seed", type=int, default=None, help="Seed of the run (default 0).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="TOML file with run configuration.")  # fmt: skip
 @click.option("--select", "select", is_flag=True,
               help="ROOTS is an all_snapshots dir: select the roots first (needs --task).")  # fmt: skip
-@click.option("--task", default=None, help="Task name (default: the ROOTS directory name).")
+@click.option("--task", default=None,
+              help="Task name (default: the one the roots were selected for; needed with --select).")  # fmt: skip
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
 @click.option("--num-roots", type=click.IntRange(min=1), default=None,
               help="Roots to select with --select (default 30).")  # fmt: skip
@@ -286,66 +314,72 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--eval-command", default=None, help='opencode: eval command (default "coral eval -m").')
 @click.option("--turn-timeout", type=float, default=None, help="opencode: seconds per turn.")
 @click.option("--worktrees", default=None, help="opencode: where worktrees go (default: in the run).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def explore(
-    roots: Path | None,
-    run_id: str | None,
-    resume_id: str | None,
-    config_file: Path | None,
-    select: bool,
-    as_json: bool,
-    **options: Any,
-) -> None:
-    """Grow the token-aware MCTS trees of every root (SPEC §2).
+@json_option
+def explore(roots: Path | None, run_id: str | None, resume_id: str | None, config_file: Path | None,
+            select: bool, as_json: bool, **options: Any) -> None:  # fmt: skip
+    """Grow the token-aware MCTS trees of every root (docs/ALGORITHM.md, "Trees").
 
     ROOTS is the output of select-snapshots (or, with --select, a task's
-    all_snapshots dir). Progress goes to stderr; the summary to stdout.
+    all_snapshots dir). Progress goes to stderr; the summary to stdout: per tree
+    its kept edges (kept_exempt ones included), leaves, stop, and its paths:
+    candidate root-to-leaf paths, ranked (every node has a score and every edge a
+    knowledge value, so the path can be ranked), selected (in the Top-k).
 
     \b
     Example:
-        python cli.py explore data/out/roots --task kernel-speedup --run-id demo
+        python cli.py explore data/out/roots --run-id demo
         python cli.py explore --resume demo
     """
     from engine.config import load_config
-    from engine.runs import new_run, resume_run
+    from engine.exploration import new_run, resume_run
 
-    if resume_id:
-        if roots is not None or run_id or select:
-            raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
-        result = resume_run(_data_dir(), resume_id)
-    else:
-        if roots is None:
-            raise click.UsageError("ROOTS is required (or --resume RUN_ID)")
-        if select and not options.get("task"):
-            raise click.UsageError("--select needs --task")
-        options["task"] = options.get("task") or roots.resolve().name
-        config = load_config(config_file, _explore_overrides(**options))
+    progress = ProgressLine()
+    try:
+        if resume_id:
+            if roots is not None or run_id or select:
+                raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
+            result = resume_run(_data_dir(), resume_id, progress, lambda p: _resuming(resume_id, p))
+        else:
+            if roots is None:
+                raise click.UsageError("ROOTS is required (or --resume RUN_ID)")
+            if select and not options.get("task"):
+                raise click.UsageError("--select needs --task")
+            config = load_config(config_file, _explore_overrides(**options))
 
-        def started(rid: str) -> None:
-            click.echo(f"run {rid}: exploring (interrupt and continue with: "
-                       f"python cli.py explore --resume {rid})", err=True)  # fmt: skip
+            def started(rid: str) -> None:
+                click.echo(f"run {rid}: exploring (interrupt and continue with: "
+                           f"python cli.py explore --resume {rid})", err=True)  # fmt: skip
 
-        result = new_run(_data_dir(), roots, config, run_id, select=select, on_start=started)
+            result = new_run(_data_dir(), roots, config, run_id, select, progress, started)
+    finally:
+        progress.close()
     _render_explore(result, as_json)
+
+
+def _resuming(run_id: str, p: dict[str, Any]) -> None:
+    if p["finished"]:
+        click.echo(f"run {run_id}: finished already ({p['trees_done']}/{p['trees']} trees done)", err=True)
+        return
+    click.echo(f"run {run_id}: resuming task {p['task']}: {p['trees_done']}/{p['trees']} trees done, "
+               f"{p['kept_edges']} edges kept, {p['in_flight_edges']} edges in flight", err=True)  # fmt: skip
+
+
+EXPLORE_COLUMNS = ["tree_id", "stage", "root_score", "best_score", "kept_edges", "good_leaves",
+                   "final_leaves", "stop_reason", "paths", "ranked", "selected", "top_path_score"]  # fmt: skip
 
 
 def _render_explore(result: Any, as_json: bool) -> None:
     if as_json:
-        _echo_json({"run_id": result.run_id, "progress": result.progress, "trees": result.trees,
-                    "paths": result.paths})  # fmt: skip
+        _echo_json({"run_id": result.run_id, "progress": result.progress, "trees": result.trees})
         return
     p = result.progress
     click.echo(
         f"run {result.run_id}: {p['trees_done']}/{p['trees']} trees done; edges kept "
-        f"{p['edges_kept']}, kept-exempt {p['edges_kept_exempt']}, pruned {p['edges_pruned']}, "
-        f"retried {p['edges_retried']}; leaves {p['leaves']}"
+        f"{p['kept_edges']} ({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, "
+        f"retried {p['retried_edges']}; leaves {p['leaves']}"
     )
-    columns = ["tree_id", "stage", "root_score", "best_score", "kept_edges", "good_leaves",
-               "final_leaves", "stop_reason", "paths", "ranked", "selected", "top_path_score"]  # fmt: skip
-    by_tree = {p["tree_id"]: p for p in result.paths}
-    rows = [t | by_tree.get(t["tree_id"], {}) for t in result.trees]
-    click.echo(_table(rows, columns))
-    selected = sum(p["selected"] for p in result.paths)
+    click.echo(_table(result.trees, EXPLORE_COLUMNS))
+    selected = sum(t["selected"] for t in result.trees)
     click.echo(f"Top-{result.top_k}: {selected} paths selected over {len(result.trees)} roots "
                f"(python cli.py paths {result.run_id})")  # fmt: skip
 
@@ -353,10 +387,15 @@ def _render_explore(result: Any, as_json: bool) -> None:
 # ------------------------------------------------------------ replay, paths
 
 
+REPLAY_COLUMNS = ["tree_id", "nodes", "kept_edges", "kept_exempt_edges", "pruned_edges", "retried_edges",
+                  "depth_leaves", "token_leaves", "exhausted_leaves", "stopped_leaves", "stop_reason",
+                  "best_score"]  # fmt: skip
+
+
 @cli.command()
 @click.argument("run_id")
 @click.option("--tree", "tree_id", default=None, help="Draw this tree (with --json: its lines).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option
 def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
     """Rebuild every tree from the log and re-derive every recorded decision.
 
@@ -368,7 +407,7 @@ def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
         python cli.py replay demo
         python cli.py replay demo --tree T003
     """
-    from engine.replay import draw_tree, replay_run
+    from engine.replay import replay_run
 
     result = replay_run(_data_dir(), run_id)
     differ = len(result.differences)
@@ -382,9 +421,7 @@ def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
             **({"drawing": {"tree_id": tree_id, "lines": lines}} if tree_id else {}),
         })  # fmt: skip
     else:
-        columns = ["tree_id", "nodes", "kept", "kept_exempt", "pruned", "retried", "depth_leaves",
-                   "token_leaves", "exhausted_leaves", "stopped_leaves", "stop_reason", "best_score"]  # fmt: skip
-        click.echo(_table(result.trees, columns))
+        click.echo(_table(result.trees, REPLAY_COLUMNS))
         if tree_id:
             click.echo(f"\ntree {tree_id} (* = on a selected path, x = attempt without a node)")
             click.echo("\n".join(lines))
@@ -396,22 +433,62 @@ def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
         sys.exit(1)
 
 
+def draw_tree(catalog: Any, tree_id: str) -> list[str]:
+    """Lines drawing one tree: node, score, soft, tok, verdict, leaf reason, selected paths."""
+    nodes = catalog.query(
+        "select n.node_id, n.depth, n.score, n.tok, n.leaf_reason, e.soft, e.verdict "
+        "from nodes as n left join edges as e on e.tree_id = n.tree_id and e.edge_id = n.edge_id "
+        "where n.tree_id = ? order by node_key(n.node_id)", [tree_id],
+    )  # fmt: skip
+    if not nodes:
+        return []
+    on_path = {n for row in catalog.query("select node_ids from top_paths where tree_id = ?", [tree_id])
+               for n in row["node_ids"]}  # fmt: skip
+    failed: dict[str, list[str]] = {}
+    for f in catalog.query("select parent_id, edge_id, verdict from edges where tree_id = ? and child_id is null "
+                           "order by started_seq", [tree_id]):  # fmt: skip
+        failed.setdefault(f["parent_id"], []).append(f"{f['edge_id']} {f['verdict'] or 'in flight'}")
+    lines = []
+    for n in nodes:
+        indent = "  " * n["depth"]
+        mark = "*" if n["node_id"] in on_path else " "
+        parts = [f"{indent}{mark} {n['node_id']}", f"score {_num(n['score'])}", f"tok {n['tok']}"]
+        if n["depth"]:
+            parts += [f"soft {_num(n['soft'])}", n["verdict"]]
+        if n["leaf_reason"]:
+            parts.append(f"leaf: {n['leaf_reason']}")
+        lines.append("  ".join(parts))
+        lines += [f"{indent}    x {f}" for f in failed.get(n["node_id"], [])]
+    return lines
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+PATH_COLUMNS = ["tree_id", "leaf_id", "rank", "path_score", "max_score", "max_score_rank", "avg_score",
+                "avg_score_rank", "avg_cleanliness", "avg_knowledge", "task", "stage", "snapshot"]  # fmt: skip
+
+
 @cli.command()
 @click.argument("run_id")
 @click.option("--tree", "tree_id", default=None, help="Only this tree.")
 @click.option("--selection", "selection", default=None,
               help="A recorded selection id (default: the run's default selection).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool, as_csv: bool) -> None:
-    """Print the selected root-to-leaf paths of a run with their fields (SPEC §3).
+    """Print the selected root-to-leaf paths of a run with their fields (docs/ALGORITHM.md, "Paths").
+
+    A path is ranked when every node on it has a score and every edge a knowledge
+    value; the Top-k ranked paths of each root by PathScore are selected.
 
     \b
     Example:
         python cli.py paths demo --tree T001
         python cli.py paths demo --csv > paths.csv
     """
-    from engine.paths import selected_paths
+    from engine.selections import selected_paths
 
     if as_json and as_csv:
         raise click.UsageError("--json cannot be used with --csv")
@@ -420,26 +497,24 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool
         _echo_json({"selection_id": chosen["selection_id"], "weights": chosen["weights"],
                     "top_k": chosen["top_k"], "paths": rows})  # fmt: skip
         return
-    columns = ["tree_id", "leaf_id", "rank", "path_score", "max_score", "max_score_rank",
-               "avg_score", "avg_score_rank", "avg_cleanliness", "avg_knowledge", "stage"]  # fmt: skip
     if as_csv:
         import csv
 
         writer = csv.writer(sys.stdout)
-        writer.writerow([*columns, "node_ids"])
+        writer.writerow([*PATH_COLUMNS, "node_ids"])
         for r in rows:
-            writer.writerow([r[c] for c in columns] + [" ".join(r["node_ids"])])
+            writer.writerow([r.get(c) for c in PATH_COLUMNS] + [" ".join(r["node_ids"])])
         return
     click.echo(f"selection {chosen['selection_id']}: weights {chosen['weights']}, top-{chosen['top_k']}")
-    click.echo(_table(rows, columns))
+    click.echo(_table(rows, PATH_COLUMNS[:-1]))
 
 
 @cli.command()
 @click.argument("run_id")
 @click.option("--weights", default=None, metavar="max=W,avg=W,clean=W,know=W",
-              help="PathScore weights (missing keys keep the run's).")  # fmt: skip
+              help="PathScore weights (missing keys keep the run's; each within +-1e6, not all 0).")  # fmt: skip
 @click.option("--top-k", type=int, default=None, help="Paths per root (default: the run's).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option
 def reselect(run_id: str, weights: str | None, top_k: int | None, as_json: bool) -> None:
     """Select paths again with other weights or k, from the same log (no rollout re-run).
 
@@ -450,7 +525,7 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, as_json: bool)
     Example:
         python cli.py reselect demo --weights max=0.5,avg=0.2,clean=0.15,know=0.15 --top-k 4
     """
-    from engine.paths import reselect as run
+    from engine.selections import reselect as run
 
     result = run(_data_dir(), run_id, weights, top_k)
     sel = result.selection
@@ -466,8 +541,7 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, as_json: bool)
     if result.default_id:
         click.echo(f"versus the default selection {result.default_id}: "
                    f"{len(result.added)} paths in, {len(result.removed)} out")  # fmt: skip
-        trees = sorted({p["tree_id"] for p in result.added + result.removed})
-        for tree in trees:
+        for tree in sorted({p["tree_id"] for p in result.added + result.removed}):
             ins = [p["leaf_id"] for p in result.added if p["tree_id"] == tree]
             outs = [p["leaf_id"] for p in result.removed if p["tree_id"] == tree]
             click.echo(f"  {tree}: in {', '.join(ins) or '-'}; out {', '.join(outs) or '-'}")

@@ -28,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.catalog import Catalog  # noqa: E402
+from engine.catalog import KIND_COLUMNS, Catalog  # noqa: E402
 from engine.config import RunConfig  # noqa: E402
-from engine.explore import Explorer  # noqa: E402
-from engine.sim import SimTeacher  # noqa: E402
+from engine.mcts.explorer import Explorer  # noqa: E402
+from engine.teachers.sim import SimTeacher  # noqa: E402
 from ingest.events import RootAdded, RunStarted  # noqa: E402
 from ingest.log import LogWriter  # noqa: E402
 
@@ -58,24 +58,21 @@ def new_engine(writer: LogWriter, trees: int, parallel: int) -> Explorer:
 
 def cold_decision(explorer: Explorer, tree: str) -> float:
     """Seconds to refresh every tree table of ``tree`` (made stale first) and ask its next work."""
-    catalog = explorer.catalog
-    for table in catalog.tables:
-        if catalog.views[table].tree_scoped:
-            catalog._stale[table].add(tree)
+    explorer.catalog.plan.arrived({kind: {tree} for kind in KIND_COLUMNS})
     t0 = time.perf_counter()
-    explorer._work_rows([tree])
+    explorer._work({tree})
     return time.perf_counter() - t0
 
 
 def run(trees: int, parallel: int, data: Path) -> dict:
-    latencies: list[float] = []  # a fill: stop check and every tree's next work
+    latencies: list[float] = []  # a fill: the stop check, every tree's next work, the re-asks
     reasks: list[float] = []  # trees asked again within a fill
     queries: list[float] = []  # each of these without refreshing the tables
     with LogWriter.create(data, f"bench-{trees}") as writer:
         explorer = new_engine(writer, trees, parallel)
         catalog = explorer.catalog
-        work_rows, record_stops, refresh = explorer._work_rows, explorer._record_stops, catalog.refresh
-        fill_start: list[float] = []  # a fill checks the stop conditions, then asks
+        work, fill, refresh = explorer._work, explorer._fill, catalog.refresh
+        in_fill = [False]
         refreshing = [0.0]  # time spent refreshing tables since the decision began
 
         def timed_refresh(*args, **kwargs):
@@ -83,41 +80,53 @@ def run(trees: int, parallel: int, data: Path) -> dict:
             refresh(*args, **kwargs)
             refreshing[0] += time.perf_counter() - start
 
-        def timed_stops():
-            fill_start[:], refreshing[0] = [time.perf_counter()], 0.0
-            record_stops()
+        def timed_fill(free):
+            # A fill checks the stop conditions, then asks every tree's next work.
+            start, refreshing[0] = time.perf_counter(), 0.0
+            in_fill[0] = True
+            try:
+                return fill(free)
+            finally:
+                in_fill[0] = False
+                latencies.append(time.perf_counter() - start)
+                queries.append(latencies[-1] - refreshing[0])
 
-        def timed(trees=None):
-            if fill_start and trees is None:
-                start = fill_start.pop()
-            else:
-                start, refreshing[0] = time.perf_counter(), 0.0
-            rows = work_rows(trees)
-            elapsed = time.perf_counter() - start
-            (latencies if trees is None else reasks).append(elapsed)
-            queries.append(elapsed - refreshing[0])
-            return rows
+        def timed_work(trees=None):
+            if trees is None or not in_fill[0]:
+                return work(trees)
+            start, before = time.perf_counter(), refreshing[0]
+            try:
+                return work(trees)
+            finally:
+                reasks.append(time.perf_counter() - start)
+                queries.append(reasks[-1] - (refreshing[0] - before))
 
-        explorer._record_stops, explorer._work_rows = timed_stops, timed
+        explorer._fill, explorer._work = timed_fill, timed_work
         catalog.refresh = timed_refresh
         waited = [0.0]  # the main thread blocked on Teacher results (sim CPU, GIL)
-        result = explorer._result
+        gather = explorer.pool.gather
 
-        def timed_result(future):
-            start = time.perf_counter()
-            try:
-                return result(future)
-            finally:
-                waited[0] += time.perf_counter() - start
+        def timed_gather(requests):
+            results = gather(requests)
+            while True:
+                start = time.perf_counter()
+                try:
+                    facts = next(results)
+                except StopIteration:
+                    return
+                finally:
+                    waited[0] += time.perf_counter() - start
+                yield facts
 
-        explorer._result = timed_result
+        explorer.pool.gather = timed_gather
         start = time.perf_counter()
         explorer.run()
         elapsed = time.perf_counter() - start
         edges = catalog.query("select count(*) as n from stg_edge_judged")[0]["n"]
         events = catalog.tail_seq()
-        explorer._work_rows = work_rows  # cold decisions are not fills: untimed above
-        cold = [cold_decision(explorer, tree) for tree in explorer.trees[:: max(1, trees // 20)]]
+        explorer._work = work  # cold decisions are not fills: untimed above
+        tree_ids = sorted(explorer.roots)
+        cold = [cold_decision(explorer, tree) for tree in tree_ids[:: max(1, trees // 20)]]
     return {
         "trees": trees, "edges": edges, "events": events, "seconds": elapsed,
         "edges_per_s": edges / elapsed, "teacher_s": waited[0],

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from engine.catalog import Catalog  # noqa: E402
 from engine.config import RunConfig, TreeConfig  # noqa: E402
-from engine.paths import default_parameters, selection_decision  # noqa: E402
+from engine.exploration import new_run  # noqa: E402
 from engine.replay import PHASES, replay_run  # noqa: E402
-from engine.runs import new_run  # noqa: E402
+from engine.selections import default_parameters, selection_decision  # noqa: E402
 from ingest.events import LIGHT_SCHEMA, RunFinished  # noqa: E402
 from ingest.log import EventLog, LogWriter, run_dir, write_part  # noqa: E402
 
@@ -120,11 +120,10 @@ def write_runs(data: Path, copies: int) -> None:
     ``big`` tiles a 30-tree run with long turns (11-19 tool calls per step): ten copies
     make 300 trees and ~1M events.
     """
-    new_run(data, SNAPSHOTS, RunConfig(task="kernel-speedup", parallel=16), "bundled",
-            select=True, progress=False)  # fmt: skip
+    new_run(data, SNAPSHOTS, RunConfig(task="kernel-speedup", parallel=16), "bundled", select=True)
     long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
                            backend_options={"calls_per_step": [11, 19]}, tree=TreeConfig())  # fmt: skip
-    new_run(data, SNAPSHOTS, long_turns, "base", select=True, progress=False)
+    new_run(data, SNAPSHOTS, long_turns, "base", select=True)
     tile(data, "base", "big", copies)
 
 

@@ -17,6 +17,9 @@ from ingest.errors import InputError
 from ingest.events import fits_int64
 
 SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
+# Weights and score levels are bounded so that no score can overflow to infinity
+# (a weight of 1e308 made PathScore inf: every path tied, recorded for good).
+MAX_WEIGHT = 1e6
 KNOWLEDGE_KINDS = r"(notes|skills|attempts|roles|logs)"
 
 
@@ -51,10 +54,22 @@ class TreeConfig(_Strict):
     max_valid_edges: int = Field(40, ge=1)
     max_failed_expansions: int = Field(2, ge=1)
     tool_error_prune: float = Field(0.30, gt=0, le=1)
-    alpha: float = Field(0.50, ge=0)
+    alpha: float = Field(0.50, ge=0, le=MAX_WEIGHT)
 
 
-class SoftWeights(_Strict):
+class _Weights(_Strict):
+    """Weights and levels: finite, and at most MAX_WEIGHT in magnitude (negative ones allowed)."""
+
+    @field_validator("*")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        if type(value) is float and abs(value) > MAX_WEIGHT:
+            raise ValueError(f"must be between -{MAX_WEIGHT:g} and {MAX_WEIGHT:g} (larger weights can "
+                             "make scores overflow to infinity)")  # fmt: skip
+        return value
+
+
+class SoftWeights(_Weights):
     """The soft verifier (SPEC §2)."""
 
     outcome: float = 0.30
@@ -73,7 +88,7 @@ class SoftWeights(_Strict):
     knowledge_not_improved_without: float = 0.4
 
 
-class QWeights(_Strict):
+class QWeights(_Weights):
     """Node quality Q (SPEC §2)."""
 
     score_rank: float = 0.40
@@ -81,7 +96,7 @@ class QWeights(_Strict):
     process: float = 0.30
 
 
-class PathWeights(_Strict):
+class PathWeights(_Weights):
     """PathScore weights (SPEC §3); ``top_k`` paths are selected per root."""
 
     max: float = 0.35
@@ -89,6 +104,12 @@ class PathWeights(_Strict):
     clean: float = 0.20
     know: float = 0.20
     top_k: int = Field(6, ge=1)
+
+    @model_validator(mode="after")
+    def _not_all_zero(self) -> PathWeights:
+        if self.max == self.avg == self.clean == self.know == 0:
+            raise ValueError("max, avg, clean and know are all 0: every path would score 0")
+        return self
 
 
 class KnowledgeConfig(_Strict):
@@ -111,13 +132,15 @@ class KnowledgeConfig(_Strict):
         return pattern
 
 
-def regex_problem(pattern: str, con: duckdb.DuckDBPyConnection | None = None) -> str | None:
-    """Why the views cannot match with ``pattern`` (they use DuckDB's RE2), or None.
+_RE2: list[duckdb.DuckDBPyConnection] = []  # one connection to check patterns with (~30 ms to open)
 
-    ``con``: a connection to check with (a new one costs ~30 ms).
-    """
+
+def regex_problem(pattern: str) -> str | None:
+    """Why the views cannot match with ``pattern`` (they use DuckDB's RE2), or None."""
+    if not _RE2:
+        _RE2.append(duckdb.connect())
     try:
-        (con or duckdb.connect()).execute("select regexp_matches('', ?)", [pattern])
+        _RE2[0].cursor().execute("select regexp_matches('', ?)", [pattern])
     except duckdb.Error as err:
         return f"not a regular expression DuckDB (RE2) accepts: {err}"
     return None
@@ -130,8 +153,12 @@ class RunConfig(_Strict):
     direction: Literal["maximize", "minimize"] | None = None  # None: the snapshots' CORAL config
     seed: int = 0
     backend: str = "sim"
+    # rounds for the sim (a run is a function of its seed), async for real Teachers
+    # (a slot never waits for the slowest turn of a batch); replay audits either.
     schedule: Literal["rounds", "async"] = "rounds"
     parallel: int = Field(4, ge=1)
+    # Turns in a row that end with a backend error before the run stops (resumable).
+    backend_error_limit: int = Field(3, ge=1)
     selection: SelectionConfig = SelectionConfig()
     tree: TreeConfig = TreeConfig()
     soft: SoftWeights = SoftWeights()
@@ -139,6 +166,13 @@ class RunConfig(_Strict):
     paths: PathWeights = PathWeights()
     knowledge: KnowledgeConfig = KnowledgeConfig()
     backend_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schedule_for_the_backend(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("schedule") is None:
+            data = dict(data, schedule="rounds" if data.get("backend", "sim") == "sim" else "async")
+        return data
 
     @model_validator(mode="after")
     def _tree_is_possible(self) -> RunConfig:

@@ -181,14 +181,14 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
 
 
 def scan(all_snapshots: Path, task: str) -> list[SnapshotSeen]:
-    """One fact per entry of ``all_snapshots``, in name order.
+    """One fact per entry of ``all_snapshots``, in name order (paths absolute).
 
     Raises InputError when the directory does not exist or holds no folder
     named like a snapshot (it is not a snapshot run at all).
     """
-    root = Path(all_snapshots)
-    if not root.is_dir():
-        raise InputError(f"{root}: not a directory")
+    if not Path(all_snapshots).is_dir():
+        raise InputError(f"{all_snapshots}: not a directory")
+    root = Path(all_snapshots).resolve()  # facts hold absolute paths: a resume may start elsewhere
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as err:

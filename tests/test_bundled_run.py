@@ -54,6 +54,6 @@ def test_the_main_job_exercises_every_rule_and_replays(tmp_path):
     rates = cat.query("select count(*) filter (where s1 is null) * 1.0 / count(*) as null_rate "
                       "from edges")[0]  # fmt: skip
     assert 0.05 < rates["null_rate"] < 0.3
-    assert count("select * from top_paths") == sum(min(6, t["ranked"]) for t in out["paths"])
+    assert count("select * from top_paths") == sum(min(6, t["ranked"]) for t in out["trees"])
     replay = CliRunner().invoke(cli, ["--data", str(data), "replay", "main"])
     assert replay.exit_code == 0 and replay.stdout.rstrip().endswith(" 0 differ")

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from engine.catalog import Catalog
 from engine.config import RunConfig, TreeConfig
-from engine.explore import Explorer
-from engine.teacher import RootInfo, TurnRequest
+from engine.mcts.explorer import Explorer
+from engine.teachers import RootInfo, TurnRequest
 from ingest.events import (
     EvalFinished,
     RootAdded,
@@ -50,7 +50,7 @@ class ScriptedTeacher:
     def close(self) -> None:
         return None
 
-    def run_turn(self, req: TurnRequest, on_fact, cancel: threading.Event) -> list:
+    def run_turn(self, req: TurnRequest, cancel: threading.Event) -> list:
         h = int(hashlib.sha256(f"{req.edge_id}|{req.turn}".encode()).hexdigest(), 16)
         o = self.outcomes[h % len(self.outcomes)]
         ids = {"tree_id": req.tree_id, "edge_id": req.edge_id, "turn": req.turn}

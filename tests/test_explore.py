@@ -81,13 +81,13 @@ def tree_shape(data_dir: Path, run_id: str) -> dict:
 def test_rounds_mode_is_reproducible(tmp_path, roots, small_config, parallel):
     data = tmp_path / "data"
     for run in ("a", "b"):
-        explore(data, roots, "--task", "k", "--run-id", run, "--parallel", parallel,
+        explore(data, roots, "--run-id", run, "--parallel", parallel,
                 "--seed", 7, "--config", small_config)  # fmt: skip
     a, b = logical_log(data, "a"), logical_log(data, "b")
     assert len(a) > 500
     assert a == b
     # The seed matters: another seed grows other trees.
-    explore(data, roots, "--task", "k", "--run-id", "c", "--parallel", parallel, "--seed", 8,
+    explore(data, roots, "--run-id", "c", "--parallel", parallel, "--seed", 8,
             "--config", small_config)  # fmt: skip
     assert tree_shape(data, "c") != tree_shape(data, "a")
 
@@ -144,12 +144,12 @@ def test_kill_then_resume_completes_without_losing_or_repeating_turns(
 ):
     data = tmp_path / "data"
     common = ["--parallel", "4", "--seed", "3", "--schedule", schedule, "--config", str(small_config)]
-    explore(data, roots, "--task", "k", "--run-id", "whole", *common)
+    explore(data, roots, "--run-id", "whole", *common)
     total = EventLog(data, "whole").tail_seq()
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     first, second = sorted(rng.sample(range(total // 10, 9 * total // 10), 2))
-    code, err = run_until_killed(data, [str(roots), "--task", "k", "--run-id", "cut", *common], first, sig)
+    code, err = run_until_killed(data, [str(roots), "--run-id", "cut", *common], first, sig)
     assert EventLog(data, "cut").tail_seq() < total, f"seed {seed}: the run was not interrupted"
     if sig == signal.SIGTERM:  # unwound like Ctrl-C: a message, 128 + 15, no traceback
         assert code == 143 and err.rstrip().endswith("Terminated by SIGTERM."), (code, err)
@@ -172,7 +172,7 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_goes_on(tmp_path, roots, s
 
     proc = subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(roots),
-         "--task", "k", "--run-id", "full", "--parallel", "4", "--config", str(small_config)],
+         "--run-id", "full", "--parallel", "4", "--config", str(small_config)],
         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
         preexec_fn=limited, timeout=300,
     )  # fmt: skip
@@ -195,7 +195,7 @@ def test_a_spool_write_the_os_refuses_keeps_the_run_going(tmp_path):
     code = """
 import resource, sys
 from pathlib import Path
-from engine.explore import Spool
+from engine.mcts.spool import Spool
 from ingest.events import ToolCalled
 spool = Spool(Path(sys.argv[1]))
 calls = [ToolCalled(tree_id="T1", edge_id="T1/e1-1", turn=1, step=1, call_id=f"c{i}", tool="bash",
@@ -213,7 +213,7 @@ print(spool.take("T1/e1-1", 1) is None, len(spool.take("T1/e1-2", 1)), sorted(p.
 
 def test_async_mode_completes_with_every_edge_judged(tmp_path, roots, small_config):
     data = tmp_path / "data"
-    r = explore(data, roots, "--task", "k", "--run-id", "as", "--schedule", "async",
+    r = explore(data, roots, "--run-id", "as", "--schedule", "async",
                 "--parallel", "3", "--config", small_config, "--json")  # fmt: skip
     out = json.loads(r.stdout)
     assert out["progress"]["trees_done"] == 4
@@ -236,7 +236,7 @@ def test_any_64_bit_count_in_the_config_works(tmp_path, roots):
     config.write_text(f"[tree]\nmax_children = {big}\nmax_depth = {big}\nhard_token_limit = {big}\n"
                       f"target_good_leaves = {big}\nmax_failed_expansions = {big}\nmax_valid_edges = 12\n"
                       f"[paths]\ntop_k = {big}\n")  # fmt: skip
-    explore(data, roots, "--task", "k", "--config", config, "--run-id", "big", "--parallel", "8")
+    explore(data, roots, "--config", config, "--run-id", "big", "--parallel", "8")
     catalog = Catalog.for_log(EventLog(data, "big"))
     trees = catalog.query("select stop_reason, kept_edges from trees")
     assert len(trees) == 4
@@ -249,7 +249,7 @@ def test_any_64_bit_count_in_the_config_works(tmp_path, roots):
 
 def test_explore_records_the_whole_config_and_the_roots(tmp_path, roots, small_config):
     data = tmp_path / "data"
-    explore(data, roots, "--task", "k", "--run-id", "cfg", "--seed", 11, "--config", small_config)
+    explore(data, roots, "--run-id", "cfg", "--seed", 11, "--config", small_config)
     cat = Catalog.for_log(EventLog(data, "cfg"))
     config = json.loads(cat.query("select config from stg_run_started")[0]["config"])
     assert config["seed"] == 11 and config["tree"]["target_good_leaves"] == 4
@@ -269,7 +269,7 @@ def test_explore_records_the_whole_config_and_the_roots(tmp_path, roots, small_c
 
 def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
     data = tmp_path / "data"
-    explore(data, roots, "--task", "k", "--run-id", "done", "--config", small_config)
+    explore(data, roots, "--run-id", "done", "--config", small_config)
     before = EventLog(data, "done").tail_seq()
     r = explore(data, "--resume", "done")
     assert "4/4 trees done" in r.stdout
@@ -281,13 +281,13 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
     [
         (["/nonexistent/roots", "--task", "k"], "not a directory"),
         (["--resume", "nope"], "run 'nope' not found"),
-        (["{roots}", "--task", "k", "--config", "{bad}"], "invalid configuration"),
-        (["{roots}", "--task", "k", "--config", "{toml}"], "invalid TOML"),
-        (["{roots}", "--task", "k", "--config", "{regex}"], "knowledge.path_regex: Value error, not a"),
-        (["{roots}", "--task", "k", "--config", "{nan}"], "paths.max: Input should be a finite number"),
-        (["{roots}", "--task", "k", "--seed", str(2**70)], "seed: Value error, must fit a 64-bit integer"),
-        (["{roots}", "--task", "k", "--config", "{sim}"], "sim backend options: token_growth: Input should"),
-        (["{roots}", "--task", "k", "--config", "{wide}"], "tree.root_children: Input should be less than or equal"),
+        (["{roots}", "--config", "{bad}"], "invalid configuration"),
+        (["{roots}", "--config", "{toml}"], "invalid TOML"),
+        (["{roots}", "--config", "{regex}"], "knowledge.path_regex: Value error, not a"),
+        (["{roots}", "--config", "{nan}"], "paths.max: Input should be a finite number"),
+        (["{roots}", "--seed", str(2**70)], "seed: Value error, must fit a 64-bit integer"),
+        (["{roots}", "--config", "{sim}"], "sim backend options: token_growth: Input should"),
+        (["{roots}", "--config", "{wide}"], "tree.root_children: Input should be less than or equal"),
     ],
 )
 def test_explore_errors_are_clean(tmp_path, roots, args, message):

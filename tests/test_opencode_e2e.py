@@ -300,28 +300,3 @@ def test_opencode_backend_errors_are_clean(tmp_path, roots):
     assert r.exit_code == 1 and "api_key_env" in r.stderr and "sk-123" not in r.output
     assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
     assert shutil.which("git")
-
-
-def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_path):
-    from engine.config import RunConfig
-    from engine.opencode import OpenCodeTeacher
-
-    config = RunConfig(task="t", backend="opencode",
-                       backend_options={"model": "p/m", "opencode_bin": str(OPENCODE)})  # fmt: skip
-    teacher = OpenCodeTeacher(config, tmp_path / "run")
-    block = "CORAL Eval (#3): 0.75\nCommit: abc1234\nStatus: improved\nFeedback: faster"
-    good = json.dumps({"type": "tool_use", "part": {"tool": "bash", "state": {
-        "input": {"command": "coral eval -m 'x'"}, "output": block}}})  # fmt: skip
-    hostile = [
-        '{"n": 1' + "0" * 5000 + "}",  # more digits than Python's JSON reader takes
-        "[" * 100_000 + "]" * 100_000,  # nesting deeper than it recurses
-        '{"part": 5}', '{"part": {"state": [1]}}', '{"part": {"state": {"input": "coral"}}}', "[1]",
-    ]
-    assert teacher._printed_block([good, *hostile]) == (0.75, "improved", "faster", "printed_block")
-    shared = tmp_path / "shared"
-    (shared / "attempts").mkdir(parents=True)
-    for name, raw in (("deep", b"[" * 100_000), ("latin1", b'{"score": "\xe9"}'),
-                      ("long", b'{"score": 1' + b"0" * 5000 + b"}")):  # fmt: skip
-        (shared / "attempts" / f"{name}.json").write_bytes(raw)
-        got = teacher._eval_result(shared, "before", name, [good])
-        assert got == (0.75, "improved", "faster", "printed_block"), name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ingest.events import MessageWritten, StepFinished, StreamLineSkipped, ToolCalled
-from ingest.opencode import StreamParser, parse_stream, tool_target
+from ingest.opencode_stream import StreamParser, parse_stream, tool_target
 
 SES = "ses_dd5ab1ccfffeR0BpNUhn009su1"
 
@@ -114,3 +114,37 @@ def test_tool_targets():
     assert tool_target("skill", {"name": "profile-kernel"}) == "profile-kernel"
     assert tool_target("todowrite", {"todos": []}) is None
     assert tool_target("bash", "not a dict") is None
+
+
+def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_path):
+    """The printed block is read from the shell calls the stream parser kept; hostile lines
+    and attempt files give no result rather than an exception."""
+    from ingest import coral_eval
+
+    block = "CORAL Eval (#3): 0.75\nCommit: abc1234\nStatus: improved\nFeedback: faster"
+    good = json.dumps({"type": "tool_use", "part": {"tool": "bash", "callID": "c1", "state": {
+        "status": "completed", "input": {"command": "coral eval -m 'x'"}, "output": block}}})  # fmt: skip
+    hostile = [
+        '{"n": 1' + "0" * 5000 + "}",  # more digits than Python's JSON reader takes
+        "[" * 100_000 + "]" * 100_000,  # nesting deeper than it recurses
+        '{"part": 5}', '{"type": "tool_use", "part": {"tool": "bash", "state": [1]}}',
+        '{"type": "tool_use", "part": {"tool": "bash", "state": {"status": "completed", "input": "coral"}}}', "[1]",
+    ]
+    _, summary = parse_stream("\n".join([good, *hostile]), "T1", "T1/e1-1", 1)
+    printed = coral_eval.from_printed(summary.shell_calls, "coral")
+    assert printed == coral_eval.EvalResult(0.75, "improved", "faster", "printed_block")
+    assert coral_eval.from_printed(summary.shell_calls, "grade") is None  # another eval command
+    failed = block.replace("0.75", "FAILED")
+    calls = [coral_eval.ShellCall("coral eval -m y", failed)]
+    assert coral_eval.from_printed(calls, "coral") == coral_eval.EvalResult(None, "improved", "faster", "printed_block")
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    for name, raw in (("deep", b"[" * 100_000), ("latin1", b'{"score": "\xe9"}'),
+                      ("long", b'{"score": 1' + b"0" * 5000 + b"}"), ("list", b"[1]")):  # fmt: skip
+        (attempts / f"{name}.json").write_bytes(raw)
+        got = coral_eval.from_attempt(attempts / f"{name}.json")
+        assert got is None or got.score is None, name
+    (attempts / "ok.json").write_text(json.dumps({"score": 0.5, "status": "baseline", "feedback": "same"}))
+    ok = coral_eval.EvalResult(0.5, "baseline", "same", "attempt_json")
+    assert coral_eval.from_attempt(attempts / "ok.json") == ok
+    assert coral_eval.from_attempt(attempts / "missing.json") is None

@@ -8,7 +8,7 @@ import pytest
 from facts import catalog, edge, fanout, root
 
 from engine.config import PathWeights, RunConfig, TreeConfig
-from engine.paths import path_parameters, selection_id, top_paths
+from engine.selections import path_variables, selection_id, top_paths
 
 CONFIG = RunConfig(task="t", tree=TreeConfig(max_depth=2, target_good_leaves=2))
 
@@ -93,9 +93,11 @@ def test_selection_ids_follow_from_parameters():
     )
 
 
-def test_path_parameters_reset_even_on_error():
+def test_path_variables_reset_even_on_error():
     cat = small_tree()
-    with pytest.raises(RuntimeError), path_parameters(cat, {"max": 1, "avg": 0, "clean": 0, "know": 0}, 1):
+    weights = path_variables({"max": 1, "avg": 0, "clean": 0, "know": 0}, 1)
+    with pytest.raises(RuntimeError), cat.variables.using(**weights):
+        assert len(cat.query("select * from top_paths")) == 1
         raise RuntimeError
     assert len(cat.query("select * from top_paths")) == 3
     assert json.dumps(cat.con.execute("select getvariable('path_top_k')").fetchall()) == "[[null]]"

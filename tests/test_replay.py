@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ from test_explore import SMALL
 
 from cli import cli
 from engine.catalog import Catalog
-from engine.paths import default_parameters, recorded_selections, top_paths
+from engine.selections import default_parameters, top_paths
 from ingest.errors import LogError
 from ingest.log import EventLog, run_dir
 
@@ -58,7 +57,7 @@ def test_replay_passes_on_sim_runs(runs, run):
     kinds = json.loads(invoke(runs, "replay", run, "--json").stdout)["decisions"]
     assert kinds > 100
     assert len(out["trees"]) == 4
-    assert sum(t["kept"] + t["kept_exempt"] for t in out["trees"]) > 20
+    assert sum(t["kept_edges"] for t in out["trees"]) > 20
 
 
 def test_replay_times_each_of_its_phases(runs):
@@ -79,8 +78,8 @@ def test_replay_times_each_of_its_phases(runs):
 def test_replay_prints_trees_and_the_summary_line(runs):
     r = invoke(runs, "replay", "rounds", "--tree", "T002")
     assert r.exit_code == 0
-    assert r.stdout.splitlines()[0].split()[:6] == ["tree_id", "nodes", "kept", "kept_exempt",
-                                                    "pruned", "retried"]  # fmt: skip
+    assert r.stdout.splitlines()[0].split()[:6] == ["tree_id", "nodes", "kept_edges", "kept_exempt_edges",
+                                                    "pruned_edges", "retried_edges"]  # fmt: skip
     assert "tree T002 (* = on a selected path" in r.stdout
     assert "\n* T002  score " in r.stdout and "leaf: " in r.stdout
     assert r.stdout.rstrip().splitlines()[-1].endswith("decisions re-derived, 0 differ")
@@ -133,7 +132,8 @@ def test_a_log_recording_a_regex_duckdb_cannot_compile_is_named(runs):
     for command in (["replay", "bad-regex"], ["explore", "--resume", "bad-regex"]):
         r = invoke(runs, *command)
         assert r.exit_code == 1 and "Traceback" not in r.output, command
-        assert r.stderr.startswith(f"Error: {log.log_dir}: the run config records knowledge.path_regex")
+        assert r.stderr.startswith(f"Error: {log.dir}: the recorded run config is not valid "
+                                   "(knowledge.path_regex: Value error, not a regular expression")
         assert "views/" not in r.stderr  # the log is at fault, not a view
     assert log.tail_seq() == before
 
@@ -332,28 +332,41 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert EventLog(runs, "re").tail_seq() == before + 1
 
 
-def test_replay_agrees_with_scores_that_overflow_to_infinity(tmp_path):
-    """Weights near the float limit make Select and PathScore inf or NaN: absurd, yet
-    recorded and implied alike, so replay must not call them different."""
-    config = tmp_path / "huge.toml"
-    config.write_text(SMALL + "alpha = 1e308\n[q]\nscore_rank = 1e308\nbest_rank = 1e308\n"
-                      "process = -1e308\n[paths]\nmax = 1e308\navg = 1e308\n")  # fmt: skip
-    data = tmp_path / "data"
+def test_weights_whose_scores_could_overflow_or_all_be_zero_are_refused(tmp_path, runs):
+    """Weights near the float limit made Select and PathScore inf or NaN (every path tied,
+    recorded for good); all-zero path weights scored every path 0. Both are refused, in a
+    config file and in reselect alike, before anything is recorded."""
     snapshots = ROOT / "data" / "student_run" / "all_snapshots"
-    r = invoke(data, "explore", str(snapshots), "--select", "--task", "kernel-speedup",
-               "--num-roots", "2", "--run-id", "huge", "--parallel", "4", "--config", str(config))  # fmt: skip
-    assert r.exit_code == 0, r.output
-    r = invoke(data, "reselect", "huge", "--weights", "max=1e308,avg=1e308,clean=-1e308,know=-1e308")
-    assert r.exit_code == 0, r.output
-    catalog = Catalog.for_log(EventLog(data, "huge"))
-    scores = catalog.query("select select_score from stg_node_selected")
-    assert any(s["select_score"] in (float("inf"), float("-inf")) or s["select_score"] != s["select_score"]
-               for s in scores)  # fmt: skip
-    path_scores = [p["path_score"] for s in recorded_selections(catalog) for p in s["paths"]]
-    assert any(not math.isfinite(v) for v in path_scores)
-    r = invoke(data, "replay", "huge", "--json")
-    out = json.loads(r.stdout)
-    assert r.exit_code == 0 and out["differ"] == 0, out["differences"][:3]
+    data = tmp_path / "data"
+    for body, problem in (("[paths]\nmax = 1e308\n", "paths.max: Value error, must be between -1e+06 and 1e+06"),
+                          ("[q]\nprocess = -1e308\n", "q.process: Value error, must be between"),
+                          ("[tree]\nalpha = 1e308\n", "tree.alpha: Input should be less than or equal to"),
+                          ("[paths]\nmax = 0\navg = 0\nclean = 0\nknow = 0\n",
+                           "are all 0: every path would score 0")):  # fmt: skip
+        config = tmp_path / "weights.toml"
+        config.write_text(body)
+        r = invoke(data, "explore", str(snapshots), "--select", "--task", "kernel-speedup", "--config", str(config))
+        assert r.exit_code == 1 and problem in r.stderr, (body, r.output)
+    assert not (data / "runs").exists()
+    forge(runs, "rounds", "weights", lambda rows: None)
+    before = EventLog(runs, "weights").tail_seq()
+    for weights, problem in (("max=1e308", "max: Value error, must be between"),
+                             ("max=0,avg=0,clean=0,know=0", "every path would score 0")):  # fmt: skip
+        r = invoke(runs, "reselect", "weights", "--weights", weights)
+        assert r.exit_code == 1 and r.stderr.startswith("Error: --weights: ") and problem in r.stderr, r.output
+    assert EventLog(runs, "weights").tail_seq() == before
+
+
+def test_equal_recorded_and_derived_scores_never_differ_infinities_included():
+    """A log of an older version could record inf or NaN scores; replay's comparison of
+    recorded and derived values (the views' differs macro) must not flag equal ones."""
+    con = Catalog.empty().con
+    rows = con.execute(
+        "select differs(a, b) as d from (values (1.0, 1.0 + 1e-12), ('inf'::double, 'inf'::double), "
+        "('-inf'::double, '-inf'::double), ('nan'::double, 'nan'::double), (1.0, 1.1), "
+        "('inf'::double, 1.0)) as v (a, b)"
+    ).fetchall()
+    assert [r[0] for r in rows] == [False, False, False, False, True, True]
 
 
 def test_a_part_with_damaged_pages_is_named_however_the_scan_fails(runs, tmp_path):

@@ -236,9 +236,11 @@ def test_exhausted_leaf_and_exhausted_stop():
     tree = cat.query("select * from int_trees__asof")[0]
     assert (tree["stop_reason"], tree["good_leaves"], tree["in_flight"]) == ("exhausted", 1, 0)
     assert cat.query("select * from int_next_work") == []
-    assert cat.query("select stop_condition, status from trees")[0] == {
-        "stop_condition": "exhausted", "status": "done",
-    }  # fmt: skip
+    # No stop is recorded in these facts: the condition holds, the stop is due.
+    assert cat.query("select stop_reason, status from trees")[0] == {"stop_reason": None, "status": "done"}
+    assert cat.query("select tree_id, stop_reason from int_trees__stopping") == [
+        {"tree_id": "T1", "stop_reason": "exhausted"}
+    ]
 
 
 def test_good_leaves_stop_and_final_leaves_marked_stopped():

@@ -16,6 +16,18 @@ create or replace macro oriented(s, direction) as
 create or replace macro edge_layer(parent_id) as
     length(parent_id) - length(replace(parent_id, '.', '')) + 1;
 
+-- The id of an edge attempt: <parent>/e<slot>-<attempt> (SPEC §6; ingest.events.edge_id is
+-- the same format in Python, and tests check that the two agree).
+create or replace macro edge_id(parent_id, slot, attempt) as
+    parent_id || '/e' || slot || '-' || attempt;
+
+-- The parts of an edge attempt id: a struct of parent_id, slot and attempt.
+create or replace macro edge_parts(edge_id) as
+    cast(
+        regexp_extract(edge_id, '^(.+)/e(\d+)-(\d+)$', ['parent_id', 'slot', 'attempt'])
+        as struct(parent_id varchar, slot integer, attempt integer)
+    );
+
 -- Numeric ordering key of a node id "T.2.10" -> [2, 10] so that T.2 < T.10.
 create or replace macro node_key(node_id) as
     list_transform(string_split(node_id, '.')[2:], lambda x: cast(x as integer));
@@ -35,3 +47,8 @@ create or replace macro in_prefix(seq) as
 -- return only those trees' events so that nothing else is scanned or joined.
 create or replace macro in_scope(tree_id) as
     coalesce(list_contains(getvariable('refresh_trees'), tree_id), true);
+
+-- Whether two recorded numbers that may be missing differ: one missing and not the
+-- other, or both present and differing (the macro differs).
+create or replace macro differs_or_missing(a, b) as
+    coalesce(differs(a, b), (a is null) <> (b is null));

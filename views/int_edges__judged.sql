@@ -4,9 +4,9 @@
 -- materialized: table
 --
 -- Edges with a finished turn (int_edges__started adds those in flight): parent,
--- slot and attempt come from the id <parent>/e<slot>-<attempt> (SPEC §6; EdgeStarted
--- enforces it), so that an edge starting leaves this table and those after it as
--- they are. layer = depth(parent) + 1, the depth being the number of dots in the
+-- slot and attempt come from the id <parent>/e<slot>-<attempt> (the macro
+-- edge_parts; EdgeStarted enforces the format), so that an edge starting leaves
+-- this table and those after it as they are. layer = depth(parent) + 1, the depth being the number of dots in the
 -- parent id.
 -- Turn 2 is skipped when turn 1 has no score and the edge cannot be kept anyway
 -- (layer >= 3, or layer 1 attempt 1). An edge is complete when turn 2 finished or
@@ -19,7 +19,7 @@ with first_turns as (
     select
         tree_id,
         edge_id,
-        regexp_extract(edge_id, '^(.+)/e(\d+)-(\d+)$', ['parent_id', 'slot', 'attempt']) as id
+        edge_parts(edge_id) as id
     from int_turns
     where turn = 1
 ),
@@ -29,8 +29,8 @@ started as (
         tree_id,
         edge_id,
         id.parent_id,
-        cast(id.slot as integer) as slot,
-        cast(id.attempt as integer) as attempt
+        id.slot,
+        id.attempt
     from first_turns
 ),
 

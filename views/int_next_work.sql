@@ -7,7 +7,7 @@
 -- retries owed to layer-1 attempts judged 'retry' (kind retry, oldest first), then
 -- the active candidate with the highest Select, ties to the smallest node id (kind
 -- select). A selected node's slot is one more than the edges it has started; the
--- edge id is <parent>/e<slot>-<attempt>.
+-- edge id is <parent>/e<slot>-<attempt> (the macro edge_id).
 -- Starting a direction or a retry changes only the root's edges, which decide none
 -- of the later rows (the root is never a candidate, and a start never stops a
 -- tree), so the engine starts them in order without asking again; it asks again
@@ -114,7 +114,7 @@ final as (
         c.parent_id,
         c.slot,
         c.attempt,
-        c.parent_id || '/e' || c.slot || '-' || c.attempt as edge_id,
+        edge_id(c.parent_id, c.slot, c.attempt) as edge_id,
         c.select_score,
         c.q,
         c.t,

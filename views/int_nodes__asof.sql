@@ -19,6 +19,7 @@ with present as (
     select
         p.asof_seq,
         p.is_now,
+        p.for_paths,
         n.* exclude (state, last_turn_score_o, ref_o, start_o)
     from int_points as p
     inner join int_nodes__scored as n on p.tree_id = n.tree_id and n.created_seq <= p.asof_seq

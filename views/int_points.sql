@@ -1,10 +1,13 @@
--- The points in time at which tree state is evaluated: now, plus every tree decision in replay.
+-- The points in time at which tree state is evaluated: now, plus every recorded decision in replay.
 -- grain: tree_id, asof_seq
--- sources: stg_root_added, stg_log_tail, stg_node_selected, stg_tree_stopped
+-- sources: stg_root_added, stg_log_tail, stg_node_selected, stg_tree_stopped, stg_paths_selected
 --
 -- "now" is the last seq of the prefix. With `set variable asof_points = 'decisions'`
--- the watermark of every NodeSelected and TreeStopped decision is a point too, so
--- one query re-derives every recorded decision from the prefix it saw (replay).
+-- the watermark of every NodeSelected and TreeStopped decision is a point of its
+-- tree, and the watermark of every PathsSelected decision a point of every tree,
+-- so one query re-derives every recorded decision from the prefix it saw (replay).
+-- for_paths marks the points where candidate paths are scored: now, and the
+-- watermarks of the path selections.
 with trees as (
     select distinct tree_id from stg_root_added
 ),
@@ -13,22 +16,30 @@ now_points as (
     select
         t.tree_id,
         tail.asof_seq,
-        true as is_now
+        true as is_now,
+        true as for_paths
     from trees as t
     cross join stg_log_tail as tail
 ),
 
 decision_points as (
-    select tree_id, watermark as asof_seq, false as is_now from stg_node_selected
+    select tree_id, watermark as asof_seq, false as is_now, false as for_paths
+    from stg_node_selected
     union all
-    select tree_id, watermark as asof_seq, false as is_now from stg_tree_stopped
+    select tree_id, watermark as asof_seq, false as is_now, false as for_paths
+    from stg_tree_stopped
+    union all
+    select t.tree_id, s.watermark as asof_seq, false as is_now, true as for_paths
+    from stg_paths_selected as s
+    cross join trees as t
 ),
 
 final as (
     select
         tree_id,
         asof_seq,
-        bool_or(is_now) as is_now
+        bool_or(is_now) as is_now,
+        bool_or(for_paths) as for_paths
     from (
         select * from now_points
         union all

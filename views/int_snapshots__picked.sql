@@ -1,17 +1,21 @@
 -- Which eligible snapshots are picked, by stage quota or by fill (SPEC §1.8-1.10).
--- grain: task, snapshot
+-- grain: task, asof_seq, snapshot
 -- sources: int_snapshots__staged, int_snapshots__quotas
 --
 -- Evenly spaced pick of k from a list of n: positions ((2j+1)·n) // (2k) for
 -- j = 0..k-1 (integer arithmetic), all of them when k >= n. The summed deficit
 -- of starved stages goes middle -> late -> early, each stage taking up to its
 -- unpicked eligible count, evenly spaced over its unpicked eligible snapshots.
+-- Per evaluation point of int_snapshots__points.
 with eligible as (
     select
         task,
+        asof_seq,
         snapshot,
         stage,
-        row_number() over (partition by task, stage order by global_index, snapshot) - 1 as pos
+        row_number() over (
+            partition by task, asof_seq, stage order by global_index, snapshot
+        ) - 1 as pos
     from int_snapshots__staged
     where is_eligible
 ),
@@ -19,19 +23,21 @@ with eligible as (
 stage_counts as (
     select
         t.task,
+        t.asof_seq,
         q.stage,
         q.fill_order,
         q.quota,
         count(e.snapshot) as n_eligible
-    from (select distinct task from int_snapshots__staged) as t
+    from (select distinct task, asof_seq from int_snapshots__staged) as t
     cross join int_snapshots__quotas as q
-    left join eligible as e on t.task = e.task and q.stage = e.stage
+    left join eligible as e on t.task = e.task and t.asof_seq = e.asof_seq and q.stage = e.stage
     group by all
 ),
 
 quota_positions as (
     select
         task,
+        asof_seq,
         stage,
         case
             when quota >= n_eligible then j
@@ -48,22 +54,25 @@ quota_positions as (
 quota_picks as (
     select
         e.task,
+        e.asof_seq,
         e.snapshot,
         e.stage,
         e.pos
     from eligible as e
-    semi join quota_positions as p on e.task = p.task and e.stage = p.stage and e.pos = p.pos
+    semi join quota_positions as p
+        on e.task = p.task and e.asof_seq = p.asof_seq and e.stage = p.stage and e.pos = p.pos
 ),
 
 fill_sizes as (
     select
         task,
+        asof_seq,
         stage,
         greatest(0, n_eligible - quota) as unpicked,
-        cast(sum(greatest(0, quota - n_eligible)) over (partition by task) as bigint) as deficit,
+        cast(sum(greatest(0, quota - n_eligible)) over (partition by task, asof_seq) as bigint) as deficit,
         cast(coalesce(
             sum(greatest(0, n_eligible - quota)) over (
-                partition by task order by fill_order
+                partition by task, asof_seq order by fill_order
                 rows between unbounded preceding and 1 preceding
             ),
             0
@@ -74,6 +83,7 @@ fill_sizes as (
 fill_counts as (
     select
         task,
+        asof_seq,
         stage,
         unpicked,
         greatest(0, least(unpicked, deficit - available_before)) as extra
@@ -83,16 +93,19 @@ fill_counts as (
 unpicked as (
     select
         e.task,
+        e.asof_seq,
         e.snapshot,
         e.stage,
-        row_number() over (partition by e.task, e.stage order by e.pos) - 1 as upos
+        row_number() over (partition by e.task, e.asof_seq, e.stage order by e.pos) - 1 as upos
     from eligible as e
-    anti join quota_picks as q on e.task = q.task and e.snapshot = q.snapshot
+    anti join quota_picks as q
+        on e.task = q.task and e.asof_seq = q.asof_seq and e.snapshot = q.snapshot
 ),
 
 fill_positions as (
     select
         task,
+        asof_seq,
         stage,
         ((2 * j + 1) * unpicked) // (2 * extra) as upos
     from (
@@ -107,16 +120,18 @@ fill_positions as (
 fill_picks as (
     select
         u.task,
+        u.asof_seq,
         u.snapshot,
         u.stage
     from unpicked as u
-    semi join fill_positions as p on u.task = p.task and u.stage = p.stage and u.upos = p.upos
+    semi join fill_positions as p
+        on u.task = p.task and u.asof_seq = p.asof_seq and u.stage = p.stage and u.upos = p.upos
 ),
 
 final as (
-    select task, snapshot, stage, 'quota' as selection_reason from quota_picks
+    select task, asof_seq, snapshot, stage, 'quota' as selection_reason from quota_picks
     union all
-    select task, snapshot, stage, 'fill' as selection_reason from fill_picks
+    select task, asof_seq, snapshot, stage, 'fill' as selection_reason from fill_picks
 )
 
 select * from final

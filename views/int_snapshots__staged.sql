@@ -1,15 +1,20 @@
 -- Candidate snapshots with score_for_stage, centred smoothing, gain and stage (SPEC §1.3-1.6).
--- grain: task, snapshot
--- sources: stg_snapshot_seen, run_config
+-- grain: task, asof_seq, snapshot
+-- sources: int_snapshots__points, stg_snapshot_seen, run_config
 --
+-- At every evaluation point (int_snapshots__points): the candidates among the
+-- snapshot facts up to that seq.
 -- Oriented scores (o = s, or -s for minimize). Fractions of N use integer
 -- arithmetic: ceil(0.05N) = (N+19)//20, ceil(0.20N) = (N+4)//5,
 -- floor(0.10N+0.5) = (N+5)//10, floor(0.50N+0.5) = (N+1)//2.
 with candidates as (
     select
+        p.asof_seq,
+        p.is_now,
         s.*,
         oriented(s.score, c.direction) as oriented_score
-    from stg_snapshot_seen as s
+    from int_snapshots__points as p
+    inner join stg_snapshot_seen as s on p.task = s.task and s.seq <= p.asof_seq
     cross join run_config as c
     where s.skip_reason is null
 ),
@@ -17,8 +22,8 @@ with candidates as (
 ordered as (
     select
         *,
-        row_number() over (partition by task order by global_index, snapshot) - 1 as i,
-        count(*) over (partition by task) as n
+        row_number() over (partition by task, asof_seq order by global_index, snapshot) - 1 as i,
+        count(*) over (partition by task, asof_seq) as n
     from candidates
 ),
 
@@ -28,10 +33,10 @@ filled as (
         coalesce(
             oriented_score,
             last_value(oriented_score ignore nulls) over (
-                partition by task order by i rows between unbounded preceding and 1 preceding
+                partition by task, asof_seq order by i rows between unbounded preceding and 1 preceding
             ),
             first_value(oriented_score ignore nulls) over (
-                partition by task order by i rows between 1 following and unbounded following
+                partition by task, asof_seq order by i rows between 1 following and unbounded following
             )
         ) as score_for_stage
     from ordered
@@ -41,7 +46,7 @@ smoothed as (
     select
         *,
         avg(score_for_stage) over (
-            partition by task order by i rows between 2 preceding and 2 following
+            partition by task, asof_seq order by i rows between 2 preceding and 2 following
         ) as smooth
     from filled
 ),
@@ -49,10 +54,11 @@ smoothed as (
 levels as (
     select
         task,
+        asof_seq,
         avg(smooth) filter (where i < greatest(1, (n + 19) // 20)) as s0,
         avg(smooth) filter (where i >= n - greatest(1, (n + 4) // 5)) as s_inf
     from smoothed
-    group by task
+    group by task, asof_seq
 ),
 
 gained as (
@@ -66,7 +72,7 @@ gained as (
                 then least(1.0, greatest(0.0, (s.smooth - l.s0) / (l.s_inf - l.s0)))
         end as gain
     from smoothed as s
-    inner join levels as l on s.task = l.task
+    inner join levels as l on s.task = l.task and s.asof_seq = l.asof_seq
 ),
 
 final as (

@@ -2,12 +2,13 @@
 -- grain: run_key
 -- sources: stg_run_started
 -- materialized: table
+-- variables: knowledge_path_regex = path_regex, knowledge_command_regex = command_regex
 --
 -- Every parameter and weight of SPEC §1-§4; views cross join this single row.
--- The two knowledge regexes are also copied into the variables
--- knowledge_path_regex and knowledge_command_regex when the log is loaded
--- (a regex must be a constant for DuckDB to compile it once); set those
--- variables to re-classify tool calls with other patterns (SPEC §4).
+-- The two knowledge regexes are the defaults of the variables knowledge_path_regex
+-- and knowledge_command_regex, which tool_calls reads (a regex must be a constant
+-- for DuckDB to compile it once); set those variables to re-classify tool calls
+-- with other patterns (SPEC §4).
 with first_start as (
     select *
     from stg_run_started

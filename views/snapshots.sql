@@ -10,10 +10,13 @@ with seen as (
 
 staged as (
     select * from int_snapshots__staged
+    where is_now
 ),
 
 picked as (
-    select * from int_snapshots__picked
+    select p.*
+    from int_snapshots__picked as p
+    semi join staged as s using (task, asof_seq)
 ),
 
 final as (

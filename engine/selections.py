@@ -1,9 +1,9 @@
 """Top-k root-to-leaf path selections (SPEC §3): the default one and reselections.
 
-PathScore, the ranks and the Top-k are defined by the views ``paths`` and
-``top_paths``; a selection under other weights sets the ``path_*`` variables those
-views read. A selection is recorded as a ``PathsSelected`` decision whose id
-follows from its parameters, so the same parameters never add a second one.
+PathScore, the ranks and the Top-k are defined by the views (``int_paths__scored``,
+``paths``, ``top_paths``); a selection under other weights sets the ``path_*``
+variables they read. A selection is recorded as a ``PathsSelected`` decision whose
+id follows from its parameters, so the same parameters never add a second one.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from engine.catalog import Catalog
+from engine.config import PathWeights, problems
+from engine.runs import open_run
 from ingest.errors import InputError, LogError
 from ingest.events import PathsSelected, fits_int64
 from ingest.log import EventLog, LogWriter
@@ -38,8 +40,9 @@ def selection_id(weights: dict[str, float], top_k: int) -> str:
 def parse_weights(text: str | None, defaults: dict[str, float]) -> dict[str, float]:
     """``max=0.35,avg=0.25,...`` over the defaults.
 
-    Unknown or repeated keys and values that are not finite numbers are errors (a
-    selection is recorded for good: NaN weights would rank every path NaN).
+    Unknown or repeated keys, values that are not finite numbers and weights the run
+    config would refuse (beyond +-1e6, or all 0) are errors: a selection is recorded
+    for good, and NaN or infinite scores would tie every path.
     """
     weights = dict(defaults)
     if not text:
@@ -59,6 +62,10 @@ def parse_weights(text: str | None, defaults: dict[str, float]) -> dict[str, flo
             raise InputError(f"--weights: {key} must be a number, got {value!r}") from err
         if not math.isfinite(weights[key]):
             raise InputError(f"--weights: {key} must be a finite number, got {value!r}")
+    try:
+        PathWeights.model_validate(weights)
+    except ValidationError as err:
+        raise InputError(f"--weights: {problems(err)}") from err
     return weights
 
 
@@ -71,24 +78,14 @@ def default_parameters(catalog: Catalog) -> tuple[dict[str, float], int]:
             "know": row["w_path_know"]}, row["top_k"]  # fmt: skip
 
 
-@contextmanager
-def path_parameters(catalog: Catalog, weights: dict[str, float], top_k: int) -> Iterator[None]:
-    """Make the path views use these weights and k for the duration of the block."""
-    con = catalog.con
-    for key in WEIGHT_KEYS:
-        con.execute(f"set variable path_w_{key} = ?", [float(weights[key])])
-    con.execute("set variable path_top_k = ?", [int(top_k)])
-    try:
-        yield
-    finally:
-        for key in WEIGHT_KEYS:
-            con.execute(f"reset variable path_w_{key}")
-        con.execute("reset variable path_top_k")
+def path_variables(weights: dict[str, float], top_k: int) -> dict[str, Any]:
+    """The catalog variables that make the path views use these weights and k."""
+    return {f"path_w_{k}": float(weights[k]) for k in WEIGHT_KEYS} | {"path_top_k": int(top_k)}
 
 
 def top_paths(catalog: Catalog, weights: dict[str, float], top_k: int) -> list[dict[str, Any]]:
     """The Top-k paths per root under these parameters, in (tree, rank) order."""
-    with path_parameters(catalog, weights, top_k):
+    with catalog.variables.using(**path_variables(weights, top_k)):
         rows = catalog.query("select * from top_paths order by tree_id, rank")
     return [{k: row[k] for k in PATH_FIELDS} for row in rows]
 
@@ -128,9 +125,9 @@ class Reselection:
 
 def reselect(data, run_id: str, weights_text: str | None, top_k: int | None) -> Reselection:
     """Select paths with other weights or k from the same log; record it once."""
-    log = EventLog(data, run_id).require()
+    EventLog(data, run_id).require()
     with LogWriter.open(data, run_id) as writer:
-        catalog = Catalog.for_log(log)
+        catalog = open_run(data, run_id)
         if not _has_trees(catalog):
             raise LogError(f"run {run_id!r} has no trees - nothing to select from")
         defaults, default_k = default_parameters(catalog)
@@ -164,7 +161,7 @@ def selected_paths(
     data, run_id: str, selection: str | None, tree_id: str | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A recorded selection (default: the run config's) and its paths, maybe one tree's."""
-    catalog = Catalog.for_log(EventLog(data, run_id).require())
+    catalog = open_run(data, run_id)
     recorded = {s["selection_id"]: s for s in recorded_selections(catalog)}
     if not recorded:
         if not _has_trees(catalog):

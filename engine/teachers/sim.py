@@ -32,10 +32,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.config import problems
-from engine.teacher import FactSink, RootInfo, TurnCancelled, TurnRequest
+from engine.teachers import RootInfo, TurnCancelled, TurnRequest
 from ingest.errors import InputError
 from ingest.events import EvalFinished, Event, TurnFinished
-from ingest.opencode import StreamParser
+from ingest.opencode_stream import StreamParser
 
 CODE_FILES = ["solution.py", "bench.py", "tests/test_solution.py", "README.md"]
 NOTE_NAMES = ["tiling.md", "grader-noise.md", "vector-path.md", "dead-ends.md"]
@@ -92,9 +92,7 @@ class SimTeacher:
     def close(self) -> None:
         return None
 
-    def run_turn(
-        self, request: TurnRequest, on_fact: FactSink, cancel: threading.Event
-    ) -> list[Event]:
+    def run_turn(self, request: TurnRequest, cancel: threading.Event) -> list[Event]:
         edge = _rng(self.seed, "edge", request.edge_id)
         rng = _rng(self.seed, "turn", request.edge_id, request.turn)
         hard = _rng(self.seed, "tree", request.tree_id).random() < self.opts.hard_share
@@ -115,9 +113,7 @@ class SimTeacher:
         parser = StreamParser(request.tree_id, request.edge_id, request.turn)
         facts: list[Event] = []
         for line in lines:
-            for fact in parser.feed(line):
-                on_fact(fact)
-                facts.append(fact)
+            facts.extend(parser.feed(line))
         quality = start.get("quality")
         score, status, new_quality = self._eval(rng, traits, quality, request.direction)
         facts.append(
@@ -263,9 +259,3 @@ class SimTeacher:
 
 def _commit(request: TurnRequest) -> str:
     return hashlib.sha1(f"{request.edge_id}|{request.turn}".encode()).hexdigest()
-
-
-def make_sim(seed: int, options: dict[str, Any]) -> SimTeacher:
-    """The sim backend for a run config's seed and backend options."""
-    return SimTeacher(seed, options)
-

@@ -26,6 +26,7 @@ from ingest.events import (
     fits_int64,
 )
 
+SHELL_TOOLS = ("bash", "shell")
 KNOWN_TYPES = {"step_start", "step_finish", "tool_use", "text", "reasoning", "error"}
 MAX_TEXT = 2000
 
@@ -60,6 +61,14 @@ def tool_target(tool: str, inputs: Any) -> str | None:
     return values[0] if values else None
 
 
+@dataclass(frozen=True)
+class ShellCall:
+    """A shell tool call that completed: its command and what it printed."""
+
+    command: str
+    output: str
+
+
 @dataclass
 class TurnStream:
     """What one turn's stream said besides its facts."""
@@ -69,6 +78,7 @@ class TurnStream:
     steps: int = 0
     errors: list[str] = field(default_factory=list)
     lines: int = 0
+    shell_calls: list[ShellCall] = field(default_factory=list)  # read for the eval result
 
 
 class StreamParser:
@@ -141,6 +151,9 @@ class StreamParser:
         part = obj["part"]
         state = part.get("state") or {}
         tool = str(part["tool"])
+        inputs = state.get("input")
+        if tool in SHELL_TOOLS and state.get("status") == "completed" and isinstance(inputs, dict):
+            self.summary.shell_calls.append(ShellCall(str(inputs.get("command", "")), str(state.get("output") or "")))
         failed = state.get("status") == "error" or tool == "invalid"
         error = state.get("error") if state.get("status") == "error" else None
         if tool == "invalid" and error is None:

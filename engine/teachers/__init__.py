@@ -1,27 +1,29 @@
-"""The Teacher backend interface: fork a node's state and run one rollout turn.
+"""Teacher backends: fork a node's state and run one rollout turn (``sim``, ``opencode``).
 
-A backend runs turns on worker threads. ``run_turn`` streams the raw facts of the
-turn (tool calls, steps, message parts, skipped stream lines) to ``on_fact`` as
-they arrive and returns all of them followed by one ``EvalFinished`` and one
-``TurnFinished``; the engine appends them to the log together when the turn ends.
-``TurnFinished.state`` is the checkpoint the next turn or a child edge forks from
-(a session id, a commit, a shared-dir copy...): it is recorded in the log, so a
-resumed run can fork from any recorded node.
+A backend runs turns on worker threads. ``run_turn`` returns the raw facts of the
+turn (tool calls, steps, message parts, skipped stream lines) followed by one
+``EvalFinished`` and one ``TurnFinished``; the engine appends them to the log
+together. ``TurnFinished.state`` is the checkpoint the next turn or a child edge
+forks from (a session id, a commit, a shared-dir copy...): it is recorded in the
+log, so a resumed run can fork from any recorded node.
 
 Real backends take minutes per turn: they must honour ``request.timeout_s`` (the
 turn then ends with outcome ``timeout`` and a failed eval) and ``cancel`` (stop
-promptly, leave no process behind, and return or raise ``TurnCancelled``).
+promptly, leave no process behind, and return or raise ``TurnCancelled``). A turn
+whose Teacher process itself failed ends with outcome ``error``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from ingest.errors import ProjectError
+from ingest.errors import InputError, ProjectError
 from ingest.events import Event
+
+BACKENDS = ("sim", "opencode")
 
 
 class TurnCancelled(ProjectError):
@@ -60,11 +62,8 @@ class TurnRequest:
     timeout_s: float | None = None
 
 
-FactSink = Callable[[Event], None]
-
-
 class Teacher(Protocol):
-    """A Teacher backend (``sim`` or ``opencode``)."""
+    """A Teacher backend."""
 
     name: str
 
@@ -72,9 +71,7 @@ class Teacher(Protocol):
         """The checkpoint of a tree's root (code and shared state of the snapshot)."""
         ...
 
-    def run_turn(
-        self, request: TurnRequest, on_fact: FactSink, cancel: threading.Event
-    ) -> list[Event]:
+    def run_turn(self, request: TurnRequest, cancel: threading.Event) -> list[Event]:
         """Run one turn; return its facts ending with EvalFinished and TurnFinished."""
         ...
 
@@ -85,3 +82,16 @@ class Teacher(Protocol):
     def close(self) -> None:
         """Release everything the backend holds."""
         ...
+
+
+def make_teacher(config: Any, run_dir: Path) -> Teacher:
+    """The Teacher backend a run config names (``config``: an engine.config.RunConfig)."""
+    if config.backend == "sim":
+        from engine.teachers.sim import SimTeacher
+
+        return SimTeacher(config.seed, config.backend_options)
+    if config.backend == "opencode":
+        from engine.teachers.opencode import OpenCodeTeacher
+
+        return OpenCodeTeacher(config, run_dir)
+    raise InputError(f"unknown backend {config.backend!r} (use {' or '.join(BACKENDS)})")

@@ -1,7 +1,9 @@
-"""Snapshot selection end to end: scan, record the facts, ask the views, record the pick, copy.
+"""Choosing the roots of a task (``select-snapshots``): scan, record, ask the views, copy.
 
 Stages, quotas and picks are defined only in ``views/`` (``snapshots`` and
-``snapshot_stages``); this module moves files and events around them.
+``snapshot_stages``); this module moves files and events around them. The copies
+carry their ``score``, ``stage``, ``selection_reason``, ``task`` and the id of the
+selection run in their ``metadata.json``, so ``explore`` takes the task from them.
 """
 
 from __future__ import annotations
@@ -15,14 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from engine import __version__
 from engine.catalog import Catalog
 from engine.config import load_config
 from ingest.errors import InputError, OutputError, os_problem
 from ingest.events import RunStarted, SnapshotsPicked, to_arrow
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.snapshots import NAME_RE, read_direction, scan
-
-TOOL_VERSION = "0.1.0"
 
 
 @dataclass
@@ -101,13 +102,14 @@ def plan_selection(
         task=task,
         direction=direction,
         config=config.model_dump(mode="json") | {"source": str(Path(all_snapshots).resolve())},
-        tool_version=TOOL_VERSION,
+        tool_version=__version__,
     )
     events = [started, *facts]
     catalog = Catalog.empty()
     catalog.insert(to_arrow(events, run_id, 1, datetime.now(UTC)))
     counts = catalog.query(
-        "select count(*) as candidates, count(score_for_stage) as numeric from int_snapshots__staged"
+        "select count(*) as candidates, count(score_for_stage) as numeric "
+        "from int_snapshots__staged where is_now"
     )[0]
     if counts["candidates"] == 0:
         reasons = catalog.query(
@@ -150,8 +152,10 @@ def record_selection(
     return decision
 
 
-def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool) -> None:
-    """Copy the picked folders into ``out`` with ``score``, ``stage``, ``selection_reason``.
+def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_id: str) -> None:
+    """Copy the picked folders into ``out``; each ``metadata.json`` gains the pick's fields.
+
+    ``score``, ``stage``, ``selection_reason``, ``task`` and ``selection_run``.
 
     The copies are assembled in a hidden sibling directory and moved into place at
     the end, so ``out`` never holds a partial selection.
@@ -169,7 +173,8 @@ def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool) -> N
             meta_path = dest / "metadata.json"
             meta = json.loads(meta_path.read_text())
             meta.update(
-                score=pick["score"], stage=pick["stage"], selection_reason=pick["selection_reason"]
+                score=pick["score"], stage=pick["stage"], selection_reason=pick["selection_reason"],
+                task=pick["task"], selection_run=run_id,
             )
             meta_path.unlink()  # the copy may share nothing with the input, but be safe
             meta_path.write_text(json.dumps(meta, indent=2) + "\n")
@@ -216,26 +221,13 @@ def select_snapshots(
     )
     if out is not None:
         try:
-            copy_snapshots(picks, Path(out), overwrite)
+            copy_snapshots(picks, Path(out), overwrite, run_id)
         except OSError as err:
             msg = (
                 f"{out}: cannot copy the picked snapshots ({os_problem(err)}); nothing was "
                 f"written there (the selection is recorded in run {run_id!r})"
             )
             raise OutputError(msg) from err
-    return summarize(catalog, run_id, task, direction, num_roots, out, picks)
-
-
-def summarize(
-    catalog: Catalog,
-    run_id: str,
-    task: str,
-    direction: str,
-    num_roots: int,
-    out: Path | None,
-    picks: list[dict[str, Any]],
-) -> SelectionResult:
-    """Collect the per-stage table, skips and warnings of a recorded selection."""
     stages = catalog.query(
         "select * from snapshot_stages where task = ? order by stage_order", [task]
     )

@@ -1,0 +1,180 @@
+"""The view catalog: a DuckDB connection holding a run's events and every view over them.
+
+Four rooms: ``definitions`` (the ``views/*.sql`` files and their dependency order),
+``tables`` (the log's events, one table per kind), ``refresh`` (keeping the
+materialized views fresh) and ``variables`` (the session variables and what each
+makes stale). :class:`Catalog` puts them together: it creates the macros and the
+views in dependency order, takes events in (a whole log, or appended rows), and
+answers queries after refreshing the tables they read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from engine.catalog.definitions import (
+    VIEWS_DIR,
+    ViewDef,
+    ViewGraph,
+    read_macros,
+    read_views,
+    referenced_relations,
+    relations_read,
+)
+from engine.catalog.refresh import RefreshPlan
+from engine.catalog.tables import KIND_COLUMNS, LOG_RELATIONS, LogTables
+from engine.catalog.variables import Variables
+from ingest.errors import ProjectError, ViewBuildError
+from ingest.log import EventLog
+
+__all__ = ["KIND_COLUMNS", "LOG_RELATIONS", "Catalog", "QueryError", "ViewDef", "read_views", "view_sources"]
+
+
+class QueryError(ProjectError):
+    """A query over the views failed (DuckDB's message, and the query)."""
+
+
+def view_sources(con: duckdb.DuckDBPyConnection, view: ViewDef) -> set[str]:
+    """The relations a view's SQL reads (views and base tables)."""
+    return referenced_relations(con, view.sql, view.path)
+
+
+class Catalog:
+    """A DuckDB connection holding one run's events and every view over them."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, views_dir: Path = VIEWS_DIR) -> None:
+        self.con = con
+        self.log = LogTables(con)
+        macros_path, macros_sql, macros = read_macros(views_dir)
+        if macros_sql:
+            self._execute(macros_path, macros_sql)
+        self.graph = ViewGraph(read_views(views_dir))
+        self.views = self.graph.views
+        self.tables = self.graph.tables
+        for name in self.graph.order:
+            self._create(self.views[name])
+        self.plan = RefreshPlan(con, self.graph, self._execute)
+        self.variables = Variables(con, self.graph, macros, self.plan.invalidate)
+        self._defaults = {n: v for n, v in self.views.items() if v.defaults}
+        self._needs: dict[str, list[str]] = {}  # sql -> the tables it reads (cache)
+
+    def _create(self, view: ViewDef) -> None:
+        comment = view.summary.replace("'", "''")
+        if view.materialized:
+            self._execute(view.path, f"create table {view.name} as select * from ({view.sql}) limit 0")
+            self.con.execute(f"comment on table {view.name} is '{comment}'")
+        else:
+            self._execute(view.path, f"create or replace view {view.name} as\n{view.sql}")
+            self.con.execute(f"comment on view {view.name} is '{comment}'")
+
+    def _execute(self, path: Path, sql: str) -> None:
+        try:
+            self.con.execute(sql)
+        except duckdb.Error as err:
+            raise ViewBuildError(f"{path}: {err}") from err
+
+    # -- construction
+
+    @classmethod
+    def empty(cls, views_dir: Path = VIEWS_DIR, threads: int | None = None) -> Catalog:
+        """A catalog over an empty log.
+
+        ``threads=1`` makes every aggregate add its floats in one fixed order, so a
+        live engine records bit-identical scores from run to run (parallel
+        aggregation may differ in the last bit; comparisons allow 1e-9 for that).
+        """
+        con = duckdb.connect(config={"threads": threads} if threads else {})
+        return cls(con, views_dir)
+
+    @classmethod
+    def for_log(cls, log: EventLog, views_dir: Path = VIEWS_DIR, threads: int | None = None) -> Catalog:
+        """A catalog holding the published prefix of ``log``."""
+        catalog = cls.empty(views_dir, threads)
+        catalog.load(log)
+        return catalog
+
+    # -- events in
+
+    def load(self, log: EventLog) -> None:
+        """Add the published events of ``log`` (read by DuckDB from its parts)."""
+        self._apply_incoming()
+        if self.log.load(log, self.variables.scoped):
+            self.plan.invalidate(set(self.tables))
+            self._set_defaults(set(KIND_COLUMNS))
+
+    def insert(self, table: pa.Table) -> None:
+        """Mirror appended events (any superset of the light columns); applied before the next query."""
+        self.log.insert(table)
+
+    def _apply_incoming(self) -> None:
+        arrivals = self.log.apply()
+        if arrivals:
+            self.plan.arrived(arrivals)
+            self._set_defaults(set(arrivals))
+
+    def _set_defaults(self, kinds: set[str]) -> None:
+        """Set the variables whose defaults come from views reading these kinds."""
+        for view in self._defaults.values():
+            if not self.kinds_read(view.name) & kinds:
+                continue
+            rows = self.con.execute(f"select * from ({view.sql})").fetchall()
+            names = [d[0] for d in self.con.description]
+            row = dict(zip(names, rows[0], strict=True)) if rows else {}
+            for var, column in view.defaults.items():
+                if row.get(column) is not None:
+                    self.variables.set_default(var, row[column])
+
+    # -- reading
+
+    def refresh(self, tables: list[str] | None = None) -> None:
+        """Recompute the materialized rows that arrived events or variables made stale."""
+        self._apply_incoming()
+        self.plan.refresh(tables, self.variables.scoped)
+
+    def stale(self) -> dict[str, list[str]]:
+        """The trees whose rows each materialized table will recompute before use."""
+        self._apply_incoming()
+        return self.plan.stale()
+
+    def query(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+        """Rows of ``sql`` as dicts (the materialized views it reads refreshed first)."""
+        cur = self.execute(sql, params)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def execute(self, sql: str, params: list[Any] | None = None) -> duckdb.DuckDBPyConnection:
+        """Run ``sql`` once the tables it reads are fresh; QueryError names a failure."""
+        self.refresh(self._tables_needed(sql))
+        try:
+            return self.con.execute(sql, params or [])
+        except duckdb.Error as err:
+            raise QueryError(f"{err} (in: {' '.join(sql.split())[:200]})") from err
+
+    def _tables_needed(self, sql: str) -> list[str]:
+        """The materialized tables a query reads, directly or through views."""
+        if sql not in self._needs:
+            names = relations_read(self.con, sql)
+            seen = self.graph.reached(set(self.views) if names is None else names)
+            self._needs[sql] = [n for n in self.tables if n in seen]
+        return self._needs[sql]
+
+    def kinds_read(self, view: str) -> set[str]:
+        """The event kinds a view reads, directly or through other views.
+
+        Its rows at a log prefix change only when an event of one of these kinds is
+        added (a later tail moves the "now" point of the tree views, not the state
+        at it: every view filters events by seq).
+        """
+        read = self.graph.relations_read(view)
+        if "event_log" in read:
+            return set(KIND_COLUMNS)
+        return {k for k in KIND_COLUMNS if f"log_{k}" in read}
+
+    def tail_seq(self) -> int:
+        """The largest seq the catalog holds (0 when empty)."""
+        self._apply_incoming()
+        return self.log.tail_seq()

@@ -1,0 +1,152 @@
+"""The log's events inside DuckDB: one table per event kind, loaded from parts or appended.
+
+``log_<kind>`` holds the light columns of one kind (the envelope and that kind's own
+fields), so a staging view scans only its own kind; the view ``event_log`` is their
+union and ``log_tail`` the largest seq held. Only the ``stg_*`` views read them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.errors import LogError
+from ingest.events import ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
+from ingest.log import EventLog, part_schema
+
+
+def _kind_columns() -> dict[str, list[str]]:
+    """The light columns each kind's table holds: envelope plus its own fields."""
+    out = {}
+    for kind, cls in EVENT_TYPES.items():
+        own = set(cls.model_fields) - {"schema_version"}
+        out[kind] = [n for n in LIGHT_SCHEMA.names if n in ENVELOPE.names or n in own]
+    return out
+
+
+KIND_COLUMNS = _kind_columns()
+LOG_RELATIONS = frozenset({f"log_{k}" for k in KIND_COLUMNS} | {"log_tail", "event_log"})
+
+# What arrived in one batch of events: kind -> the trees it concerns (None: no tree).
+Arrivals = dict[str, set[str | None]]
+
+
+class LogTables:
+    """The per-kind event tables of one connection, and how events get into them."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        for kind, names in KIND_COLUMNS.items():
+            empty = pa.schema([LIGHT_SCHEMA.field(n) for n in names]).empty_table()  # noqa: F841
+            con.execute(f"create table log_{kind} as select * from empty")
+        union = "\nunion all by name\n".join(f"select * from log_{k}" for k in KIND_COLUMNS)
+        con.execute(f"create view event_log as\n{union}")
+        # The largest seq held, kept up to date as events arrive (so "now" costs no scan).
+        con.execute("create table log_tail as select cast(0 as bigint) as seq")
+        self._incoming: list[pa.Table] = []
+
+    def insert(self, table: pa.Table) -> None:
+        """Buffer appended events (any superset of the light columns) until :meth:`apply`.
+
+        Many small appends then cost one insert per kind.
+        """
+        if table.num_rows:
+            self._incoming.append(table)
+
+    def apply(self) -> Arrivals:
+        """Write the buffered events into their kinds' tables; return what arrived."""
+        if not self._incoming:
+            return {}
+        incoming = pa.concat_tables(self._incoming, promote_options="default")
+        self._incoming = []
+        present = set(incoming.column_names)
+        keys = ["kind", "tree_id"] if "tree_id" in present else ["kind"]
+        groups = incoming.group_by(keys, use_threads=False).aggregate([]).to_pylist()
+        arrivals: Arrivals = {}
+        for g in groups:
+            arrivals.setdefault(g["kind"], set()).add(g.get("tree_id"))
+        self._insert_kinds(incoming, set(arrivals), present)
+        self.con.execute("update log_tail set seq = greatest(seq, ?)", [pc.max(incoming.column("seq")).as_py()])
+        return arrivals
+
+    def load(self, log: EventLog, scoped: Callable, attempts: int = 50) -> bool:
+        """Insert the published events of ``log``, read by DuckDB from its Parquet parts.
+
+        Each kind's table reads only its columns (no Arrow copy of the whole log in
+        between). The parts are read in one transaction: when compaction replaced a
+        part meanwhile, the load is rolled back and taken again from a new listing.
+        ``scoped`` sets session variables for a block (the catalog's). Returns whether
+        anything was loaded. Buffered events must have been applied first.
+        """
+        for attempt in range(attempts):
+            parts = log.parts()
+            files = [str(p.path) for p in parts]
+            if not files:
+                return False
+            try:
+                present = set().union(*(part_schema(p).names for p in parts))
+                with scoped(load_files=files):
+                    self._load_files(present)
+            except (OSError, duckdb.Error) as err:
+                if all(Path(f).exists() for f in files):
+                    raise LogError(f"{self._unreadable(files, log)}: cannot read the log: {err}") from err
+                time.sleep(0.002 * attempt)  # a part was compacted away: list again
+                continue
+            return True
+        raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
+
+    def _load_files(self, present: set[str]) -> None:
+        source = "read_parquet(getvariable('load_files'), union_by_name = true)"
+        # Rows of a log table have no order (every view orders by seq where order
+        # matters), so the parts may be copied in parallel (measured: load -20%).
+        self.con.execute("set preserve_insertion_order = false")
+        try:
+            self.con.execute("begin transaction")
+            kinds = {r[0] for r in self.con.execute(f"select distinct kind from {source}").fetchall()}
+            self._insert_kinds(source, kinds, present)
+            self.con.execute(f"update log_tail set seq = greatest(seq, (select max(seq) from {source}))")
+            self.con.execute("commit")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                self.con.execute("rollback")
+            raise
+        finally:
+            self.con.execute("reset preserve_insertion_order")
+
+    def _unreadable(self, files: list[str], log: EventLog) -> str:
+        """The first part DuckDB cannot scan (else the log directory), for an error message.
+
+        Hashing every column decodes every page (statistics cannot answer it), and the
+        one-row answer makes any failure a ``duckdb.Error`` of ``execute`` (a streamed
+        Arrow reader raised some as OSError, depending on when the scan failed).
+        """
+        for f in files:
+            try:
+                self.con.execute("select bit_xor(hash(columns(*))) from read_parquet(?)", [f])
+            except duckdb.Error:
+                return f
+        return str(log.log_dir)
+
+    def _insert_kinds(self, source: str | pa.Table, kinds: set[str], present: set[str]) -> None:
+        """Copy the events of ``source`` (SQL relation or Arrow table) into their kinds' tables.
+
+        Only the columns ``present`` in the source are read (absent ones are null);
+        kinds this version does not know are left out. An Arrow table is read by name
+        from this frame (DuckDB's replacement scan: twice as fast as a registered view).
+        """
+        incoming = source if isinstance(source, pa.Table) else None  # noqa: F841 - read by DuckDB
+        relation = "incoming" if isinstance(source, pa.Table) else source
+        for kind in sorted(kinds & set(KIND_COLUMNS)):
+            cols = ", ".join(f'"{c}"' for c in KIND_COLUMNS[kind] if c in present)
+            sql = f"insert into log_{kind} by name select {cols} from {relation} where kind = ?"
+            self.con.execute(sql, [kind])
+
+    def tail_seq(self) -> int:
+        """The largest seq held (0 when empty; buffered events not counted)."""
+        return self.con.execute("select seq from log_tail").fetchall()[0][0]

@@ -1,0 +1,212 @@
+"""Exploration runs (``explore``): create one over a set of roots, or resume one, and summarize it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine import __version__
+from engine.catalog import Catalog
+from engine.config import RunConfig
+from engine.mcts.explorer import Explorer
+from engine.roots import default_run_id, picked_detail, plan_selection
+from engine.runs import open_run, recorded_config
+from engine.teachers import make_teacher
+from ingest.errors import InputError, LogError
+from ingest.events import RootAdded, RunStarted, SnapshotsPicked
+from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.snapshots import read_direction, read_snapshot
+
+ENGINE_THREADS = 1  # deterministic float sums for recorded decisions (see Catalog.empty)
+Progress = Callable[[Callable[[], dict[str, Any]]], None]
+
+
+@dataclass
+class ExploreResult:
+    """What an exploration run holds: its trees (the ``trees`` view) and totals (``run_progress``)."""
+
+    run_id: str
+    resumed: bool
+    trees: list[dict[str, Any]]
+    progress: dict[str, Any]
+    top_k: int
+
+
+def _tree_id(i: int, n: int) -> str:
+    return f"T{i:0{max(3, len(str(n)))}d}"
+
+
+def _text(meta: dict[str, Any], key: str) -> str | None:
+    return meta[key] if isinstance(meta.get(key), str) else None
+
+
+def roots_from_dir(roots_dir: Path, task: str | None) -> tuple[list[RootAdded], str, str]:
+    """RootAdded facts for every snapshot folder of a ``select-snapshots`` output.
+
+    Folders are ordered by (global index, name); each needs a numeric score (its
+    attempt JSON, as for selection). ``stage``, ``selection_reason`` and ``task``
+    come from the copied ``metadata.json``. Returns the roots, the task (the one the
+    roots record; ``task`` must agree with it, and is needed when they record none)
+    and the direction the snapshots' CORAL config gives (maximize when none).
+    """
+    roots_dir = Path(roots_dir)
+    if not roots_dir.is_dir():
+        raise InputError(f"{roots_dir}: not a directory")
+    facts = [read_snapshot(p.resolve(), task or "") for p in sorted(roots_dir.iterdir())]
+    problems = [f"{f.snapshot}: {f.skip_reason}" for f in facts if f.skip_reason]
+    problems += [f"{f.snapshot}: no numeric score ({f.score_problem})"
+                 for f in facts if not f.skip_reason and f.score is None]  # fmt: skip
+    if problems:
+        shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+        raise InputError(f"{roots_dir}: cannot use every folder as a root: {shown}")
+    if not facts:
+        raise InputError(f"{roots_dir}: no snapshot folders to explore from")
+    facts.sort(key=lambda f: (f.global_index, f.snapshot))
+    metas = [json.loads((Path(f.path) / "metadata.json").read_text()) for f in facts]
+    task = _roots_task(roots_dir, [_text(m, "task") for m in metas], task)
+    roots = [
+        RootAdded(
+            tree_id=_tree_id(i, len(facts)), task=task, snapshot=f.snapshot, path=f.path,
+            global_index=f.global_index, agent_id=f.agent_id, commit_hash=f.commit_hash,
+            score=f.score, stage=_text(meta, "stage"), selection_reason=_text(meta, "selection_reason"),
+        )
+        for i, (f, meta) in enumerate(zip(facts, metas, strict=True), start=1)
+    ]  # fmt: skip
+    return roots, task, read_direction(roots_dir, facts) or "maximize"
+
+
+def _roots_task(roots_dir: Path, recorded: list[str | None], given: str | None) -> str:
+    """The task the roots record, checked against ``--task``."""
+    tasks = sorted({t for t in recorded if t is not None})
+    if len(tasks) > 1:
+        raise InputError(f"{roots_dir}: the roots record several tasks ({', '.join(tasks)}) - "
+                         "explore the roots of one task at a time")  # fmt: skip
+    if tasks and given and given != tasks[0]:
+        raise InputError(f"--task {given!r} disagrees with the task {tasks[0]!r} that the roots in "
+                         f"{roots_dir} were selected for - drop --task, or give {tasks[0]!r}")  # fmt: skip
+    if not tasks and not given:
+        raise InputError(f"{roots_dir}: the roots record no task (they were not made by "
+                         "select-snapshots) - give it with --task")  # fmt: skip
+    return tasks[0] if tasks else given  # type: ignore[return-value]
+
+
+def _roots_from_selection(catalog: Catalog, task: str) -> list[RootAdded]:
+    picks = catalog.query(
+        "select * from snapshots where task = ? and selected order by global_index, snapshot", [task]
+    )
+    return [
+        RootAdded(
+            tree_id=_tree_id(i, len(picks)), task=task, snapshot=p["snapshot"], path=p["path"],
+            global_index=p["global_index"], agent_id=p["agent_id"], commit_hash=p["commit_hash"],
+            score=p["score"], stage=p["stage"], selection_reason=p["selection_reason"],
+        )
+        for i, p in enumerate(picks, start=1)
+    ]  # fmt: skip
+
+
+def new_run(
+    data_dir: Path,
+    source: Path,
+    config: RunConfig,
+    run_id: str | None = None,
+    select: bool = False,
+    on_progress: Progress | None = None,
+    on_start: Callable[[str], None] | None = None,
+) -> ExploreResult:
+    """Create an exploration run over the roots in ``source`` and run it to the end.
+
+    ``on_start`` is called with the run id once the run exists; ``on_progress`` as
+    the engine goes (see Explorer). With ``select``, ``source`` is a task's
+    ``all_snapshots`` dir: the selection is recorded in this run (SPEC §1) and its
+    picks become the roots.
+    """
+    if select:
+        if not config.task:
+            raise InputError("--select needs the task's name (--task)")
+        task = config.task
+        run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", task)
+        _refuse_existing(data_dir, run_id)
+        events, catalog = plan_selection(source, task, run_id, config.direction, config.selection.num_roots)
+        roots = _roots_from_selection(catalog, task)
+        selection = [e for e in events if not isinstance(e, RunStarted)]
+        direction = events[0].direction
+    else:
+        roots, task, direction = roots_from_dir(source, config.task)
+        run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", task)
+        _refuse_existing(data_dir, run_id)
+        selection = []
+    config = config.model_copy(update={"task": task, "direction": config.direction or direction})
+    if config.backend == "opencode":  # record the resolved options (never a secret value)
+        from engine.teachers.opencode import resolve_options
+
+        config = config.model_copy(update={"backend_options": resolve_options(config.backend_options)})
+    make_teacher(config, EventLog(data_dir, run_id).dir).close()  # fail early, before the run exists
+    started = RunStarted(
+        command="explore", task=task, direction=config.direction,
+        config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},
+        tool_version=__version__,
+    )  # fmt: skip
+    catalog = Catalog.empty(threads=ENGINE_THREADS)
+    with LogWriter.create(data_dir, run_id) as writer:
+        catalog.insert(writer.stage([started, *selection]))
+        if select:
+            decision = SnapshotsPicked(watermark=writer.tail, task=task, detail=picked_detail(catalog, task))
+            catalog.insert(writer.stage([decision]))
+        catalog.insert(writer.stage(roots))
+        writer.flush()
+        if on_start:
+            on_start(run_id)
+        _explore(writer, catalog, config, on_progress, resumed=False)
+    return run_summary(data_dir, run_id, resumed=False)
+
+
+def _refuse_existing(data_dir: Path, run_id: str) -> None:
+    if EventLog(data_dir, run_id).exists():
+        raise InputError(f"run {run_id!r} already exists - choose another --run-id or --resume it")
+
+
+def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, on_progress: Progress | None,
+             resumed: bool) -> None:  # fmt: skip
+    teacher = make_teacher(config, writer.log.dir)
+    try:
+        Explorer(writer, catalog, config, teacher, on_progress).run(resumed=resumed)
+    finally:
+        teacher.close()
+
+
+def resume_run(
+    data_dir: Path,
+    run_id: str,
+    on_progress: Progress | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
+) -> ExploreResult:
+    """Continue an interrupted exploration run from its log.
+
+    ``on_start`` is called with the run's progress (``run_progress``) and task before
+    anything runs; a finished run is only summarized.
+    """
+    log = EventLog(data_dir, run_id).require()
+    with LogWriter.open(data_dir, run_id) as writer:
+        catalog = Catalog.for_log(log, threads=ENGINE_THREADS)
+        command = catalog.query("select command from stg_run_started order by seq limit 1")
+        if not command or command[0]["command"] != "explore":
+            raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
+        config = recorded_config(catalog, log)
+        finished = catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
+        if on_start:
+            on_start(catalog.query("select * from run_progress")[0] | {"task": config.task, "finished": finished})
+        if not finished:
+            _explore(writer, catalog, config, on_progress, resumed=True)
+    return run_summary(data_dir, run_id, resumed=not finished)
+
+
+def run_summary(data_dir: Path, run_id: str, resumed: bool) -> ExploreResult:
+    """The trees and totals of a run, read back from its log."""
+    catalog = open_run(data_dir, run_id)
+    trees = catalog.query("select * from trees order by tree_id")
+    progress = catalog.query("select * from run_progress")[0]
+    top_k = catalog.query("select top_k from run_config")[0]["top_k"]
+    return ExploreResult(run_id, resumed, trees, progress, top_k)

@@ -1,0 +1,281 @@
+"""The live token-aware MCTS engine (SPEC §2): the loop that grows every tree of a run.
+
+The engine keeps no state of its own: each step reads the views, turns their rows
+into decisions (``decisions``) and starts the turns the edges need (``turns``)::
+
+    until every tree has stopped and nothing is in flight:
+        record each stop that is due               int_trees__stopping
+        hand free slots to the trees in turn       int_rotation, int_next_work
+            (root directions, owed retries, then the node with the highest Select)
+        run the turns the open edges need          int_edges__open
+        record their facts, then each skip of turn 2 and each verdict now due
+    record the default Top-k path selection, then RunFinished
+
+Every decision records the seq of the last event its query saw as its watermark.
+A resumed run is the same loop over the log it finds: turns already recorded (or
+spooled) are never run again, and decisions a crash left out are recorded first.
+
+Scheduling. ``parallel`` slots (the Teacher endpoint's concurrency) are shared by
+all trees. ``rounds``: start a batch for every free slot, run all its turn 1s
+concurrently and record them in start order, then all its turn 2s; the log is a
+function of the seed and settings (and the spool keeps finished turns of a batch
+across a kill). ``async``: a freed slot is refilled at once, and one pass of the
+loop serves every turn that finished while the last pass ran.
+
+Backend errors. A turn whose Teacher process failed (``int_turns__failing``) is not
+a rollout result worth keeping until another turn shows the backend works: while
+the trailing streak of such turns is above zero nothing is published, and when it
+reaches ``backend_error_limit`` the run stops with the error (exit 1), its failed
+turns unpublished, so ``--resume`` after the fix runs them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from engine.catalog import Catalog
+from engine.config import RunConfig
+from engine.mcts import decisions
+from engine.mcts.spool import Spool
+from engine.mcts.turns import TeacherFailedError, TurnPool
+from engine.selections import default_parameters, selection_decision
+from engine.teachers import RootInfo, Teacher, TurnRequest
+from ingest.events import Event, RunFinished, RunResumed
+from ingest.log import LogWriter
+
+Row = dict[str, Any]
+TURN_STEPS = {"turn_1": 1, "turn_2": 2}
+OPEN_EDGES = "select * from int_edges__open order by started_seq"
+
+
+class BackendFailingError(TeacherFailedError):
+    """Turns keep failing with a backend error: the run stops, resumable after the fix."""
+
+
+class Explorer:
+    """Grows every tree of one run until all have stopped.
+
+    ``on_progress`` is called after every step with a function returning the run's
+    progress (the ``run_progress`` row and the turns running); it reads the views
+    only when called, so a renderer decides how often that costs a query.
+    """
+
+    def __init__(
+        self,
+        writer: LogWriter,
+        catalog: Catalog,
+        config: RunConfig,
+        teacher: Teacher,
+        on_progress: Callable[[Callable[[], Row]], None] | None = None,
+    ) -> None:
+        self.writer = writer
+        self.catalog = catalog
+        self.config = config
+        self.teacher = teacher
+        self.on_progress = on_progress
+        self.spool = Spool(writer.log.dir) if config.schedule == "rounds" else None
+        self.pool = TurnPool(teacher, config.parallel, self.spool)
+        self.roots = {
+            r["tree_id"]: RootInfo(r["tree_id"], r["path"], r["score"], r["commit_hash"])
+            for r in catalog.query("select * from stg_root_added order by tree_id")
+        }
+        self.direction = catalog.query("select direction from run_config")[0]["direction"]
+        self._root_states: dict[str, dict[str, Any]] = {}  # memo of the backend's root_state
+        self._unpublished: list[tuple[str, int]] = []  # spooled turns staged, not yet published
+        self._held = False  # a streak of backend errors is open: publishing waits
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, resumed: bool = False) -> None:
+        """Explore until every tree has stopped and nothing is in flight."""
+        try:
+            if resumed:
+                self._stage([RunResumed(note="resumed from the log")])
+                self._check_backend()
+            if self.config.schedule == "rounds":
+                self._run_rounds()
+            else:
+                self._run_async()
+            self._stage(decisions.stops(self._query("select * from int_trees__stopping order by tree_id")))
+            weights, top_k = default_parameters(self.catalog)
+            self._stage([selection_decision(self.catalog, self.writer.tail, weights, top_k)])
+            self._stage([RunFinished()])
+            self._publish(force=True)
+            if self.spool is not None:
+                self.spool.clear()
+        except BaseException as err:
+            self.pool.close(cancel=True)
+            if not isinstance(err, BackendFailingError):  # its failed turns stay unpublished
+                self._publish_safely()
+            raise
+        finally:
+            self.pool.close()
+
+    def _run_rounds(self) -> None:
+        """Batches: every free slot started, then all turn 1s, then all turn 2s, in start order."""
+        edges = self._open()
+        while True:
+            if not edges:
+                self._fill(free=self.config.parallel)
+                self._publish()
+                edges = self._open()
+                if not edges:
+                    return
+            for step in TURN_STEPS:
+                todo = [self._request(e) for e in edges if e["next_step"] == step]
+                if todo:
+                    done: list[Event] = []
+                    try:
+                        for request, facts in zip(todo, self.pool.gather(todo), strict=False):
+                            done.extend(facts)
+                            self._unpublished.append((request.edge_id, request.turn))
+                    finally:
+                        self._stage(done)
+                    self._check_backend()
+                edges = self._decide()
+                self._publish()
+                self._report()
+
+    def _run_async(self) -> None:
+        """A freed slot is refilled at once; each pass serves every turn finished meanwhile."""
+        while True:
+            edges = self._decide()
+            if self._fill(free=self.config.parallel - len(edges)):
+                edges = self._open()
+            self._publish()
+            for edge in edges:
+                step = TURN_STEPS.get(edge["next_step"])
+                if step and (edge["edge_id"], step) not in self.pool.running:
+                    self.pool.submit(self._request(edge))
+            self._report()
+            if not self.pool.running:
+                return
+            for _request, facts in self.pool.wait():
+                self._stage(facts)
+            self._check_backend()
+
+    # ------------------------------------------------------------ decisions
+
+    def _decide(self) -> list[Row]:
+        """Record each skip of turn 2 that is due, then each verdict; return the open edges left."""
+        edges = self._open()
+        skips = decisions.skips(edges, self.writer.tail)
+        if skips:  # a recorded skip makes its edge due for a verdict
+            self._stage(skips)
+            edges = self._open()
+        judged = decisions.verdicts(edges, self.writer.tail)
+        if not judged:
+            return edges
+        self._stage(judged)
+        for edge in edges:  # a pruned or retried edge's checkpoints are never forked again
+            if edge["next_step"] == "judge" and edge["verdict"] in ("pruned", "retry"):
+                for state in (edge["turn1_state"], edge["end_state"]):
+                    if state:
+                        self.teacher.discard(json.loads(state))
+        return self._open()
+
+    def _fill(self, free: int) -> int:
+        """Record the stops due, then start an edge for each of ``free`` slots, round-robin (SPEC §2).
+
+        Returns the number of edges started.
+        """
+        self._stage(decisions.stops(self._query("select * from int_trees__stopping order by tree_id")))
+        if free <= 0:
+            return 0
+        order = [r["tree_id"] for r in self._query("select tree_id from int_rotation order by visit")]
+        robin = decisions.RoundRobin(order, self._work(), free)
+        started = 0
+        while (step := robin.next()) is not None:
+            if isinstance(step, set):
+                robin.update(self._work(step))
+            else:
+                self._stage(decisions.start(step))
+                started += 1
+        return started
+
+    def _check_backend(self) -> None:
+        """After turns are staged: stop when the streak of backend errors reaches the limit.
+
+        While the streak is open, publishing waits (only turn facts change it).
+        """
+        row = self._query("select streak, last_error from int_turns__failing")[0]
+        self._held = row["streak"] > 0
+        if row["streak"] >= self.config.backend_error_limit:
+            msg = (
+                f"the last {row['streak']} turns failed with a backend error, the last one: "
+                f"{row['last_error']} - nothing of them was recorded; fix the cause and continue "
+                f"with 'explore --resume {self.writer.log.run_id}'"
+            )
+            raise BackendFailingError(msg)
+
+    # ----------------------------------------------------------------- views
+
+    def _query(self, sql: str, params: list[Any] | None = None) -> list[Row]:
+        return self.catalog.query(sql, params)
+
+    def _open(self) -> list[Row]:
+        return self._query(OPEN_EDGES)
+
+    def _work(self, trees: set[str] | None = None) -> dict[str, list[Row]]:
+        """Each tree's starts due, in pick order (every tree, or those given)."""
+        if trees is None:
+            rows = self._query("select * from int_next_work order by tree_id, pick")
+        else:
+            rows = self._query("select * from int_next_work where tree_id in (select unnest(?)) "
+                               "order by tree_id, pick", [sorted(trees)])  # fmt: skip
+        work: dict[str, list[Row]] = {}
+        for row in rows:
+            work.setdefault(row["tree_id"], []).append(row)
+        return work
+
+    # ---------------------------------------------------------------- turns
+
+    def _request(self, edge: Row) -> TurnRequest:
+        """The turn an ``int_edges__open`` row needs next."""
+        turn = TURN_STEPS[edge["next_step"]]
+        if turn == 2:
+            start = json.loads(edge["turn1_state"]) if edge["turn1_state"] else {}
+        elif edge["parent_id"] == edge["tree_id"]:
+            start = self._root_state(edge["tree_id"])
+        else:
+            start = json.loads(edge["parent_state"]) if edge["parent_state"] else {}
+        return TurnRequest(
+            tree_id=edge["tree_id"], edge_id=edge["edge_id"], parent_id=edge["parent_id"], turn=turn,
+            slot=edge["slot"], attempt=edge["attempt"], start_state=start, fork=turn == 1,
+            direction=self.direction, timeout_s=self.config.backend_options.get("turn_timeout_s"),
+        )  # fmt: skip
+
+    def _root_state(self, tree_id: str) -> dict[str, Any]:
+        if tree_id not in self._root_states:
+            self._root_states[tree_id] = self.teacher.root_state(self.roots[tree_id])
+        return self._root_states[tree_id]
+
+    # ------------------------------------------------------------- recording
+
+    def _stage(self, events: list[Event]) -> None:
+        self.catalog.insert(self.writer.stage(events))
+
+    def _publish(self, force: bool = False) -> None:
+        """Flush what is staged, unless a streak of backend errors is open (see the module doc)."""
+        if self._held and not force:
+            return
+        self.writer.flush()
+        if self.spool is not None:
+            for edge_id, turn in self._unpublished:
+                self.spool.drop(edge_id, turn)
+        self._unpublished = []
+
+    def _publish_safely(self) -> None:
+        with contextlib.suppress(Exception):  # the original error matters more
+            self._publish()
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self._progress)
+
+    def _progress(self) -> Row:
+        row = self._query("select * from run_progress")[0]
+        return row | {"turns_running": len(self.pool.running)}

@@ -1,0 +1,232 @@
+"""The real Teacher: OpenCode sessions in forked git worktrees, scored by ``coral eval``.
+
+A turn, in the rooms of this package:
+
+1. ``worktrees``: the edge's worktree at its parent's commit (turn 1; turn 2 resets
+   the same worktree to turn 1's end), and a copy of the parent's shared-knowledge
+   dir at ``.opencode/`` (where CORAL exposes it to OpenCode agents; never committed);
+2. ``sessions``: the session it forks is pointed at that worktree (a fresh session
+   from a root);
+3. ``processes``: ``opencode run --format json [--session S --fork]`` runs with the
+   prompt on stdin, in the ``environment`` of the run, until it ends, its timeout
+   or a cancel, and no process it started outlives it;
+4. its stream is parsed as it arrives (``ingest.opencode_stream``) and its eval
+   result read from what ``coral eval`` left (``ingest.coral_eval``).
+
+Every recorded state - commit, session, shared-dir snapshot - stays immutable and
+can be forked again: by the edge's turn 2, by the node's children, or by a resumed
+run. Every path given to git and OpenCode is absolute.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.config import problems
+from engine.teachers import RootInfo, TurnCancelled, TurnRequest
+from engine.teachers.opencode.environment import Environment
+from engine.teachers.opencode.processes import RUN_ENV, Supervisor, kill_marked
+from engine.teachers.opencode.sessions import move_session
+from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
+from ingest import coral_eval
+from ingest.errors import InputError
+from ingest.events import EvalFinished, Event, TurnFinished
+from ingest.opencode_stream import StreamParser
+
+TURN1 = (
+    "You are improving this repository for the task \"{task}\". Shared knowledge from earlier "
+    "attempts by other agents is in `.opencode/` (notes/, skills/, attempts/): read what helps, "
+    "and write a note about what you learn. Make one focused improvement, check it locally, then "
+    "finish this attempt by running `{eval_command} \"<one-line summary of the change>\"`.\n"
+    "[edge {edge_id} turn {turn}]"
+)
+TURN2 = (
+    "Read the eval result of your last attempt and make a further improvement, then finish "
+    "again by running `{eval_command} \"<one-line summary of the change>\"`.\n"
+    "[edge {edge_id} turn {turn}]"
+)
+
+
+class OpenCodeOptions(BaseModel):
+    """``backend_options`` of an ``opencode`` run (TOML ``[backend_options]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(pattern=r"^[^/\s]+/\S+$", description="provider/model")
+    endpoint: str | None = Field(None, description="OpenAI-compatible base URL (…/v1)")
+    api_key_env: str | None = Field(None, description="environment variable holding the key")
+    context_limit: int = 200_000
+    output_limit: int = 8_192
+    opencode_bin: str | None = None
+    opencode_config: dict[str, Any] = Field(default_factory=dict)
+    eval_command: str = "coral eval -m"
+    turn_timeout_s: float = Field(1800.0, gt=0)
+    prompt_turn1: str = TURN1
+    prompt_turn2: str = TURN2
+    worktree_root: str | None = None
+    shared_dir: str = ".opencode"
+    attempts_subdir: str = "attempts"
+
+
+def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Validated backend options with defaults, safe to record (no secret values)."""
+    for key in ("api_key", "apiKey"):
+        if key in options:
+            raise InputError(
+                f"backend_options.{key}: do not put the key in the config; "
+                "put it in an environment variable and set api_key_env"
+            )
+    try:
+        opts = OpenCodeOptions.model_validate(options)
+    except ValidationError as err:
+        raise InputError(f"opencode backend options: {problems(err)}") from err
+    if opts.worktree_root is not None:  # recorded absolute: a resume may start elsewhere
+        opts = opts.model_copy(update={"worktree_root": str(Path(opts.worktree_root).resolve())})
+    return opts.model_dump()
+
+
+def check_eval_command(command: str) -> None:
+    """Refuse a run whose turns could not run the eval command at all (not on PATH).
+
+    A command given as a path relative to the worktree cannot be checked here.
+    """
+    words = command.split()
+    if not words:
+        raise InputError("--eval-command is empty")
+    word = words[0]
+    if "/" in word:
+        if Path(word).is_absolute() and not os.access(word, os.X_OK):
+            raise InputError(f"the eval command {command!r} cannot run: {word} is not an executable file")
+        return
+    if shutil.which(word) is None:
+        msg = (
+            f"the eval command {command!r} cannot run: {word!r} is not on PATH - install "
+            "CORAL (or the grader's command line) there, or set --eval-command"
+        )
+        raise InputError(msg)
+
+
+class OpenCodeTeacher:
+    """Runs turns with ``opencode run --format json`` (see the module docstring)."""
+
+    name = "opencode"
+
+    def __init__(self, config: Any, run_dir: Path) -> None:
+        self.opts = OpenCodeOptions.model_validate(resolve_options(dict(config.backend_options)))
+        self.task = config.task or "task"
+        check_eval_command(self.opts.eval_command)  # before anything is created
+        self.environment = Environment(run_dir, self.opts)
+        self.worktrees = Worktrees(
+            Path(self.opts.worktree_root) if self.opts.worktree_root else self.environment.run_dir / "worktrees",
+            self.opts.shared_dir,
+        )  # fmt: skip
+        self.processes = Supervisor()
+        # Sessions a killed process of this run left running (kill -9 skips every
+        # cleanup) would go on writing into worktrees its turns are re-run in. Only
+        # this run's writer starts them, so whatever carries the run's mark is left over.
+        kill_marked(str(self.environment.run_dir), RUN_ENV)
+        self.environment.init_database()
+
+    # -- Teacher interface
+
+    def root_state(self, root: RootInfo) -> dict[str, Any]:
+        """A git repository with the snapshot's code (made once per tree)."""
+        snapshot = Path(root.path).resolve()
+        repo, commit = self.worktrees.root_repo(root.tree_id, snapshot / "code")
+        return {"repo": str(repo), "commit": commit, "session": None, "shared": str(snapshot / "shared")}
+
+    def discard(self, state: dict[str, Any]) -> None:
+        """Remove the worktree (and shared snapshots) of a pruned or retried edge."""
+        if state.get("worktree"):
+            self.worktrees.discard(Path(state["repo"]), Path(state["worktree"]))
+
+    def close(self) -> None:
+        self.processes.stop_all()
+
+    def run_turn(self, request: TurnRequest, cancel: threading.Event) -> list[Event]:
+        start = request.start_state
+        repo = Path(start["repo"])
+        edge_dir = self.worktrees.edge_dir(request.tree_id, request.edge_id)
+        worktree = edge_dir / "wt"
+        shared = worktree / self.opts.shared_dir
+        self.worktrees.prepare(repo, worktree, start["commit"], fresh=request.turn == 1)
+        copy_dir(Path(start["shared"]) if start.get("shared") else None, shared)
+        source = start.get("session")
+        if source:
+            move_session(self.environment.database, source, worktree)
+        before = git("rev-parse", "HEAD", cwd=worktree)
+        prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
+            task=self.task, edge_id=request.edge_id, turn=request.turn, eval_command=self.opts.eval_command,
+        )  # fmt: skip
+        started_at = datetime.now(UTC)
+        t0 = time.monotonic()
+        parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel)
+        wall = time.monotonic() - t0
+        after = git("rev-parse", "HEAD", cwd=worktree)
+        result = self._eval_result(shared, before, after, parser)
+        if outcome == "timeout":
+            result = coral_eval.EvalResult(None, "timeout", result.feedback, result.source)
+        snapshot = edge_dir / f"shared-t{request.turn}"
+        copy_dir(shared, snapshot)
+        ids = {"tree_id": request.tree_id, "edge_id": request.edge_id, "turn": request.turn}
+        facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
+                                  source=result.source, feedback=result.feedback))  # fmt: skip
+        facts.append(TurnFinished(
+            **ids, session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
+            outcome=outcome, error=error,
+            state={"repo": str(repo), "worktree": str(worktree), "commit": after,
+                   "session": parser.summary.session_id or source, "shared": str(snapshot)},
+            started_at=started_at.isoformat(), wall_seconds=round(wall, 3),
+            prompt=prompt, transcript="".join(lines),
+        ))  # fmt: skip
+        return facts
+
+    # -- the turn
+
+    def _run(self, request: TurnRequest, edge_dir: Path, worktree: Path, source: str | None,
+             prompt: str, cancel: threading.Event):  # fmt: skip
+        args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model,
+                "--dir", str(worktree)]  # fmt: skip
+        args += ["--session", source, "--fork"] if source else ["--title", f"{request.edge_id} turn {request.turn}"]
+        parser = StreamParser(request.tree_id, request.edge_id, request.turn)
+        lines: list[str] = []
+        facts: list[Event] = []
+
+        def on_line(line: str) -> None:
+            lines.append(line)
+            facts.extend(parser.feed(line))
+
+        prompt_file = edge_dir / f"prompt-t{request.turn}.txt"
+        prompt_file.write_text(prompt)
+        stderr = edge_dir / f"stderr-t{request.turn}.log"
+        timeout = request.timeout_s or self.opts.turn_timeout_s
+        finished = self.processes.run(
+            args, label=f"{request.edge_id}#{request.turn}", cwd=worktree,
+            env=dict(self.environment.env, PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
+            on_line=on_line, timeout_s=timeout, cancel=cancel,
+        )  # fmt: skip
+        if finished.outcome == "cancelled":
+            raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
+        if finished.outcome == "timeout":
+            return parser, lines, facts, "timeout", f"turn timed out after {timeout:.0f} s"
+        if finished.returncode != 0 or parser.summary.errors:
+            detail = "; ".join(parser.summary.errors) or stderr.read_text(errors="replace")[-500:]
+            return parser, lines, facts, "error", f"opencode exited with {finished.returncode}: {detail}".strip()
+        return parser, lines, facts, "completed", None
+
+    def _eval_result(self, shared: Path, before: str, after: str, parser: StreamParser) -> coral_eval.EvalResult:
+        """The turn's last eval: the attempt JSON of the new commit, else the printed block."""
+        if after != before:
+            found = coral_eval.from_attempt(shared / self.opts.attempts_subdir / f"{after}.json")
+            if found is not None:
+                return found
+        eval_word = self.opts.eval_command.split()[0]
+        return coral_eval.from_printed(parser.summary.shell_calls, eval_word) or coral_eval.NO_EVAL

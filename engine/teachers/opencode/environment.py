@@ -1,0 +1,90 @@
+"""The environment OpenCode runs in: its own HOME and XDG dirs under the run, and its config.
+
+Everything OpenCode keeps (its session database, logs, snapshot repos) lives under
+``<run>/opencode/``; its config comes through ``OPENCODE_CONFIG_CONTENT``: the
+model, and for an endpoint an OpenAI-compatible provider whose key is read from the
+variable named by ``api_key_env`` (the key is never recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from engine.teachers.opencode.processes import RUN_ENV
+from ingest.errors import InputError, ProjectError
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def find_binary(configured: str | None) -> str:
+    """The opencode executable: the configured one, else the repository's npm install, else PATH."""
+    candidates = [configured] if configured else [
+        str(REPO_ROOT / "node_modules" / ".bin" / "opencode"), shutil.which("opencode"),
+    ]  # fmt: skip
+    for c in candidates:
+        if c and Path(c).exists():
+            return str(Path(c).resolve())
+    raise InputError(
+        "opencode not found: run `npm install` in the repository (it installs opencode-ai) "
+        "or set backend_options.opencode_bin"
+    )
+
+
+def opencode_config(opts: Any) -> dict[str, Any]:
+    """OpenCode's config for these backend options (the key read from its variable)."""
+    provider, model = opts.model.split("/", 1)
+    config: dict[str, Any] = {
+        "$schema": "https://opencode.ai/config.json",
+        "model": opts.model, "small_model": opts.model, "autoupdate": False, "share": "disabled",
+    }  # fmt: skip
+    if opts.endpoint:
+        key = os.environ.get(opts.api_key_env or "", "") or "none"
+        config["provider"] = {provider: {
+            "npm": "@ai-sdk/openai-compatible", "name": provider,
+            "options": {"baseURL": opts.endpoint, "apiKey": key},
+            "models": {model: {"name": model, "limit": {
+                "context": opts.context_limit, "output": opts.output_limit}}},
+        }}  # fmt: skip
+    config.update(opts.opencode_config)
+    return config
+
+
+class Environment:
+    """OpenCode's home under ``<run>/opencode`` and the variables every turn runs with."""
+
+    def __init__(self, run_dir: Path, opts: Any) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.home = self.run_dir / "opencode"
+        self.bin = find_binary(opts.opencode_bin)
+        for sub in ("data", "config", "cache", "state"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        self.database = self.home / "data" / "opencode" / "opencode.db"
+        self.env = dict(os.environ)
+        self.env.update(
+            HOME=str(self.home), XDG_DATA_HOME=str(self.home / "data"),
+            XDG_CONFIG_HOME=str(self.home / "config"), XDG_CACHE_HOME=str(self.home / "cache"),
+            XDG_STATE_HOME=str(self.home / "state"),
+            OPENCODE_CONFIG_CONTENT=json.dumps(opencode_config(opts)),
+            OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_PERMISSION=json.dumps({"question": "deny"}),
+            **{RUN_ENV: str(self.run_dir)},
+        )  # fmt: skip
+
+    def init_database(self) -> None:
+        """Create OpenCode's database before any turn runs.
+
+        Several first runs creating it at once can lose a session's events (seen
+        here: a turn with no tool calls, or with no eval, only when two fresh runs
+        started together), so one command creates it first.
+        """
+        if self.database.exists():
+            return
+        done = subprocess.run([self.bin, "session", "list"], env=self.env, cwd=self.home,
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=120)  # fmt: skip
+        if done.returncode != 0:
+            msg = done.stderr.decode(errors="replace").strip()[-500:]
+            raise ProjectError(f"{self.bin} could not start: {msg}")

@@ -1,0 +1,127 @@
+"""Process supervision: the OpenCode process of a turn, its deadline, and every process it started.
+
+OpenCode's tool processes leave its process group (a bash tool call is its own
+session leader), so a turn's processes are found by a marker in their
+environment: ``TEACHER_MCTS_TURN`` names the turn, ``TEACHER_MCTS_RUN`` the run
+(a resumed run stops what a killed process of the run left running).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER_ENV = "TEACHER_MCTS_TURN"
+RUN_ENV = "TEACHER_MCTS_RUN"  # every process of a run's turns: its run directory
+
+
+def kill_marked(marker: str, name: str = MARKER_ENV) -> list[int]:
+    """SIGKILL every process whose environment carries ``name=marker``."""
+    needle = f"{name}={marker}".encode()
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+@dataclass
+class Finished:
+    """How a supervised process ended: ``completed`` (any exit code), ``timeout`` or ``cancelled``."""
+
+    outcome: str
+    returncode: int | None
+
+
+class Supervisor:
+    """Starts marked processes and makes sure none of them outlives its turn."""
+
+    def __init__(self) -> None:
+        self._markers: set[str] = set()
+        self._lock = threading.Lock()
+
+    def run(
+        self,
+        args: list[str],
+        *,
+        label: str,
+        cwd: Path,
+        env: dict[str, str],
+        stdin: Path,
+        stderr: Path,
+        on_line: Callable[[str], None],
+        timeout_s: float,
+        cancel: threading.Event,
+    ) -> Finished:
+        """Run ``args`` to its end, its deadline or ``cancel``; every stdout line to ``on_line``.
+
+        On a deadline or cancel the process and everything carrying its marker are
+        killed; so is whatever carries the marker once the process has exited.
+        """
+        marker = f"{label}#{uuid.uuid4().hex[:8]}"
+        with self._lock:
+            self._markers.add(marker)
+        try:
+            with open(stdin, "rb") as fin, open(stderr, "wb") as ferr:
+                proc = subprocess.Popen(args, cwd=cwd, env=dict(env, **{MARKER_ENV: marker}),
+                                        stdin=fin, stdout=subprocess.PIPE, stderr=ferr,
+                                        start_new_session=True)  # fmt: skip
+                reader = threading.Thread(target=self._read, args=(proc, on_line), daemon=True)
+                reader.start()
+                finished = self._wait(proc, marker, time.monotonic() + timeout_s, cancel)
+                reader.join(timeout=10)
+        finally:
+            kill_marked(marker)  # tool processes that outlived the turn
+            with self._lock:
+                self._markers.discard(marker)
+        return finished
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, on_line: Callable[[str], None]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            on_line(raw.decode("utf-8", errors="replace"))
+
+    def _wait(self, proc: subprocess.Popen, marker: str, deadline: float, cancel: threading.Event) -> Finished:
+        while proc.poll() is None:
+            if cancel.is_set():
+                self._kill(proc, marker)
+                return Finished("cancelled", proc.returncode)
+            if time.monotonic() > deadline:
+                self._kill(proc, marker)
+                return Finished("timeout", proc.returncode)
+            time.sleep(0.1)
+        return Finished("completed", proc.returncode)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen, marker: str) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_marked(marker)
+        proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        """Kill every process of every turn still running."""
+        with self._lock:
+            markers = list(self._markers)
+        for marker in markers:
+            kill_marked(marker)

@@ -1,0 +1,74 @@
+"""The eval result of a rollout turn, from what ``coral eval`` left behind.
+
+The structured source of truth is the attempt JSON that ``coral eval`` writes for
+the new commit (``<shared>/attempts/<commit>.json``); when there is none, the
+result block it printed in the turn's last shell call that ran it::
+
+    CORAL Eval (#17): 0.8523000000
+    Commit:  1a2b3c4d5e6f
+    Status:  improved
+    Feedback: <text, optional>
+
+The score line reads ``FAILED`` when grading gave no number and ``PENDING`` when it
+did not finish. Nothing here raises on malformed input: it is no result.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingest.opencode_stream import ShellCall
+from ingest.snapshots import numeric_score
+
+EVAL_BLOCK = re.compile(
+    r"CORAL Eval \(#\d+\):\s*(\S+)\s*\nCommit:\s*(\S+)\s*\nStatus:\s*(\S+)(?:\s*\nFeedback:\s*(.*))?"
+)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """A turn's eval: the score (None when no number came back), status, feedback, source."""
+
+    score: float | None
+    status: str | None
+    feedback: str | None
+    source: str  # attempt_json, printed_block or none
+
+
+NO_EVAL = EvalResult(None, "no_eval", None, "none")
+
+
+def from_attempt(path: Path) -> EvalResult | None:
+    """The result an attempt JSON holds, or None if it is missing or unusable."""
+    try:
+        attempt = json.loads(Path(path).read_text())
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON
+        return None
+    if not isinstance(attempt, dict):
+        return None
+    score, _ = numeric_score(attempt.get("score"))
+    status = attempt.get("status")
+    feedback = attempt.get("feedback")
+    return EvalResult(score, status if isinstance(status, str) else None,
+                      feedback if isinstance(feedback, str) else None, "attempt_json")  # fmt: skip
+
+
+def from_printed(calls: list[ShellCall], eval_word: str) -> EvalResult | None:
+    """The last result block printed by a shell call that ran the eval command."""
+    last = None
+    for call in calls:
+        if eval_word in call.command:
+            found = EVAL_BLOCK.findall(call.output)
+            if found:
+                last = found[-1]
+    if last is None:
+        return None
+    raw, _commit, status, feedback = last
+    try:
+        score, _ = numeric_score(float(raw))
+    except ValueError:  # FAILED, PENDING
+        score = None
+    return EvalResult(score, status, feedback or None, "printed_block")

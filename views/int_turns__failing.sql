@@ -1,0 +1,22 @@
+-- The trailing run of turns that ended with a backend error (one row; streak 0 when the last turn did not).
+-- grain: run_key
+-- sources: stg_turn_finished
+--
+-- A backend error is a turn whose Teacher process failed (outcome 'error': the
+-- endpoint unreachable, a bad model, a path OpenCode cannot use), not a turn whose
+-- eval failed. streak counts the turns since the last turn without one, in log
+-- order; the engine stops the run when it reaches backend_error_limit, and holds
+-- back publishing while it is above 0 (so a stopped run's failed turns run again
+-- on --resume). last_error is the newest error message.
+with last_good as (
+    select coalesce(max(seq), 0) as seq
+    from stg_turn_finished
+    where outcome <> 'error'
+)
+
+select
+    1 as run_key,
+    count(f.seq) as streak,
+    arg_max(f.error, f.seq) as last_error
+from last_good as g
+left join stg_turn_finished as f on f.seq > g.seq and f.outcome = 'error'
