@@ -1,6 +1,6 @@
 """Run configuration: every parameter and weight, recorded whole in ``RunStarted``.
 
-The defaults are SPEC §2-§4's. Views read the recorded values through the view
+The defaults are ALGORITHM §2-§4's. Views read the recorded values through the view
 ``run_config``; nothing in Python or SQL assumes a default that is not written here.
 """
 
@@ -36,13 +36,13 @@ class _Strict(BaseModel):
 
 
 class SelectionConfig(_Strict):
-    """Snapshot selection (SPEC §1)."""
+    """Snapshot selection (ALGORITHM §1)."""
 
     num_roots: int = Field(30, ge=1)
 
 
 class TreeConfig(_Strict):
-    """Tree shape and stop limits (SPEC §2)."""
+    """Tree shape and stop limits (ALGORITHM §2)."""
 
     # Every unstarted root direction is a row of the next-work view at each point,
     # so a typo like 10**6 would stall the run (1,000 takes ~1 min on the bundled run).
@@ -70,7 +70,7 @@ class _Weights(_Strict):
 
 
 class SoftWeights(_Weights):
-    """The soft verifier (SPEC §2)."""
+    """The soft verifier (ALGORITHM §2)."""
 
     outcome: float = 0.30
     cleanliness: float = 0.20
@@ -89,7 +89,7 @@ class SoftWeights(_Weights):
 
 
 class QWeights(_Weights):
-    """Node quality Q (SPEC §2)."""
+    """Node quality Q (ALGORITHM §2)."""
 
     score_rank: float = 0.40
     best_rank: float = 0.30
@@ -97,7 +97,7 @@ class QWeights(_Weights):
 
 
 class PathWeights(_Weights):
-    """PathScore weights (SPEC §3); ``top_k`` paths are selected per root."""
+    """PathScore weights (ALGORITHM §3); ``top_k`` paths are selected per root."""
 
     max: float = 0.35
     avg: float = 0.25
@@ -113,7 +113,7 @@ class PathWeights(_Weights):
 
 
 class KnowledgeConfig(_Strict):
-    """Which tool calls are knowledge actions (SPEC §4); regexes over the call's target."""
+    """Which tool calls are knowledge actions (ALGORITHM §4); regexes over the call's target."""
 
     file_tools: list[str] = [
         "read", "write", "edit", "multiedit", "patch", "list", "ls", "glob", "grep", "view",

@@ -120,7 +120,7 @@ def new_run(
 
     ``on_start`` is called with the run id once the run exists; ``on_progress`` as
     the engine goes (see Explorer). With ``select``, ``source`` is a task's
-    ``all_snapshots`` dir: the selection is recorded in this run (SPEC §1) and its
+    ``all_snapshots`` dir: the selection is recorded in this run (ALGORITHM §1) and its
     picks become the roots.
     """
     if select:

@@ -205,7 +205,7 @@ def select_snapshots(
     run_id: str | None = None,
     overwrite: bool = False,
 ) -> SelectionResult:
-    """Choose the MCTS roots of one task and copy them to ``out`` (SPEC §1)."""
+    """Choose the MCTS roots of one task and copy them to ``out`` (ALGORITHM §1)."""
     all_snapshots = Path(all_snapshots)
     if out is not None:
         _check_out(Path(out), all_snapshots, overwrite, data_dir)

@@ -1,4 +1,4 @@
-"""Top-k root-to-leaf path selections (SPEC §3): the default one and reselections.
+"""Top-k root-to-leaf path selections (ALGORITHM §3): the default one and reselections.
 
 PathScore, the ranks and the Top-k are defined by the views (``int_paths__scored``,
 ``paths``, ``top_paths``); a selection under other weights sets the ``path_*``

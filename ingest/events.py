@@ -7,7 +7,7 @@ Fields a kind does not have are null in its rows. Dicts and lists are stored as
 JSON text with sorted keys, so equal events give byte-equal rows.
 
 Facts are named in the past tense. Decisions subclass :class:`Decision` and carry
-``watermark``: the seq of the last event the decision saw (SPEC §6).
+``watermark``: the seq of the last event the decision saw (ALGORITHM §6).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class RunFinished(Event):
 
 
 class SnapshotSeen(Event):
-    """One folder of an ``all_snapshots`` dir was read (SPEC §1.1-1.2).
+    """One folder of an ``all_snapshots`` dir was read (ALGORITHM §1.1-1.2).
 
     ``skip_reason`` is set when the folder is not a candidate; ``score`` is the
     raw attempt score when it is a finite number, else null with ``score_problem``.
@@ -99,7 +99,7 @@ class SnapshotSeen(Event):
 
 
 class SnapshotsPicked(Decision):
-    """The roots chosen for a task, with each candidate's stage and reason (SPEC §1.11)."""
+    """The roots chosen for a task, with each candidate's stage and reason (ALGORITHM §1.11)."""
 
     task: str
     detail: list[dict[str, Any]] = Field(default_factory=list)
@@ -123,6 +123,11 @@ class RootAdded(Event):
     selection_reason: str | None = None
 
 
+def edge_id(parent_id: str, slot: int, attempt: int) -> str:
+    """The id of an edge attempt: ``<parent>/e<slot>-<attempt>`` (the views' macro edge_id)."""
+    return f"{parent_id}/e{slot}-{attempt}"
+
+
 class EdgeStarted(Event):
     """An edge attempt from ``parent_id`` was launched (``slot``: direction or ordinal)."""
 
@@ -134,8 +139,8 @@ class EdgeStarted(Event):
 
     @model_validator(mode="after")
     def _id_follows(self) -> EdgeStarted:
-        # SPEC §6: ids are deterministic; the views read an edge's place from its id.
-        expected = f"{self.parent_id}/e{self.slot}-{self.attempt}"
+        # ALGORITHM §6: ids are deterministic; the views read an edge's place from its id.
+        expected = edge_id(self.parent_id, self.slot, self.attempt)
         if self.edge_id != expected:
             raise ValueError(f"edge_id {self.edge_id!r} must be {expected!r}")
         return self
@@ -210,7 +215,7 @@ class StreamLineSkipped(Event):
 class TurnFinished(Event):
     """A rollout turn ended; ``state`` is the backend checkpoint to fork from later.
 
-    ``context_tokens`` is the session context at the end of the turn (SPEC §2 ``tok``).
+    ``context_tokens`` is the session context at the end of the turn (ALGORITHM §2 ``tok``).
     ``started_at`` and ``wall_seconds`` are wall-clock and never feed a decision.
     """
 
@@ -267,7 +272,7 @@ class TreeStopped(Decision):
 
 
 class PathsSelected(Decision):
-    """A Top-k selection of root-to-leaf paths under given weights (SPEC §3)."""
+    """A Top-k selection of root-to-leaf paths under given weights (ALGORITHM §3)."""
 
     selection_id: str
     weights: dict[str, float]

@@ -1,7 +1,7 @@
 """Parse ``opencode run --format json`` streams into turn facts.
 
 One JSON object per line with ``type`` in step_start, step_finish, tool_use, text,
-reasoning, error (reference/opencode-facts.md §5). ``tool_use`` comes once per
+reasoning, error (OpenCode 1.18.33, as measured). ``tool_use`` comes once per
 call when it finishes, with ``state.status`` completed or error. Lines that are
 not JSON, have no known type, or miss required keys become ``StreamLineSkipped``
 facts; nothing here raises on bad input.

@@ -1,4 +1,4 @@
-"""Read a task's ``all_snapshots/`` directory into ``SnapshotSeen`` facts (SPEC §1.1-1.2, §8).
+"""Read a task's ``all_snapshots/`` directory into ``SnapshotSeen`` facts (ALGORITHM §1.1-1.2, §8).
 
 Pure file reading: nothing here decides stages or picks; that is the views' job.
 Every entry of the directory gives exactly one fact, skipped ones included.

@@ -1,4 +1,5 @@
-"""Shared fixtures: temporary data dirs, snapshot folders and catalogs built from events."""
+"""Shared fixtures: temporary data dirs, snapshot folders, catalogs built from events, and the
+explorations tests only read (run once per test session)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from click.testing import CliRunner  # noqa: E402
 
 from engine.catalog import Catalog  # noqa: E402
 from engine.config import RunConfig  # noqa: E402
@@ -63,3 +66,54 @@ def catalog_of(events: list[Event], config: RunConfig | None = None) -> Catalog:
     catalog = Catalog.empty()
     catalog.insert(to_arrow([started, *events], "test-run", 1, datetime.now(UTC)))
     return catalog
+
+
+SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
+SMALL = """
+[tree]
+target_good_leaves = 4
+"""
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> Path:
+    """A data dir with two small sim runs of 4 roots: ``rounds`` and ``async``.
+
+    Tests read them; a test that changes a run works on a copy (forge, copy_run).
+    """
+    from cli import cli
+
+    base = tmp_path_factory.mktemp("runs")
+    data = base / "data"
+    config = base / "small.toml"
+    config.write_text(SMALL)
+    for run, schedule, parallel in (("rounds", "rounds", "6"), ("async", "async", "3")):
+        r = CliRunner().invoke(cli, [
+            "--data", str(data), "explore", str(SNAPSHOTS), "--select", "--task", "kernel-speedup",
+            "--num-roots", "4", "--run-id", run, "--schedule", schedule, "--parallel", parallel,
+            "--config", str(config),
+        ])  # fmt: skip
+        assert r.exit_code == 0, r.output
+    return data
+
+
+@pytest.fixture(scope="session")
+def bundled(tmp_path_factory) -> Path:
+    """A data dir holding ``main``: README's main job on the bundled Student run (read only)."""
+    from cli import cli
+
+    data = tmp_path_factory.mktemp("bundled") / "data"
+    r = CliRunner().invoke(cli, ["--data", str(data), "explore", str(SNAPSHOTS), "--select",
+                                 "--task", "kernel-speedup", "--parallel", "16", "--run-id", "main"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return data
+
+
+def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> str:
+    """Copy a run's directory to another data dir (to change it without touching the original)."""
+    import shutil
+
+    from ingest.log import run_dir
+
+    shutil.copytree(run_dir(src, run_id), run_dir(dst, new_id or run_id))
+    return new_id or run_id

@@ -35,9 +35,10 @@ def _text_of(message: dict) -> str:
 class FakeModel:
     """The server; ``start()`` binds 127.0.0.1 on a free port."""
 
-    def __init__(self, script: Script, stall: bool = False) -> None:
+    def __init__(self, script: Script, stall: bool = False, fail_status: int | None = None) -> None:
         self.script = script
         self.stall = stall
+        self.fail_status = fail_status  # answer every request with this HTTP error (a broken endpoint)
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -103,6 +104,12 @@ class FakeModel:
                     })  # fmt: skip
                 if fake.stall:
                     time.sleep(3600)
+                    return
+                if fake.fail_status:
+                    self.send_response(fake.fail_status)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(json.dumps({"error": {"message": "model not found"}}).encode())
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")

@@ -1,5 +1,5 @@
 """The README main job on the bundled Student run: it completes, replays, and the sim
-Teacher exercises every rule of SPEC §2."""
+Teacher exercises every rule of ALGORITHM §2."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
 
 from cli import cli
 from engine.catalog import Catalog
@@ -15,12 +14,9 @@ from ingest.log import EventLog
 
 
 @pytest.mark.slow
-def test_the_main_job_exercises_every_rule_and_replays(tmp_path):
-    data = tmp_path / "data"
-    r = CliRunner().invoke(cli, [
-        "--data", str(data), "explore", str(ROOT / "data" / "student_run" / "all_snapshots"),
-        "--select", "--task", "kernel-speedup", "--parallel", "16", "--run-id", "main", "--json",
-    ])  # fmt: skip
+def test_the_main_job_exercises_every_rule_and_replays(bundled):
+    data = bundled
+    r = CliRunner().invoke(cli, ["--data", str(data), "explore", "--resume", "main", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["progress"]["trees"] == 30 and out["progress"]["trees_done"] == 30

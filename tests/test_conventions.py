@@ -23,3 +23,25 @@ def test_every_public_view_of_the_spec_is_documented():
     for view in ("snapshots", "trees", "turns", "edges", "nodes", "selections", "paths",
                  "top_paths", "tool_calls"):  # fmt: skip
         assert f"| `{view}` |" in README
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert f"```bash\n{ci}\n```" in README
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    """The algorithm's documentation is docs/ALGORITHM.md, not a file beside the checkout."""
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    cited = []
+    for name in files:
+        if name.startswith("data/") or not name.endswith((".py", ".sql", ".md", ".toml")):
+            continue
+        text = (ROOT / name).read_text()
+        if any(mark in text for mark in ("SPEC" + " §", "SPEC" + ".md", "../" + "shared", "reference" + "/")):
+            cited.append(name)
+    assert cited == []
+    assert "ALGORITHM §2" in (ROOT / "views" / "int_next_work.sql").read_text()

@@ -1,4 +1,4 @@
-"""Property test: the engine over random Teacher outcomes keeps the tree invariants of SPEC §2."""
+"""Property test: the engine over random Teacher outcomes keeps the tree invariants of ALGORITHM §2."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, copy_run, make_snapshot
 
 from cli import cli
 from engine.catalog import Catalog
@@ -77,6 +77,7 @@ def tree_shape(data_dir: Path, run_id: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", [1, 8])
 def test_rounds_mode_is_reproducible(tmp_path, roots, small_config, parallel):
     data = tmp_path / "data"
@@ -162,6 +163,7 @@ def test_kill_then_resume_completes_without_losing_or_repeating_turns(
         assert tree_shape(data, "cut") == tree_shape(data, "whole"), f"kill seed {seed}"
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_cleanly_and_resume_goes_on(tmp_path, roots, small_config):
     """A write the OS refuses (here: a file-size limit, as a full disk or quota would)."""
     data = tmp_path / "data"
@@ -211,15 +213,13 @@ print(spool.take("T1/e1-1", 1) is None, len(spool.take("T1/e1-2", 1)), sorted(p.
     assert proc.stdout.split(" ", 2) == ["True", "1", "['T1~e1-2--t1.arrow']\n"]
 
 
-def test_async_mode_completes_with_every_edge_judged(tmp_path, roots, small_config):
-    data = tmp_path / "data"
-    r = explore(data, roots, "--run-id", "as", "--schedule", "async",
-                "--parallel", "3", "--config", small_config, "--json")  # fmt: skip
-    out = json.loads(r.stdout)
-    assert out["progress"]["trees_done"] == 4
-    assert_log_is_sound(data, "as")
+def test_async_mode_completes_with_every_edge_judged(runs):
+    out = json.loads(CliRunner().invoke(cli, ["--data", str(runs), "replay", "async", "--json"]).stdout)
+    assert [t["status"] for t in out["trees"]] == ["done"] * 4
+    assert_log_is_sound(runs, "async")
 
 
+@pytest.mark.slow
 def test_any_64_bit_count_in_the_config_works(tmp_path, roots):
     """The validator accepts every count that fits 64 bits, so the views must too."""
     big = 2**63 - 1
@@ -247,17 +247,27 @@ def test_any_64_bit_count_in_the_config_works(tmp_path, roots):
     assert r.exit_code == 0 and "0 differ" in r.stdout, r.output
 
 
-def test_explore_records_the_whole_config_and_the_roots(tmp_path, roots, small_config):
+ONE_EDGE = "[tree]\nroot_children = 1\nmax_depth = 1\n"
+
+
+def test_explore_records_the_whole_config_the_roots_and_their_task(tmp_path, roots):
+    """ROOTS made by select-snapshots: the task recorded with them is the run's (it used to
+    be the directory's name), and each root keeps its stage and reason."""
     data = tmp_path / "data"
-    explore(data, roots, "--run-id", "cfg", "--seed", 11, "--config", small_config)
+    config = tmp_path / "one.toml"
+    config.write_text(ONE_EDGE)
+    r = explore(data, roots, "--run-id", "cfg", "--seed", 11, "--config", config)
     cat = Catalog.for_log(EventLog(data, "cfg"))
     config = json.loads(cat.query("select config from stg_run_started")[0]["config"])
-    assert config["seed"] == 11 and config["tree"]["target_good_leaves"] == 4
+    assert config["seed"] == 11 and config["tree"]["max_depth"] == 1 and config["task"] == "kernel-speedup"
     assert config["tree"]["alpha"] == 0.5 and config["soft"]["outcome"] == 0.3
-    assert config["knowledge"]["command_regex"]
-    roots_added = cat.query("select tree_id, stage, selection_reason from stg_root_added order by 1")
+    assert config["knowledge"]["command_regex"] and config["schedule"] == "rounds"  # the sim's default
+    roots_added = cat.query("select tree_id, task, stage, selection_reason from stg_root_added order by 1")
     assert [r["tree_id"] for r in roots_added] == ["T001", "T002", "T003", "T004"]
-    assert all(r["stage"] and r["selection_reason"] for r in roots_added)
+    assert all(r["stage"] and r["selection_reason"] and r["task"] == "kernel-speedup" for r in roots_added)
+    assert {t["task"] for t in json.loads(explore(data, "--resume", "cfg", "--json").stdout)["trees"]} == {
+        "kernel-speedup"}  # fmt: skip
+    assert "Top-6: " in r.stdout
     # Every decision names the seq of the last event it saw, which precedes it.
     table = EventLog(data, "cfg").read_table(["seq", "watermark"])
     mask = pc.is_valid(table.column("watermark"))
@@ -267,13 +277,47 @@ def test_explore_records_the_whole_config_and_the_roots(tmp_path, roots, small_c
                                      decided.column("watermark").to_pylist(), strict=True))  # fmt: skip
 
 
-def test_resume_of_a_finished_run_only_reports(tmp_path, roots, small_config):
+def test_a_task_that_disagrees_with_the_roots_or_is_missing_is_refused(tmp_path, roots):
     data = tmp_path / "data"
-    explore(data, roots, "--run-id", "done", "--config", small_config)
+    r = CliRunner().invoke(cli, ["--data", str(data), "explore", str(roots), "--task", "other"])
+    assert r.exit_code == 1 and "--task 'other' disagrees with the task 'kernel-speedup'" in r.stderr
+    handmade = tmp_path / "handmade"
+    make_snapshot(handmade, 1)
+    r = CliRunner().invoke(cli, ["--data", str(data), "explore", str(handmade)])
+    assert r.exit_code == 1 and "the roots record no task" in r.stderr and "--task" in r.stderr
+    assert not (data / "runs").exists()
+    meta = json.loads(next(roots.iterdir()).joinpath("metadata.json").read_text())
+    assert meta["task"] == "kernel-speedup" and meta["selection_run"]
+
+
+def test_resume_of_a_finished_run_only_reports(tmp_path, runs):
+    data = tmp_path / "data"
+    copy_run(runs, "rounds", data, "done")
     before = EventLog(data, "done").tail_seq()
     r = explore(data, "--resume", "done")
-    assert "4/4 trees done" in r.stdout
+    assert "4/4 trees done" in r.stdout and r.stderr.startswith("run done: finished already (4/4 trees done)")
     assert EventLog(data, "done").tail_seq() == before
+
+
+def test_the_summary_names_each_quantity_once_and_its_counts_agree(tmp_path, runs):
+    """The summary line, the table and the JSON trees: one name per quantity (kept_edges
+    includes the exempt ones), and the line's totals are the table's sums."""
+    data = tmp_path / "data"
+    copy_run(runs, "rounds", data)
+    out = json.loads(explore(data, "--resume", "rounds", "--json").stdout)
+    tree = out["trees"][0]
+    assert not {"edges_kept", "edges_kept_exempt", "stop_condition", "in_flight"} & set(tree)
+    assert {"kept_edges", "kept_exempt_edges", "pruned_edges", "retried_edges", "paths", "ranked",
+            "selected", "top_path_score", "stop_reason", "status"} <= set(tree)  # fmt: skip
+    for t in out["trees"]:
+        assert t["kept_edges"] == t["nodes"] - 1 and t["kept_exempt_edges"] <= t["kept_edges"]
+    for key in ("kept_edges", "kept_exempt_edges", "pruned_edges", "retried_edges"):
+        assert out["progress"][key] == sum(t[key] for t in out["trees"]), key
+    text = explore(data, "--resume", "rounds").stdout.splitlines()
+    p = out["progress"]
+    line = (f"edges kept {p['kept_edges']} ({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, "
+            f"retried {p['retried_edges']}; leaves {p['leaves']}")  # fmt: skip
+    assert text[0].endswith(line)
 
 
 @pytest.mark.parametrize(

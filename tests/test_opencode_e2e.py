@@ -300,3 +300,80 @@ def test_opencode_backend_errors_are_clean(tmp_path, roots):
     assert r.exit_code == 1 and "api_key_env" in r.stderr and "sk-123" not in r.output
     assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
     assert shutil.which("git")
+
+
+def opencode_process(args: list[str], cwd: Path, model: FakeModel, config: Path) -> subprocess.CompletedProcess:
+    """``python cli.py ... explore --backend opencode`` in a process started in ``cwd``."""
+    env = dict(os.environ, PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    env.pop("TEACHER_MCTS_DATA", None)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), *args, "--backend", "opencode", "--model", "fake/scripted",
+         "--endpoint", model.base_url, "--config", str(config), "--turn-timeout", "300"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data_option", [["--data", "data"], []], ids=["relative-data", "default-data"])
+def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots, data_option):
+    """The README recipe run from a checkout (a git repository) with ./data: every path given
+    to git and OpenCode must be absolute (a relative one made git add the worktree at the
+    checkout's own HEAD, and OpenCode fail to change into it)."""
+    cwd = tmp_path / "checkout"
+    cwd.mkdir()
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "a checkout"]):
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                       env=dict(os.environ, GIT_AUTHOR_NAME="a", GIT_AUTHOR_EMAIL="a@b",
+                                GIT_COMMITTER_NAME="a", GIT_COMMITTER_EMAIL="a@b"))  # fmt: skip
+    config = tmp_path / "one.toml"
+    config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
+    model = FakeModel(script).start()
+    try:
+        done = opencode_process([*data_option, "explore", str(roots), "--task", "speedup", "--run-id", "rel"],
+                                cwd, model, config)  # fmt: skip
+    finally:
+        model.stop()
+    assert done.returncode == 0, done.stderr
+    cat = Catalog.for_log(EventLog(cwd / "data", "rel"))
+    turns = cat.query("select edge_id, turn, score, outcome from turns where not skipped order by edge_id, turn")
+    assert len(turns) == 3, turns  # the scripted crash of T001/e1-1 turn 1 (turn 2 skipped), the retry's two
+    for t in turns:  # each turn ran in its worktree and coral scored the code the model wrote there
+        expected = value_for(t["edge_id"], t["turn"])
+        assert t["outcome"] == "completed" and t["score"] == (None if expected == "CRASH" else float(expected))
+    worktree = cat.query("select json_extract_string(state, '$.worktree') as wt from stg_turn_finished")[0]["wt"]
+    assert Path(worktree).is_absolute() and Path(worktree).is_relative_to(cwd / "data")
+    assert subprocess.run(["git", "worktree", "list"], cwd=cwd, capture_output=True, text=True).stdout.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after_the_fix(tmp_path, roots):
+    """An endpoint that refuses the model: every turn fails the same way. The run must stop
+    after backend_error_limit such turns with that error and exit 1, record none of them,
+    leave no process, and complete on --resume once the endpoint works."""
+    config = tmp_path / "two.toml"
+    config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_depth = 1\n")
+    model = FakeModel(script, fail_status=404).start()
+    data = tmp_path / "data"
+    try:
+        done = opencode_process(["--data", str(data), "explore", str(roots), "--task", "speedup",
+                                 "--run-id", "down"], tmp_path, model, config)  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert "Error: the last 3 turns failed with a backend error" in done.stderr, done.stderr
+        assert "model not found" in done.stderr and "explore --resume down" in done.stderr
+        assert "Traceback" not in done.stderr
+        cat = Catalog.for_log(EventLog(data, "down"))
+        assert cat.query("select count(*) as n from stg_turn_finished")[0]["n"] == 0
+        assert cat.query("select schedule from run_config, (select json_extract_string(config, "
+                         "'$.schedule') as schedule from stg_run_started)")[0]["schedule"] == "async"
+        assert survivors(set(), EventLog(data, "down").dir / "opencode" / "data") == []
+        model.fail_status = None  # the endpoint is fixed
+        resumed = opencode_process(["--data", str(data), "explore", "--resume", "down"], tmp_path, model, config)
+    finally:
+        model.stop()
+    assert resumed.returncode == 0, resumed.stderr
+    assert "run down: resuming task speedup" in resumed.stderr
+    cat = Catalog.for_log(EventLog(data, "down"))
+    edges = {e["edge_id"]: e["verdict"] for e in cat.query("select edge_id, verdict from edges")}
+    assert edges["T001/e2-1"] == "kept"  # no failed turn of the broken endpoint made it a retry
+    assert cat.query("select count(*) as n from turns where outcome = 'error'")[0]["n"] == 0
+    assert CliRunner().invoke(cli, ["--data", str(data), "replay", "down"]).exit_code == 0

@@ -1,4 +1,4 @@
-"""Path views (SPEC §3) on a hand-computed tree, and reselection."""
+"""Path views (ALGORITHM §3) on a hand-computed tree, and reselection."""
 
 from __future__ import annotations
 

@@ -16,32 +16,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
-from test_explore import SMALL
+from conftest import ROOT, SMALL
 
 from cli import cli
 from engine.catalog import Catalog
 from engine.selections import default_parameters, top_paths
 from ingest.errors import LogError
 from ingest.log import EventLog, run_dir
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """A data dir with small sim runs in both scheduling modes."""
-    base = tmp_path_factory.mktemp("replay")
-    data = base / "data"
-    config = base / "small.toml"
-    config.write_text(SMALL)
-    snapshots = ROOT / "data" / "student_run" / "all_snapshots"
-    for run, schedule, parallel in (("rounds", "rounds", "6"), ("async", "async", "3")):
-        r = CliRunner().invoke(cli, [
-            "--data", str(data), "explore", str(snapshots), "--select", "--task", "kernel-speedup",
-            "--num-roots", "4", "--run-id", run, "--schedule", schedule, "--parallel", parallel,
-            "--config", str(config),
-        ])  # fmt: skip
-        assert r.exit_code == 0, r.output
-    return data
 
 
 def invoke(data: Path, *args: str):
@@ -260,6 +241,7 @@ def test_the_benchmark_tiling_ends_as_an_exploration_does(runs):
     assert out["differ"] == 0, out["differences"][:3]
 
 
+@pytest.mark.slow
 def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
     data = tmp_path / "data"
     config = tmp_path / "small.toml"
@@ -299,6 +281,10 @@ def test_paths_command_prints_the_default_selection(runs):
     assert lines[0].startswith("tree_id,leaf_id,rank,path_score") and all(
         line.startswith("T001,") for line in lines[1:]
     )
+    header = lines[0].split(",")  # the columns --json has: task and snapshot too
+    assert {"task", "stage", "snapshot", "node_ids"} <= set(header)
+    first = dict(zip(header, lines[1].split(","), strict=True))
+    assert first["task"] == "kernel-speedup" and first["snapshot"] == out["paths"][0]["snapshot"]
     assert invoke(runs, "paths", "rounds", "--selection", "nope").exit_code == 1
 
 
@@ -369,6 +355,7 @@ def test_equal_recorded_and_derived_scores_never_differ_infinities_included():
     assert [r[0] for r in rows] == [False, False, False, False, True, True]
 
 
+@pytest.mark.slow
 def test_a_part_with_damaged_pages_is_named_however_the_scan_fails(runs, tmp_path):
     """DuckDB reports damaged pages at different points of a scan, depending on its
     threads' timing (CI once saw the error without the part's name); each of many

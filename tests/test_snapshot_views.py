@@ -1,4 +1,4 @@
-"""Snapshot selection views (SPEC §1) against hand-computed expected values."""
+"""Snapshot selection views (ALGORITHM §1) against hand-computed expected values."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tree views (SPEC §2) on hand-made fact streams, against hand-computed expected rows."""
+"""Tree views (ALGORITHM §2) on hand-made fact streams, against hand-computed expected rows."""
 
 from __future__ import annotations
 

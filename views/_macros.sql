@@ -1,6 +1,6 @@
 -- Shared SQL macros, created before every view.
 
--- Mid-rank percentile of SPEC §2: (#{v<x} + 0.5·(#{v=x} − 1)) / (|P| − 1), 0.5 when |P| = 1.
+-- Mid-rank percentile of ALGORITHM §2: (#{v<x} + 0.5·(#{v=x} − 1)) / (|P| − 1), 0.5 when |P| = 1.
 -- Arguments are the counts, usually window aggregates over the population.
 create or replace macro pct(n_less, n_equal, n_total) as
     case
@@ -8,7 +8,7 @@ create or replace macro pct(n_less, n_equal, n_total) as
         else (n_less + 0.5 * (n_equal - 1)) / (n_total - 1)
     end;
 
--- The oriented score o(s) of SPEC §0: s for maximize, -s for minimize.
+-- The oriented score o(s) of ALGORITHM §0: s for maximize, -s for minimize.
 create or replace macro oriented(s, direction) as
     case when direction = 'minimize' then -s else s end;
 
@@ -16,7 +16,7 @@ create or replace macro oriented(s, direction) as
 create or replace macro edge_layer(parent_id) as
     length(parent_id) - length(replace(parent_id, '.', '')) + 1;
 
--- The id of an edge attempt: <parent>/e<slot>-<attempt> (SPEC §6; ingest.events.edge_id is
+-- The id of an edge attempt: <parent>/e<slot>-<attempt> (ALGORITHM §6; ingest.events.edge_id is
 -- the same format in Python, and tests check that the two agree).
 create or replace macro edge_id(parent_id, slot, attempt) as
     parent_id || '/e' || slot || '-' || attempt;

@@ -1,4 +1,4 @@
--- One row per edge attempt with every derived field and its verdict (public, SPEC §7).
+-- One row per edge attempt with every derived field and its verdict (public, ALGORITHM §7).
 -- grain: tree_id, edge_id
 -- sources: int_edges__started
 --

@@ -1,4 +1,4 @@
--- One row per edge attempt: its two turns, raw metrics, verdict and child id (SPEC §2).
+-- One row per edge attempt: its two turns, raw metrics, verdict and child id (ALGORITHM §2).
 -- grain: tree_id, edge_id
 -- sources: int_turns, run_config
 -- materialized: table

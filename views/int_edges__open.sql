@@ -1,4 +1,4 @@
--- One row per edge attempt started and not judged yet, with what it needs next (SPEC §2).
+-- One row per edge attempt started and not judged yet, with what it needs next (ALGORITHM §2).
 -- grain: tree_id, edge_id
 -- sources: stg_edge_started, stg_edge_judged, stg_turn_skipped, int_edges__judged, int_nodes__created
 --

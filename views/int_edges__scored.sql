@@ -1,4 +1,4 @@
--- One row per edge attempt with the soft verifier and its parts (SPEC §2).
+-- One row per edge attempt with the soft verifier and its parts (ALGORITHM §2).
 -- grain: tree_id, edge_id
 -- sources: int_edges__judged, int_nodes__lineage, run_config
 -- materialized: table

@@ -1,4 +1,4 @@
--- One row per started edge attempt, in flight or finished, with its metrics once it has any (SPEC §2).
+-- One row per started edge attempt, in flight or finished, with its metrics once it has any (ALGORITHM §2).
 -- grain: tree_id, edge_id
 -- sources: stg_edge_started, int_edges__scored
 --

@@ -1,4 +1,4 @@
--- Per tree and evaluation point: the edge starts due, in order (SPEC §2).
+-- Per tree and evaluation point: the edge starts due, in order (ALGORITHM §2).
 -- grain: tree_id, asof_seq, pick
 -- sources: int_trees__asof, int_nodes__asof, int_edges__started, int_edges__scored, int_nodes__created, run_config
 --

@@ -5,7 +5,7 @@
 --
 -- score is raw and may be null under the layer-1/2 exemptions; score_o is oriented.
 -- last_turn_score_o is the node's last numeric turn score (turn 2, else turn 1; the
--- snapshot score for a root): where the next edge's turn 1 starts from (SPEC §2).
+-- snapshot score for a root): where the next edge's turn 1 starts from (ALGORITHM §2).
 -- created_seq is the seq from which the node exists (root added, edge complete).
 with roots as (
     select

@@ -1,4 +1,4 @@
--- Per evaluation point and node: the leaf reason including 'stopped' for a finished tree (SPEC §2).
+-- Per evaluation point and node: the leaf reason including 'stopped' for a finished tree (ALGORITHM §2).
 -- grain: tree_id, asof_seq, node_id
 -- sources: int_nodes__asof, int_trees__asof
 --

@@ -1,4 +1,4 @@
--- Per node, what it inherits from its ancestors: ref score, turn start score, path best (SPEC §2).
+-- Per node, what it inherits from its ancestors: ref score, turn start score, path best (ALGORITHM §2).
 -- grain: tree_id, node_id
 -- sources: int_nodes__created
 -- materialized: table

@@ -1,4 +1,4 @@
--- One row per node with its static selection inputs: lineage scores and process (SPEC §2).
+-- One row per node with its static selection inputs: lineage scores and process (ALGORITHM §2).
 -- grain: tree_id, node_id
 -- sources: int_nodes__created, int_nodes__lineage, int_edges__scored
 -- materialized: table

@@ -1,4 +1,4 @@
--- Per candidate root-to-leaf path and point: its nodes, the four metrics of SPEC §3 and their ranks.
+-- Per candidate root-to-leaf path and point: its nodes, the four metrics of ALGORITHM §3 and their ranks.
 -- grain: tree_id, asof_seq, leaf_id
 -- sources: int_nodes__final, int_nodes__created, int_edges__scored, run_config
 --

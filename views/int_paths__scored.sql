@@ -1,4 +1,4 @@
--- Per weighting, candidate path and point: PathScore, its Top-k rank and whether it is selected (SPEC §3).
+-- Per weighting, candidate path and point: PathScore, its Top-k rank and whether it is selected (ALGORITHM §3).
 -- grain: selection_seq, tree_id, asof_seq, leaf_id
 -- sources: int_paths__measured, int_path_weightings
 --

@@ -1,4 +1,4 @@
--- Per tree: its place in the round-robin that hands out free Teacher slots, from now (SPEC §2).
+-- Per tree: its place in the round-robin that hands out free Teacher slots, from now (ALGORITHM §2).
 -- grain: tree_id
 -- sources: stg_root_added, stg_edge_started
 --

@@ -1,4 +1,4 @@
--- Which eligible snapshots are picked, by stage quota or by fill (SPEC §1.8-1.10).
+-- Which eligible snapshots are picked, by stage quota or by fill (ALGORITHM §1.8-1.10).
 -- grain: task, asof_seq, snapshot
 -- sources: int_snapshots__staged, int_snapshots__quotas
 --

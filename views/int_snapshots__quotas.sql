@@ -1,4 +1,4 @@
--- The root quota of each stage for R = num_roots roots (SPEC §1.7), and the fill order.
+-- The root quota of each stage for R = num_roots roots (ALGORITHM §1.7), and the fill order.
 -- grain: stage
 -- sources: run_config
 --

@@ -1,4 +1,4 @@
--- Candidate snapshots with score_for_stage, centred smoothing, gain and stage (SPEC §1.3-1.6).
+-- Candidate snapshots with score_for_stage, centred smoothing, gain and stage (ALGORITHM §1.3-1.6).
 -- grain: task, asof_seq, snapshot
 -- sources: int_snapshots__points, stg_snapshot_seen, run_config
 --

@@ -1,4 +1,4 @@
--- Per tree and evaluation point: kept edges, good leaves, in-flight and pending work, stop (SPEC §2).
+-- Per tree and evaluation point: kept edges, good leaves, in-flight and pending work, stop (ALGORITHM §2).
 -- grain: tree_id, asof_seq
 -- sources: int_points, int_nodes__asof, int_edges__started, run_config
 -- materialized: table

@@ -1,4 +1,4 @@
--- Per tree whose stop condition holds now and whose stop is not recorded yet: the stop due (SPEC §2).
+-- Per tree whose stop condition holds now and whose stop is not recorded yet: the stop due (ALGORITHM §2).
 -- grain: tree_id
 -- sources: int_trees__asof, stg_tree_stopped
 --

@@ -1,4 +1,4 @@
--- One row per tree, as of now: stop, edges by verdict, leaves by reason, best score (SPEC §2).
+-- One row per tree, as of now: stop, edges by verdict, leaves by reason, best score (ALGORITHM §2).
 -- grain: tree_id
 -- sources: stg_root_added, stg_tree_stopped, int_trees__asof, int_nodes__final, int_edges__started, run_config
 --

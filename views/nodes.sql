@@ -1,4 +1,4 @@
--- One row per node of every tree, as of now: depth, score, tok, ranks, Q and leaf reason (public, SPEC §7).
+-- One row per node of every tree, as of now: depth, score, tok, ranks, Q and leaf reason (public, ALGORITHM §7).
 -- grain: tree_id, node_id
 -- sources: int_nodes__final, run_config
 --

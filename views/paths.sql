@@ -1,4 +1,4 @@
--- One row per candidate root-to-leaf path with its ranks, PathScore and Top-k rank (public, SPEC §3, §7).
+-- One row per candidate root-to-leaf path with its ranks, PathScore and Top-k rank (public, ALGORITHM §3, §7).
 -- grain: tree_id, leaf_id
 -- sources: int_paths__scored, stg_root_added
 --

@@ -4,11 +4,11 @@
 -- materialized: table
 -- variables: knowledge_path_regex = path_regex, knowledge_command_regex = command_regex
 --
--- Every parameter and weight of SPEC §1-§4; views cross join this single row.
+-- Every parameter and weight of ALGORITHM §1-§4; views cross join this single row.
 -- The two knowledge regexes are the defaults of the variables knowledge_path_regex
 -- and knowledge_command_regex, which tool_calls reads (a regex must be a constant
 -- for DuckDB to compile it once); set those variables to re-classify tool calls
--- with other patterns (SPEC §4).
+-- with other patterns (ALGORITHM §4).
 with first_start as (
     select *
     from stg_run_started

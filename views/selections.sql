@@ -1,4 +1,4 @@
--- One row per recorded selection decision: the node a free slot expanded (public, SPEC §7).
+-- One row per recorded selection decision: the node a free slot expanded (public, ALGORITHM §7).
 -- grain: seq
 -- sources: stg_node_selected
 select

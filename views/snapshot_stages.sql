@@ -1,4 +1,4 @@
--- Per task and stage: candidates, eligible, quota, quota picks and fills (SPEC §1.7-1.10).
+-- Per task and stage: candidates, eligible, quota, quota picks and fills (ALGORITHM §1.7-1.10).
 -- grain: task, stage
 -- sources: int_snapshots__staged, int_snapshots__picked, int_snapshots__quotas
 with now_staged as (

@@ -1,4 +1,4 @@
--- Every snapshot folder seen, with its stage, pick and reason (public, SPEC §7).
+-- Every snapshot folder seen, with its stage, pick and reason (public, ALGORITHM §7).
 -- grain: task, snapshot
 -- sources: stg_snapshot_seen, int_snapshots__staged, int_snapshots__picked
 --

@@ -1,4 +1,4 @@
--- One row per tool call, classified as a knowledge action or not (public, SPEC §4, §7).
+-- One row per tool call, classified as a knowledge action or not (public, ALGORITHM §4, §7).
 -- grain: seq
 -- sources: stg_tool_called, run_config
 --

@@ -1,4 +1,4 @@
--- The selected paths: the Top-k per root by PathScore (public, SPEC §3, §7).
+-- The selected paths: the Top-k per root by PathScore (public, ALGORITHM §3, §7).
 -- grain: tree_id, leaf_id
 -- sources: paths
 --

@@ -1,4 +1,4 @@
--- One row per tree (root), as of now: stop reason, kept edges, leaves, best score, paths (public, SPEC §7).
+-- One row per tree (root), as of now: stop reason, kept edges, leaves, best score, paths (public, ALGORITHM §7).
 -- grain: tree_id
 -- sources: int_trees__summarized, paths
 --

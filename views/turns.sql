@@ -1,4 +1,4 @@
--- One row per rollout turn, run or skipped (public, SPEC §7).
+-- One row per rollout turn, run or skipped (public, ALGORITHM §7).
 -- grain: tree_id, edge_id, turn
 -- sources: int_turns, int_edges__judged
 --

@@ -2,7 +2,7 @@
 
 Each file holds one bare ``select`` whose name is the file's stem, after a header::
 
-    -- One row per node: depth, score, Q and leaf reason (SPEC §2).
+    -- One row per node: depth, score, Q and leaf reason (ALGORITHM §2).
     -- grain: tree_id, node_id
     -- sources: int_nodes__asof, run_config
     -- materialized: table

@@ -1,4 +1,4 @@
-"""The engine's decisions as pure functions: rows of the views in, events out (SPEC §2).
+"""The engine's decisions as pure functions: rows of the views in, events out (ALGORITHM §2).
 
 Every rule lives in a view: ``int_trees__stopping`` (stops due), ``int_edges__open``
 (the skip or verdict an edge needs), ``int_next_work`` (the starts each tree has
@@ -61,7 +61,7 @@ def start(work: Row) -> list[Event]:
 
 
 class RoundRobin:
-    """Free slots handed to the trees in turn (SPEC §2), from the rows of the views.
+    """Free slots handed to the trees in turn (ALGORITHM §2), from the rows of the views.
 
     ``order`` is every tree in ``int_rotation`` order, ``work`` each tree's
     ``int_next_work`` rows in pick order. A visit takes a tree's leading root

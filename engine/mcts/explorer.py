@@ -1,4 +1,4 @@
-"""The live token-aware MCTS engine (SPEC §2): the loop that grows every tree of a run.
+"""The live token-aware MCTS engine (ALGORITHM §2): the loop that grows every tree of a run.
 
 The engine keeps no state of its own: each step reads the views, turns their rows
 into decisions (``decisions``) and starts the turns the edges need (``turns``)::
@@ -178,7 +178,7 @@ class Explorer:
         return self._open()
 
     def _fill(self, free: int) -> int:
-        """Record the stops due, then start an edge for each of ``free`` slots, round-robin (SPEC §2).
+        """Record the stops due, then start an edge for each of ``free`` slots, round-robin (ALGORITHM §2).
 
         Returns the number of edges started.
         """
