@@ -260,7 +260,7 @@ class ProgressLine:
         return (
             f"trees {p['trees_done']}/{p['trees']} done | edges kept {p['kept_edges']} "
             f"({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, retried "
-            f"{p['retried_edges']} | leaves {p['leaves']} | turns running {p['turns_running']} | "
+            f"{p['retried_edges']}, in flight {p['in_flight_edges']} | leaves {p['leaves']} | "
             f"{elapsed:,.0f} s"
         )
 

@@ -30,13 +30,6 @@ class ViewBuildError(ProjectError):
     """A view in views/ could not be created."""
 
 
-class ViewNotFoundError(KeyError, ProjectError):
-    """A view name that the catalog does not know."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "view not found"
-
-
 class OutputError(ProjectError):
     """The machine refused to write an output (a full disk, a quota, permissions)."""
 

@@ -39,10 +39,9 @@ def test_declared_sources_match_the_sql(empty, name):
 
 
 def test_only_staging_views_read_the_log_tables(empty):
-    from engine.catalog import KIND_COLUMNS, view_sources
+    from engine.catalog import LOG_RELATIONS, view_sources
 
-    log_tables = {f"log_{k}" for k in KIND_COLUMNS} | {"log_tail", "event_log"}
-    readers = {n for n, v in VIEWS.items() if view_sources(empty.con, v) & log_tables}
+    readers = {n for n, v in VIEWS.items() if view_sources(empty.con, v) & LOG_RELATIONS}
     assert readers == {n for n in VIEWS if n.startswith("stg_")} | {"events"}
 
 

@@ -53,10 +53,6 @@ class Variables:
         """Every variable some view reads."""
         return sorted(self.affects)
 
-    def get(self, name: str) -> Any:
-        """The value set (None when unset)."""
-        return self._values.get(name)
-
     def set(self, **values: Any) -> None:
         """Set (None: reset) variables; the tables that read them become stale."""
         self._assign(values)
