@@ -6,20 +6,22 @@
 -- selection is scored with its own weights and k at its own watermark, and must
 -- hold exactly the derived Top-k paths with the same rank and PathScore (within
 -- 1e-9; equal values never differ, infinities included).
-with recorded as (
+with recorded_lists as (
     select
-        s.seq,
-        p.tree_id,
-        p.leaf_id,
-        p.rank,
-        p.path_score
-    from stg_paths_selected as s,
-        unnest(
-            from_json(
-                s.paths,
-                '[{"tree_id": "VARCHAR", "leaf_id": "VARCHAR", "rank": "BIGINT", "path_score": "DOUBLE"}]'
-            )
-        ) as u (p)
+        seq,
+        from_json(
+            paths,
+            '[{"tree_id": "VARCHAR", "leaf_id": "VARCHAR", "rank": "BIGINT", "path_score": "DOUBLE"}]'
+        ) as recorded_paths
+    from stg_paths_selected
+),
+
+recorded as (
+    -- unnest in the select list: a lateral unnest of from_json parsed the list per element
+    select
+        seq,
+        unnest(recorded_paths, recursive := true)
+    from recorded_lists
 ),
 
 derived as (

@@ -5,23 +5,25 @@
 -- Needs `set variable asof_points = 'decisions'` (replay sets it): each recorded
 -- SnapshotsPicked decision is re-derived at its watermark, where every candidate
 -- of its task must have the recorded stage, gain (within 1e-9), pick and reason.
-with recorded as (
+with recorded_lists as (
     select
-        r.seq,
-        r.task,
-        d.snapshot,
-        d.stage,
-        d.gain,
-        d.selected,
-        d.reason
-    from stg_snapshots_picked as r,
-        unnest(
-            from_json(
-                r.detail,
-                '[{"snapshot": "VARCHAR", "stage": "VARCHAR", "gain": "DOUBLE", '
-                || '"selected": "BOOLEAN", "reason": "VARCHAR"}]'
-            )
-        ) as u (d)
+        seq,
+        task,
+        from_json(
+            detail,
+            '[{"snapshot": "VARCHAR", "stage": "VARCHAR", "gain": "DOUBLE", '
+            || '"selected": "BOOLEAN", "reason": "VARCHAR"}]'
+        ) as candidates
+    from stg_snapshots_picked
+),
+
+recorded as (
+    -- unnest in the select list: a lateral unnest of from_json parsed the list per element
+    select
+        seq,
+        task,
+        unnest(candidates, recursive := true)
+    from recorded_lists
 ),
 
 derived as (

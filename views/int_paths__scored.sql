@@ -18,11 +18,8 @@ weightings as (
 paired as (
     select w.* exclude (asof_seq), m.*
     from measured as m
-    inner join weightings as w on w.selection_seq = 0 and m.is_now
-    union all by name
-    select w.* exclude (asof_seq), m.*
-    from measured as m
-    inner join weightings as w on w.selection_seq > 0 and m.asof_seq = w.asof_seq
+    inner join weightings as w
+        on (w.selection_seq = 0 and m.is_now) or (w.selection_seq > 0 and m.asof_seq = w.asof_seq)
 ),
 
 weighted as (
