@@ -514,26 +514,34 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool
 @click.option("--weights", default=None, metavar="max=W,avg=W,clean=W,know=W",
               help="PathScore weights (missing keys keep the run's; each within +-1e6, not all 0).")  # fmt: skip
 @click.option("--top-k", type=int, default=None, help="Paths per root (default: the run's).")
+@click.option("--diversity", "diversity", type=float, default=None, metavar="LAMBDA",
+              help="Pick each root's paths greedily by PathScore + LAMBDA x the N_eff each adds "
+                   "(0 to 1e6).")  # fmt: skip
 @json_option
-def reselect(run_id: str, weights: str | None, top_k: int | None, as_json: bool) -> None:
-    """Select paths again with other weights or k, from the same log (no rollout re-run).
+def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: float | None, as_json: bool) -> None:
+    """Select paths again with other weights, k or diversity, from the same log (no rollout re-run).
 
     The selection is appended as a decision whose id follows from its parameters;
-    the same parameters again append nothing.
+    the same parameters again append nothing. With --diversity the Top-k of each
+    root are picked one by one, each time the path with the highest PathScore plus
+    LAMBDA times the lineage-aware count it adds to those already picked
+    (docs/ALGORITHM.md, "Paths"); per root and overall, N_eff/N and the mean
+    PathScore are shown beside the default selection's.
 
     \b
     Example:
         python cli.py reselect demo --weights max=0.5,avg=0.2,clean=0.15,know=0.15 --top-k 4
+        python cli.py reselect demo --diversity 0.5
     """
     from engine.selections import reselect as run
 
-    result = run(_data_dir(), run_id, weights, top_k)
+    result = run(_data_dir(), run_id, weights, top_k, diversity)
     sel = result.selection
     if as_json:
         _echo_json({"selection_id": sel["selection_id"], "appended": result.appended,
                     "weights": sel["weights"], "top_k": sel["top_k"], "paths": sel["paths"],
-                    "compared_with": result.default_id,
-                    "paths_in": result.added, "paths_out": result.removed})  # fmt: skip
+                    "compared_with": result.default_id, "paths_in": result.added,
+                    "paths_out": result.removed, "comparison": result.comparison})  # fmt: skip
         return
     state = "appended" if result.appended else "already recorded"
     click.echo(f"selection {sel['selection_id']} ({state}): weights {sel['weights']}, top-{sel['top_k']}")
@@ -545,6 +553,146 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, as_json: bool)
             ins = [p["leaf_id"] for p in result.added if p["tree_id"] == tree]
             outs = [p["leaf_id"] for p in result.removed if p["tree_id"] == tree]
             click.echo(f"  {tree}: in {', '.join(ins) or '-'}; out {', '.join(outs) or '-'}")
+        if sel["weights"].get("diversity") is not None:
+            click.echo("N_eff/N and mean PathScore, default -> this selection:")
+            click.echo(_table(result.comparison, ["tree_id", "n_eff_ratio_default", "n_eff_ratio",
+                                                  "mean_path_score_default", "mean_path_score"]))  # fmt: skip
+
+
+# ------------------------------------------------------------ sql, audit
+
+
+def _runs_and(args: tuple[str, ...], what: str) -> tuple[list[str], str]:
+    if not args:
+        raise click.UsageError(f"{what} is required")
+    return list(args[:-1]), args[-1]
+
+
+def _write_rows(rows: list[dict[str, Any]], as_json: bool, as_csv: bool) -> None:
+    if as_json:
+        _echo_json(rows)
+    elif as_csv:
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        columns = list(rows[0]) if rows else []
+        writer.writerow(columns)
+        for r in rows:
+            writer.writerow([_csv_cell(r[c]) for c in columns])
+    else:
+        click.echo(_table(rows, list(rows[0]) if rows else []))
+
+
+def _csv_cell(value: Any) -> Any:
+    return json.dumps(value, default=str) if isinstance(value, list | dict) else value
+
+
+@cli.command("sql")
+@click.argument("args", nargs=-1, metavar="[RUN_ID ...] QUERY")
+@json_option
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
+@click.option("--parquet", "parquet", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the result to this Parquet file instead.")  # fmt: skip
+def sql_command(args: tuple[str, ...], as_json: bool, as_csv: bool, parquet: Path | None) -> None:
+    """Run a read-only SQL query over the views of runs (default: every run under --data).
+
+    Every view is the union of the runs' rows, run_id first (`python cli.py views` lists
+    them). Only a query is run: statements that write, attach, install, load or set,
+    and reads of files outside the runs' logs, are refused and nothing is run or
+    written.
+
+    \b
+    Example:
+        python cli.py sql "select run_id, stratum_key as stage, n_eff_ratio from coverage where stratum = 'stage'"
+        python cli.py sql demo "select * from edges where verdict = 'pruned'" --csv > pruned.csv
+    """
+    from engine.collection import open_runs
+
+    if sum(map(bool, (as_json, as_csv, parquet))) > 1:
+        raise click.UsageError("--json, --csv and --parquet go one at a time")
+    runs, query = _runs_and(args, "QUERY")
+    collection = open_runs(_data_dir(), runs or None)
+    if parquet is None:
+        _write_rows(collection.query(query), as_json, as_csv)
+        return
+    from engine.collection import write_parquet
+
+    rows = write_parquet(collection.arrow(query), parquet)
+    click.echo(f"wrote {rows} rows to {parquet}", err=True)
+
+
+def _parse_by(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    from engine.audit import parse_by
+
+    try:
+        return parse_by(value)
+    except ProjectError as err:
+        raise click.BadParameter(str(err).removeprefix("--by: ")) from err
+
+
+@cli.command("audit")
+@click.argument("run_ids", nargs=-1)
+@click.option("--by", "by", default="task,stage", callback=_parse_by, show_default=True,
+              help="Strata of the coverage table: any of task, stage, depth, lineage.")  # fmt: skip
+@json_option
+@click.option("--csv", "as_csv", is_flag=True, help="Print the coverage table as CSV.")
+def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
+    """Audit runs (default: every run under --data): coverage, N_eff/N, learnability, tools, cost.
+
+    The coverage table gives per stratum the roots, candidate, ranked and selected
+    paths, edges by verdict and N_eff/N, the selected paths' independent share
+    (docs/ALGORITHM.md, "Coverage"). Roots whose kept edges always or never improve
+    are flagged. Exit 1 when any audit_* view has rows: each is listed.
+
+    \b
+    Example:
+        python cli.py audit demo --by task,stage,depth
+    """
+    from engine.audit import audit
+    from engine.collection import open_runs
+
+    if as_json and as_csv:
+        raise click.UsageError("--json cannot be used with --csv")
+    report = audit(open_runs(_data_dir(), list(run_ids) or None), by)
+    if as_json:
+        _echo_json({"runs": report.runs, **report.tables()})
+    elif as_csv:
+        _write_rows(report.coverage, False, True)
+    else:
+        _render_audit(report)
+    if report.violations:
+        sys.exit(1)
+
+
+COVERAGE_COLUMNS = ["run_id", "stratum", "stratum_key", "roots", "candidate_paths", "ranked_paths",
+                    "selected_paths", "n_eff", "n_eff_ratio", "kept_edges", "kept_exempt_edges",
+                    "pruned_edges", "retried_edges", "quota_fill"]  # fmt: skip
+
+
+def _render_audit(report: Any) -> None:
+    click.echo(f"audit of {len(report.runs)} run(s): {', '.join(report.runs)}")
+    sections = (
+        ("coverage (N_eff/N: how independent the selected paths are)", report.coverage, COVERAGE_COLUMNS),
+        ("roots outside the learnability band (kept edges always or never improve)", report.learnability,
+         ["run_id", "tree_id", "stage", "kept_edges", "improved_edges", "band"]),
+        ("most frequent tool errors", report.tool_errors, ["run_id", "errors", "share", "message"]),
+        ("tool-error rate by tool", report.tool_error_rates, ["run_id", "key", "calls", "errors", "error_rate"]),
+        ("knowledge actions", report.knowledge, ["run_id", "area", "access", "actions", "edges"]),
+        ("improvement with and without knowledge actions", report.knowledge_improvement,
+         ["run_id", "task", "measure", "with_knowledge", "edges", "improved", "improved_rate"]),
+        ("cost per task", report.cost, ["run_id", "task", "roots", "turns", "tokens", "cost", "selected_paths",
+                                        "tokens_per_selected_path"]),
+    )  # fmt: skip
+    for title, rows, columns in sections:
+        click.echo(f"\n{title}:")
+        click.echo(_table(rows, columns) if rows else "  (none)")
+    if report.violations:
+        click.echo(f"\n{len(report.violations)} violation(s):")
+        for v in report.violations:
+            click.echo(f"  {v['run_id']} {v['kind']} {v['subject']}: {v['problem']}; recorded: "
+                       f"{v['recorded'] or '-'}; derived: {v['derived'] or '-'}")  # fmt: skip
+    else:
+        click.echo("\naudit: no violations")
 
 
 def _open_standard_streams() -> None:

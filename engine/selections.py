@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.catalog import Catalog
-from engine.config import PathWeights, problems
+from engine.config import MAX_WEIGHT, PathWeights, problems
 from engine.runs import open_run
 from ingest.errors import InputError, LogError
 from ingest.events import PathsSelected, fits_int64
@@ -30,11 +30,42 @@ PATH_FIELDS = (
 )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Params:
+    """What a selection is made with: PathScore weights, k, and an optional diversity lambda."""
+
+    weights: dict[str, float]
+    top_k: int
+    diversity: float | None = None
+
+    def recorded_weights(self) -> dict[str, float]:
+        """The weights as a PathsSelected decision records them (diversity among them when set)."""
+        out = {k: float(self.weights[k]) for k in WEIGHT_KEYS}
+        return out if self.diversity is None else out | {"diversity": float(self.diversity)}
+
+    def variables(self) -> dict[str, Any]:
+        """The catalog variables that make the path views select with these parameters."""
+        return {f"path_w_{k}": float(self.weights[k]) for k in WEIGHT_KEYS} | {
+            "path_top_k": int(self.top_k), "path_diversity": self.diversity}  # fmt: skip
+
+    @property
+    def selection_id(self) -> str:
+        """A digest of the parameters (diversity only when set, so plain ids stay as they were)."""
+        canon: dict[str, Any] = {"weights": {k: float(self.weights[k]) for k in WEIGHT_KEYS}, "top_k": self.top_k}
+        if self.diversity is not None:
+            canon["diversity"] = float(self.diversity)
+        return "paths-" + hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()[:12]
+
+    @classmethod
+    def of(cls, selection: dict[str, Any]) -> Params:
+        """The parameters of a recorded selection (``recorded_selections`` row)."""
+        weights = dict(selection["weights"])
+        return cls({k: weights[k] for k in WEIGHT_KEYS}, selection["top_k"], weights.get("diversity"))
+
+
 def selection_id(weights: dict[str, float], top_k: int) -> str:
-    """The id of a selection: a digest of its weights and k."""
-    canon = json.dumps({"weights": {k: float(weights[k]) for k in WEIGHT_KEYS}, "top_k": top_k},
-                       sort_keys=True)  # fmt: skip
-    return "paths-" + hashlib.sha256(canon.encode()).hexdigest()[:12]
+    """The id of a plain Top-k selection: a digest of its weights and k."""
+    return Params(weights, top_k).selection_id
 
 
 def parse_weights(text: str | None, defaults: dict[str, float]) -> dict[str, float]:
@@ -69,6 +100,11 @@ def parse_weights(text: str | None, defaults: dict[str, float]) -> dict[str, flo
     return weights
 
 
+def default_params(catalog: Catalog) -> Params:
+    """The run config's selection parameters."""
+    return Params(*default_parameters(catalog))
+
+
 def default_parameters(catalog: Catalog) -> tuple[dict[str, float], int]:
     """The path weights and k recorded in the run config."""
     row = catalog.query(
@@ -80,22 +116,25 @@ def default_parameters(catalog: Catalog) -> tuple[dict[str, float], int]:
 
 def path_variables(weights: dict[str, float], top_k: int) -> dict[str, Any]:
     """The catalog variables that make the path views use these weights and k."""
-    return {f"path_w_{k}": float(weights[k]) for k in WEIGHT_KEYS} | {"path_top_k": int(top_k)}
+    return Params(weights, top_k).variables()
 
 
-def top_paths(catalog: Catalog, weights: dict[str, float], top_k: int) -> list[dict[str, Any]]:
-    """The Top-k paths per root under these parameters, in (tree, rank) order."""
-    with catalog.variables.using(**path_variables(weights, top_k)):
+def top_paths(catalog: Catalog, weights: dict[str, float] | Params, top_k: int | None = None) -> list[dict[str, Any]]:
+    """The selected paths per root under these parameters, in (tree, rank) order."""
+    params = weights if isinstance(weights, Params) else Params(weights, top_k)  # type: ignore[arg-type]
+    with catalog.variables.using(**params.variables()):
         rows = catalog.query("select * from top_paths order by tree_id, rank")
     return [{k: row[k] for k in PATH_FIELDS} for row in rows]
 
 
-def selection_decision(catalog: Catalog, watermark: int, weights: dict[str, float], top_k: int) -> PathsSelected:
+def selection_decision(
+    catalog: Catalog, watermark: int, weights: dict[str, float] | Params, top_k: int | None = None
+) -> PathsSelected:
     """The PathsSelected decision for these parameters at the catalog's state."""
+    params = weights if isinstance(weights, Params) else Params(weights, top_k)  # type: ignore[arg-type]
     return PathsSelected(
-        watermark=watermark, selection_id=selection_id(weights, top_k),
-        weights={k: float(weights[k]) for k in WEIGHT_KEYS}, top_k=top_k,
-        paths=top_paths(catalog, weights, top_k),
+        watermark=watermark, selection_id=params.selection_id, weights=params.recorded_weights(),
+        top_k=params.top_k, paths=top_paths(catalog, params),
     )  # fmt: skip
 
 
@@ -114,41 +153,64 @@ def _has_trees(catalog: Catalog) -> bool:
 
 @dataclass
 class Reselection:
-    """The outcome of ``reselect``."""
+    """The outcome of ``reselect``; ``comparison``: per root and overall, the default's and this one's figures."""
 
     selection: dict[str, Any]
     appended: bool
     default_id: str | None
     added: list[dict[str, Any]]
     removed: list[dict[str, Any]]
+    comparison: list[dict[str, Any]]
 
 
-def reselect(data, run_id: str, weights_text: str | None, top_k: int | None) -> Reselection:
-    """Select paths with other weights or k from the same log; record it once."""
+COMPARED = "select stratum, stratum_key, selected_paths, n_eff, n_eff_ratio, mean_path_score from coverage " \
+    "where stratum in ('root', 'all') order by stratum = 'all', stratum_key"  # fmt: skip
+
+
+def reselect(data, run_id: str, weights_text: str | None, top_k: int | None,
+             diversity: float | None = None) -> Reselection:  # fmt: skip
+    """Select paths with other weights, k or a diversity lambda from the same log; record it once."""
     EventLog(data, run_id).require()
     with LogWriter.open(data, run_id) as writer:
         catalog = open_run(data, run_id)
         if not _has_trees(catalog):
             raise LogError(f"run {run_id!r} has no trees - nothing to select from")
-        defaults, default_k = default_parameters(catalog)
-        weights = parse_weights(weights_text, defaults)
-        k = default_k if top_k is None else top_k
+        default = default_params(catalog)
+        k = default.top_k if top_k is None else top_k
         if k < 1:
             raise InputError("--top-k must be at least 1")
         if not fits_int64(k):
             raise InputError("--top-k must fit a 64-bit integer")
-        wanted = selection_id(weights, k)
+        if diversity is not None and not (math.isfinite(diversity) and 0 <= diversity <= MAX_WEIGHT):
+            raise InputError(f"--diversity must be a number from 0 to {MAX_WEIGHT:g}, got {diversity}")
+        params = Params(parse_weights(weights_text, default.weights), k, diversity)
         existing = {s["selection_id"]: s for s in recorded_selections(catalog)}
-        appended = wanted not in existing
+        appended = params.selection_id not in existing
         if appended:
-            decision = selection_decision(catalog, writer.tail, weights, k)
+            decision = selection_decision(catalog, writer.tail, params)
             catalog.insert(writer.append([decision]))
             existing = {s["selection_id"]: s for s in recorded_selections(catalog)}
-        chosen = existing[wanted]
-    default_id = selection_id(defaults, default_k)
-    base = existing.get(default_id)
+        chosen = existing[params.selection_id]
+        comparison = _compare(catalog, default, params)
+    base = existing.get(default.selection_id)
     added, removed = _diff(base["paths"] if base else [], chosen["paths"])
-    return Reselection(chosen, appended, default_id if base else None, added, removed)
+    return Reselection(chosen, appended, default.selection_id if base else None, added, removed, comparison)
+
+
+def _compare(catalog: Catalog, default: Params, params: Params) -> list[dict[str, Any]]:
+    """Per root and overall: N_eff/N and the mean PathScore of both selections (the coverage view)."""
+    with catalog.variables.using(**default.variables()):
+        before = {(r["stratum"], r["stratum_key"]): r for r in catalog.query(COMPARED)}
+    with catalog.variables.using(**params.variables()):
+        after = catalog.query(COMPARED)
+    out = []
+    for row in after:
+        old = before.get((row["stratum"], row["stratum_key"]), {})
+        out.append({"tree_id": row["stratum_key"] if row["stratum"] == "root" else "all",
+                    "n_eff_ratio_default": old.get("n_eff_ratio"), "n_eff_ratio": row["n_eff_ratio"],
+                    "mean_path_score_default": old.get("mean_path_score"),
+                    "mean_path_score": row["mean_path_score"]})  # fmt: skip
+    return out
 
 
 def _diff(before: list[dict], after: list[dict]) -> tuple[list[dict], list[dict]]:

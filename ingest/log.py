@@ -82,6 +82,15 @@ def run_dir(data_dir: Path, run_id: str) -> Path:
     return Path(data_dir) / "runs" / check_run_id(run_id)
 
 
+def run_ids(data_dir: Path | str) -> list[str]:
+    """The runs under ``<data>/runs`` that have a published event, by id."""
+    try:
+        names = sorted(os.listdir(Path(data_dir) / "runs"))
+    except FileNotFoundError:
+        return []
+    return [n for n in names if RUN_ID_RE.match(n) and _list_parts(Path(data_dir) / "runs" / n / "log")]
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -52,3 +52,13 @@ create or replace macro in_scope(tree_id) as
 -- other, or both present and differing (the macro differs).
 create or replace macro differs_or_missing(a, b) as
     coalesce(differs(a, b), (a is null) <> (b is null));
+
+-- An error message with what varies from call to call (paths, hex ids, numbers, quoted
+-- text) replaced by placeholders, so that messages of one kind group together.
+create or replace macro normalized_message(message) as
+    trim(regexp_replace(regexp_replace(regexp_replace(regexp_replace(
+        coalesce(message, ''),
+        '(''[^'']*''|"[^"]*")', '<text>', 'g'),
+        '[^\s:,;()<>]*/[^\s:,;()<>]+', '<path>', 'g'),
+        '\b[0-9a-fA-F]{7,}\b', '<hex>', 'g'),
+        '\b\d+(\.\d+)?\b', '<n>', 'g'));

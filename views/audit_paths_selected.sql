@@ -1,6 +1,6 @@
 -- Recorded path selections that the log prefix they saw does not imply (empty when healthy).
 -- grain: kind, seq, subject, problem
--- sources: stg_paths_selected, int_paths__scored
+-- sources: stg_paths_selected, int_paths__selected
 --
 -- Needs `set variable asof_points = 'decisions'` (replay sets it): each recorded
 -- selection is scored with its own weights and k at its own watermark, and must
@@ -31,7 +31,7 @@ derived as (
         leaf_id,
         rank,
         path_score
-    from int_paths__scored
+    from int_paths__selected
     where selection_seq > 0 and selected
 ),
 

@@ -1,6 +1,7 @@
 -- Per candidate root-to-leaf path and point: its nodes, the four metrics of ALGORITHM §3 and their ranks.
 -- grain: tree_id, asof_seq, leaf_id
 -- sources: int_nodes__final, int_nodes__created, int_edges__scored, run_config
+-- materialized: table
 --
 -- Candidates: root -> every leaf at the point (the final leaves once a tree is
 -- done), at the points where paths are scored (now, and in replay the watermark

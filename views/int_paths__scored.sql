@@ -1,4 +1,4 @@
--- Per weighting, candidate path and point: PathScore, its Top-k rank and whether it is selected (ALGORITHM §3).
+-- Per weighting, candidate path and point: PathScore and its rank among the root's ranked paths (ALGORITHM §3).
 -- grain: selection_seq, tree_id, asof_seq, leaf_id
 -- sources: int_paths__measured, int_path_weightings
 --
@@ -6,7 +6,8 @@
 -- selection's (replay) the paths of its watermark. path_score = max*max_score_rank
 -- + avg*avg_score_rank + clean*avg_cleanliness + know*avg_knowledge; rank orders
 -- the ranked paths of a root by path_score, compared to 12 decimals so that
--- floating-point noise ties (ties: smallest leaf id); selected = rank <= top_k.
+-- floating-point noise ties (ties: smallest leaf id). Which paths are selected:
+-- int_paths__selected.
 with measured as (
     select * from int_paths__measured
 ),
@@ -42,7 +43,4 @@ ranked as (
     from weighted
 )
 
-select
-    * exclude (top_k),
-    coalesce(rank <= top_k, false) as selected
-from ranked
+select * from ranked

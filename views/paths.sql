@@ -1,6 +1,6 @@
 -- One row per candidate root-to-leaf path with its ranks, PathScore and Top-k rank (public, ALGORITHM §3, §7).
 -- grain: tree_id, leaf_id
--- sources: int_paths__scored, stg_root_added
+-- sources: int_paths__selected, stg_root_added
 --
 -- The paths as of now, scored with the current weighting (int_path_weightings:
 -- the run config's weights and top_k, or the path_* variables of a reselection).
@@ -28,6 +28,6 @@ select
     root.snapshot,
     p.depth,
     p.leaf_reason
-from int_paths__scored as p
+from int_paths__selected as p
 inner join stg_root_added as root using (tree_id)
 where p.selection_seq = 0

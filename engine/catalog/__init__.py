@@ -91,6 +91,18 @@ class Catalog:
         return cls(con, views_dir)
 
     @classmethod
+    def inside(cls, con: duckdb.DuckDBPyConnection, database: str, views_dir: Path = VIEWS_DIR) -> Catalog:
+        """A catalog in a new in-memory database ``database`` of ``con``, on a cursor of its own.
+
+        Several catalogs then share one DuckDB instance (a collection of runs): each one's
+        views bind to its own database, whoever queries them.
+        """
+        cursor = con.cursor()
+        cursor.execute(f'attach \':memory:\' as "{database}"')
+        cursor.execute(f'use "{database}"')
+        return cls(cursor, views_dir)
+
+    @classmethod
     def for_log(cls, log: EventLog, views_dir: Path = VIEWS_DIR, threads: int | None = None) -> Catalog:
         """A catalog holding the published prefix of ``log``."""
         catalog = cls.empty(views_dir, threads)

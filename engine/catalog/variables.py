@@ -49,6 +49,11 @@ class Variables:
         self._explicit: set[str] = set()
 
     @property
+    def values(self) -> dict[str, Any]:
+        """The variables set, with their values."""
+        return dict(self._values)
+
+    @property
     def names(self) -> list[str]:
         """Every variable some view reads."""
         return sorted(self.affects)

@@ -1,0 +1,67 @@
+"""Benchmark: `audit` and a typical `sql` query against the DuckDB scan floor of the same files.
+
+On the replay benchmark's runs (the bundled pipeline, and a ~300-tree ~1M-event run
+tiled from a 30-tree run with long turns), each measured as the command does it:
+open the collection (load the log, evaluate the views at every decision), then the
+audit's queries, or one query. Printed: medians of --repeat, and the ratio to the
+time DuckDB takes to scan every light column of the same Parquet files.
+
+    python benchmarks/audit.py [--repeat 3] [--copies 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from replay import floor_seconds, write_runs  # noqa: E402
+
+from engine.audit import audit  # noqa: E402
+from engine.collection import open_runs  # noqa: E402
+
+SQL = ("select run_id, stratum_key as stage, n_eff_ratio, selected_paths from coverage "
+       "where stratum = 'stage' order by all")  # fmt: skip
+
+
+def timed(data: Path, run_id: str) -> tuple[float, float, float]:
+    """Seconds to open the collection, to run the audit's queries, and to open it and run SQL."""
+    start = time.perf_counter()
+    runs = open_runs(data, [run_id])
+    opened = time.perf_counter()
+    audit(runs, ("task", "stage", "depth", "lineage"))
+    audited = time.perf_counter()
+    start_sql = time.perf_counter()
+    open_runs(data, [run_id]).query(SQL)
+    return opened - start, audited - start, time.perf_counter() - start_sql
+
+
+def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
+    floor = statistics.median(floor_seconds(data, run_id) for _ in range(repeat))
+    runs = [timed(data, run_id) for _ in range(repeat)]
+    opening, whole, sql = (statistics.median(r[i] for r in runs) for i in range(3))
+    print(f"{label}: audit {whole:.2f} s ({whole / floor:.1f}x the scan floor of {floor:.3f} s; opening "
+          f"the collection {opening:.2f} s of it), sql {sql:.2f} s ({sql / floor:.1f}x)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--copies", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        write_runs(data, args.copies)
+        measure("bundled run (30 trees)", data, "bundled", args.repeat)
+        measure(f"tiled run ({30 * args.copies} trees)", data, "big", args.repeat)
+
+
+if __name__ == "__main__":
+    main()

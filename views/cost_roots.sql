@@ -1,0 +1,41 @@
+-- Per root: what exploring it cost - tokens by kind, model calls, turns, wall time, the backend's cost.
+-- grain: tree_id
+-- sources: trees, int_turns__costs
+--
+-- Every turn of the tree counts, those of pruned and retried attempts included.
+-- tokens_per_selected_path: the tree's tokens over its selected paths (what one
+-- training sample from this root cost to make; null without a selected path).
+with costs as (
+    select
+        tree_id,
+        count(*) as turns,
+        sum(steps) as steps,
+        sum(tokens_input) as tokens_input,
+        sum(tokens_cached) as tokens_cached,
+        sum(tokens_output) as tokens_output,
+        sum(tokens_reasoning) as tokens_reasoning,
+        sum(cost order by edge_id, turn) as cost,
+        sum(wall_seconds order by edge_id, turn) as wall_seconds
+    from int_turns__costs
+    group by all
+)
+
+select
+    t.tree_id,
+    t.task,
+    t.stage,
+    coalesce(c.turns, 0) as turns,
+    coalesce(c.steps, 0) as steps,
+    coalesce(c.tokens_input, 0) as tokens_input,
+    coalesce(c.tokens_cached, 0) as tokens_cached,
+    coalesce(c.tokens_output, 0) as tokens_output,
+    coalesce(c.tokens_reasoning, 0) as tokens_reasoning,
+    coalesce(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning, 0) as tokens,
+    coalesce(c.cost, 0.0) as cost,
+    coalesce(c.wall_seconds, 0.0) as wall_seconds,
+    t.selected as selected_paths,
+    case when t.selected > 0
+        then (c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning) / t.selected
+    end as tokens_per_selected_path
+from trees as t
+left join costs as c using (tree_id)

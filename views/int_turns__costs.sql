@@ -1,0 +1,35 @@
+-- Per finished turn: its tokens by kind, model calls, the backend's cost and wall time.
+-- grain: tree_id, edge_id, turn
+-- sources: stg_turn_finished, stg_step_finished
+--
+-- Tokens are summed over the turn's steps as the backend reported them (OpenCode:
+-- input excludes the cached part, output excludes reasoning). wall_seconds is
+-- wall-clock time: for cost reports only, never for a decision.
+with steps as (
+    select
+        tree_id,
+        edge_id,
+        turn,
+        count(*) as steps,
+        sum(tokens_input) as tokens_input,
+        sum(tokens_cache_read) as tokens_cached,
+        sum(tokens_output) as tokens_output,
+        sum(tokens_reasoning) as tokens_reasoning,
+        sum(cost order by step) as cost
+    from stg_step_finished
+    group by all
+)
+
+select
+    f.tree_id,
+    f.edge_id,
+    f.turn,
+    coalesce(s.steps, 0) as steps,
+    coalesce(s.tokens_input, 0) as tokens_input,
+    coalesce(s.tokens_cached, 0) as tokens_cached,
+    coalesce(s.tokens_output, 0) as tokens_output,
+    coalesce(s.tokens_reasoning, 0) as tokens_reasoning,
+    coalesce(s.cost, 0.0) as cost,
+    coalesce(f.wall_seconds, 0.0) as wall_seconds
+from stg_turn_finished as f
+left join steps as s using (tree_id, edge_id, turn)

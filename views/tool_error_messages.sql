@@ -1,0 +1,25 @@
+-- The error messages of failed tool calls, grouped by their normalized form, most frequent first.
+-- grain: message
+-- sources: tool_calls
+--
+-- message: the error with paths, hex ids, numbers and quoted text replaced by
+-- placeholders (the macro normalized_message); share: of all failed calls; tools:
+-- the tools that failed with it; example: one message as it was (the first in the log).
+with failed as (
+    select
+        normalized_message(coalesce(error, 'error without a message')) as message,
+        tool,
+        error,
+        seq
+    from tool_calls
+    where status = 'error'
+)
+
+select
+    message,
+    count(*) as errors,
+    count(*) / sum(count(*)) over () as share,
+    list(distinct tool order by tool) as tools,
+    arg_min(error, seq) as example
+from failed
+group by message

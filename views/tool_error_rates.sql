@@ -1,0 +1,42 @@
+-- Tool-error rate per tool, tree, stage, task, turn and step of the turn (ALGORITHM §2, §5).
+-- grain: dimension, key
+-- sources: tool_calls, trees
+--
+-- A call failed when OpenCode reported an error or the tool does not exist (see the
+-- tool_calls view). dimension is tool, tree, stage, task, turn (1 or 2) or step (the
+-- model call within the turn); error_rate = errors / calls.
+with calls as (
+    select
+        c.tool,
+        c.tree_id,
+        coalesce(t.stage, 'none') as stage,
+        coalesce(t.task, 'none') as task,
+        cast(c.turn as varchar) as turn,
+        cast(c.step as varchar) as step,
+        c.status = 'error' as failed
+    from tool_calls as c
+    left join trees as t using (tree_id)
+),
+
+keyed as (
+    select 'tool' as dimension, tool as key, failed from calls
+    union all
+    select 'tree', tree_id, failed from calls
+    union all
+    select 'stage', stage, failed from calls
+    union all
+    select 'task', task, failed from calls
+    union all
+    select 'turn', turn, failed from calls
+    union all
+    select 'step', step, failed from calls
+)
+
+select
+    dimension,
+    key,
+    count(*) as calls,
+    count(*) filter (where failed) as errors,
+    count(*) filter (where failed) / count(*) as error_rate
+from keyed
+group by all
