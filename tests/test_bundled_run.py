@@ -53,3 +53,14 @@ def test_the_main_job_exercises_every_rule_and_replays(bundled):
     assert count("select * from top_paths") == sum(min(6, t["ranked"]) for t in out["trees"])
     replay = CliRunner().invoke(cli, ["--data", str(data), "replay", "main"])
     assert replay.exit_code == 0 and replay.stdout.rstrip().endswith(" 0 differ")
+
+
+@pytest.mark.slow
+def test_audit_of_the_bundled_run_prints_every_table_and_exits_0(bundled):
+    r = CliRunner().invoke(cli, ["--data", str(bundled), "audit", "main", "--by", "task,stage,depth,lineage"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.rstrip().endswith("audit: no violations")
+    out = json.loads(CliRunner().invoke(cli, ["--data", str(bundled), "audit", "--json"]).stdout)
+    everything = next(row for row in out["coverage"] if row["stratum"] == "all")
+    assert everything["selected_paths"] == 178 and 0.3 < everything["n_eff_ratio"] < 1
+    assert {row["stratum_key"] for row in out["coverage"] if row["stratum"] == "stage"} == {"early", "middle", "late"}
