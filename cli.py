@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,33 @@ def select_snapshots(all_snapshots: Path, out: Path, task: str, direction: str |
 # ---------------------------------------------------------------- explore
 
 
+def _duration(seconds: float | None) -> str:
+    """``1h 05m``, ``4m 12s``, ``9s``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def progress_line(p: dict[str, Any]) -> str:
+    """One line of a run's progress: a ``run_progress`` row with its ``run_pace`` columns."""
+    pace = f"{p['edges_per_hour']:,.0f} edges/h" if p.get("edges_per_hour") is not None else "- edges/h"
+    eta = "done" if p.get("finished") else f"ETA {_duration(p.get('eta_seconds'))}"
+    return (
+        f"trees {p['trees_done']}/{p['trees']} done | edges kept {p['kept_edges']} "
+        f"({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, retried "
+        f"{p['retried_edges']}, in flight {p['in_flight_edges']} | leaves {p['leaves']} | tool errors "
+        f"{_share(p['tool_errors'], p['tool_calls'])}, knowledge {_share(p['knowledge_actions'], p['tool_calls'])} "
+        f"| {pace} | {eta}"
+    )
+
+
 class ProgressLine:
     """explore's progress on stderr: a live line on a terminal, else a line every ``period`` s."""
 
@@ -238,8 +266,7 @@ class ProgressLine:
         self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.live = self.console.is_terminal
         self.period = 1.0 if self.live else period
-        self.start = time.monotonic()
-        self.last = self.start
+        self.last = time.monotonic()
         self._shown = False
 
     def __call__(self, read: Callable[[], dict[str, Any]]) -> None:
@@ -247,22 +274,14 @@ class ProgressLine:
         if now - self.last < self.period:
             return
         self.last = now
-        line = self.line(read(), now - self.start)
+        line = progress_line(read())
         if self.live:  # one line, rewritten in place
-            self.console.file.write("\r\033[K" + line)
+            width = self.console.width
+            self.console.file.write("\r\033[K" + (line if len(line) < width else line[: width - 1]))
             self.console.file.flush()
             self._shown = True
         else:
             self.console.print(line)
-
-    @staticmethod
-    def line(p: dict[str, Any], elapsed: float) -> str:
-        return (
-            f"trees {p['trees_done']}/{p['trees']} done | edges kept {p['kept_edges']} "
-            f"({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, retried "
-            f"{p['retried_edges']}, in flight {p['in_flight_edges']} | leaves {p['leaves']} | "
-            f"{elapsed:,.0f} s"
-        )
 
     def close(self) -> None:
         if self._shown:
@@ -557,6 +576,99 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: flo
             click.echo("N_eff/N and mean PathScore, default -> this selection:")
             click.echo(_table(result.comparison, ["tree_id", "n_eff_ratio_default", "n_eff_ratio",
                                                   "mean_path_score_default", "mean_path_score"]))  # fmt: skip
+
+
+# ------------------------------------------------------------------ watch
+
+WIDE = 100  # a terminal narrower than this gets plain lines
+
+
+def _frame_header(frame: Any) -> list[str]:
+    p, pace = frame.progress, frame.pace
+    state = "finished" if frame.finished else "running"
+    stops = ", ".join(f"{reason} {n}" for reason, n in frame.stops.items()) or "none yet"
+    now = datetime.now(UTC)
+    oldest = min((t["since"] for t in frame.in_flight if t["since"]), default=None)
+    eta = "none" if frame.finished else _duration(pace["eta_seconds"])
+    rate = lambda key: "-" if pace[key] is None else f"{pace[key]:,.0f}"  # noqa: E731
+    return [
+        f"run {frame.run_id} (task {frame.task}): {state} | log seq {frame.seq} | session "
+        f"{_duration(pace['session_seconds'])} | time left {eta}",
+        f"trees  {p['trees']}: {p['trees_done']} done, {p['trees_running']} active; stopped by: {stops}",
+        f"edges  kept {p['kept_edges']} ({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, "
+        f"retried {p['retried_edges']}, in flight {p['in_flight_edges']} | leaves {p['leaves']}",
+        f"turns  in flight {len(frame.in_flight)}"
+        + (f" (the oldest for {_duration((now - oldest).total_seconds())})" if oldest else ""),
+        f"tools  {p['tool_calls']} calls, {_share(p['tool_errors'], p['tool_calls'])} errors, "
+        f"{_share(p['knowledge_actions'], p['tool_calls'])} knowledge actions",
+        f"pace   {rate('edges_per_hour')} edges/h, {rate('tokens_per_hour')} tokens/h",
+    ]
+
+
+def _frame_view(frame: Any, height: int) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("tree", "stage", "status", "stop", "kept", "leaves", "in flight", "root", "best", "gain"):
+        table.add_column(column, justify="right" if column not in ("tree", "stage", "status", "stop") else "left")
+    shown = frame.trees[: max(3, height - 10)]
+    for t in shown:
+        gain = None if t["best_score"] is None or t["root_score"] is None else t["best_score"] - t["root_score"]
+        table.add_row(t["tree_id"], t["stage"] or "-", t["status"], t["stop_reason"] or "-", str(t["kept_edges"]),
+                      str(t["final_leaves"] or t["good_leaves"]), str(t["in_flight_edges"]), _fmt(t["root_score"]),
+                      _fmt(t["best_score"]), "-" if gain is None else f"{gain:+.4f}")  # fmt: skip
+    lines = [Text(line) for line in _frame_header(frame)]
+    more = len(frame.trees) - len(shown)
+    tail = [Text(f"... and {more} more trees")] if more else []
+    return Group(*lines, Text(""), table, *tail)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@click.option("--period", type=click.FloatRange(min=0.2), default=5.0, show_default=True,
+              help="Seconds between looks at the log when no new part is noticed.")  # fmt: skip
+def watch(run_id: str, once: bool, period: float) -> None:
+    """Watch a run as another process writes it, until it finishes.
+
+    Trees done and active and why they stopped, edges by verdict, leaves, each tree's
+    best score against its root's, the turns in flight and for how long, tool-error
+    and knowledge-action rates, edges and tokens per hour and the time left. Only
+    whole log parts are read, so every frame is a consistent prefix of the run. On a
+    terminal narrower than 100 columns, or a pipe, it prints a line per change.
+
+    \b
+    Example:
+        python cli.py watch demo
+        python cli.py watch demo --once
+    """
+    from rich.console import Console
+    from rich.live import Live
+
+    from engine.watch import follow
+
+    console = Console(highlight=False)
+    rich_view = console.is_terminal and console.width >= WIDE
+    frames = follow(_data_dir(), run_id, period)
+    if once:
+        frame = next(frames)
+        if rich_view:
+            console.print(_frame_view(frame, console.height))
+        else:
+            click.echo("\n".join(_frame_header(frame)))
+        return
+    if rich_view:
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            for frame in frames:
+                live.update(_frame_view(frame, console.height), refresh=True)
+        return
+    last = None
+    for frame in frames:
+        if frame.seq != last or frame.finished:
+            click.echo(f"{frame.run_id} seq {frame.seq}: " + progress_line(frame.progress | frame.pace))
+            last = frame.seq
 
 
 # ------------------------------------------------------------ sql, audit

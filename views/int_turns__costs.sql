@@ -4,7 +4,8 @@
 --
 -- Tokens are summed over the turn's steps as the backend reported them (OpenCode:
 -- input excludes the cached part, output excludes reasoning). wall_seconds is
--- wall-clock time: for cost reports only, never for a decision.
+-- wall-clock time, as is finished_at (when the turn was recorded): for reports
+-- only, never for a decision.
 with steps as (
     select
         tree_id,
@@ -30,6 +31,7 @@ select
     coalesce(s.tokens_output, 0) as tokens_output,
     coalesce(s.tokens_reasoning, 0) as tokens_reasoning,
     coalesce(s.cost, 0.0) as cost,
-    coalesce(f.wall_seconds, 0.0) as wall_seconds
+    coalesce(f.wall_seconds, 0.0) as wall_seconds,
+    f.recorded_at as finished_at
 from stg_turn_finished as f
 left join steps as s using (tree_id, edge_id, turn)

@@ -3,6 +3,7 @@
 -- sources: log_edge_judged
 select
     seq,
+    recorded_at,
     watermark,
     tree_id,
     edge_id,

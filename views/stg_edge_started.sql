@@ -3,6 +3,7 @@
 -- sources: log_edge_started
 select
     seq,
+    recorded_at,
     tree_id,
     edge_id,
     parent_id,

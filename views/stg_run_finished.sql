@@ -3,6 +3,7 @@
 -- sources: log_run_finished
 select
     seq,
+    recorded_at,
     outcome
 from log_run_finished
 where in_prefix(seq)

@@ -3,6 +3,7 @@
 -- sources: log_run_resumed
 select
     seq,
+    recorded_at,
     note
 from log_run_resumed
 where in_prefix(seq)

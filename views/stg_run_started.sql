@@ -3,6 +3,7 @@
 -- sources: log_run_started
 select
     seq,
+    recorded_at,
     command,
     task,
     direction,

@@ -3,6 +3,7 @@
 -- sources: log_turn_finished
 select
     seq,
+    recorded_at,
     tree_id,
     edge_id,
     turn,

@@ -112,11 +112,22 @@ class Catalog:
     # -- events in
 
     def load(self, log: EventLog) -> None:
-        """Add the published events of ``log`` (read by DuckDB from its parts)."""
+        """Add the published events of ``log`` the catalog does not hold yet (read from its parts).
+
+        A first load recomputes every table when read; a later one (a log that grew
+        meanwhile: ``watch``) only the trees its events concern.
+        """
         self._apply_incoming()
-        if self.log.load(log, self.variables.scoped):
+        tail = self.log.tail_seq()
+        arrivals = self.log.load(log, self.variables.scoped, after=tail)
+        if not arrivals:
+            return
+        if tail == 0:
             self.plan.invalidate(set(self.tables))
             self._set_defaults(set(KIND_COLUMNS))
+        else:
+            self.plan.arrived(arrivals)
+            self._set_defaults(set(arrivals))
 
     def insert(self, table: pa.Table) -> None:
         """Mirror appended events (any superset of the light columns); applied before the next query."""

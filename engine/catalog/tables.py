@@ -75,43 +75,46 @@ class LogTables:
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [pc.max(incoming.column("seq")).as_py()])
         return arrivals
 
-    def load(self, log: EventLog, scoped: Callable, attempts: int = 50) -> bool:
-        """Insert the published events of ``log``, read by DuckDB from its Parquet parts.
+    def load(self, log: EventLog, scoped: Callable, after: int = 0, attempts: int = 50) -> Arrivals:
+        """Insert the published events of ``log`` after seq ``after``, read by DuckDB from its parts.
 
         Each kind's table reads only its columns (no Arrow copy of the whole log in
         between). The parts are read in one transaction: when compaction replaced a
         part meanwhile, the load is rolled back and taken again from a new listing.
-        ``scoped`` sets session variables for a block (the catalog's). Returns whether
-        anything was loaded. Buffered events must have been applied first.
+        ``scoped`` sets session variables for a block (the catalog's). Returns what
+        arrived. Buffered events must have been applied first.
         """
         for attempt in range(attempts):
-            parts = log.parts()
+            parts = [p for p in log.parts() if p.last > after]
             files = [str(p.path) for p in parts]
             if not files:
-                return False
+                return {}
             try:
                 present = set().union(*(part_schema(p).names for p in parts))
-                with scoped(load_files=files):
-                    self._load_files(present)
+                with scoped(load_files=files, load_after=after):
+                    return self._load_files(present)
             except (OSError, duckdb.Error) as err:
                 if all(Path(f).exists() for f in files):
                     raise LogError(f"{self._unreadable(files, log)}: cannot read the log: {err}") from err
                 time.sleep(0.002 * attempt)  # a part was compacted away: list again
-                continue
-            return True
         raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
 
-    def _load_files(self, present: set[str]) -> None:
-        source = "read_parquet(getvariable('load_files'), union_by_name = true)"
+    def _load_files(self, present: set[str]) -> Arrivals:
+        source = ("(select * from read_parquet(getvariable('load_files'), union_by_name = true) "
+                  "where seq > getvariable('load_after'))")  # fmt: skip
         # Rows of a log table have no order (every view orders by seq where order
         # matters), so the parts may be copied in parallel (measured: load -20%).
         self.con.execute("set preserve_insertion_order = false")
         try:
             self.con.execute("begin transaction")
-            kinds = {r[0] for r in self.con.execute(f"select distinct kind from {source}").fetchall()}
-            self._insert_kinds(source, kinds, present)
+            tree = "tree_id" if "tree_id" in present else "null"
+            arrivals: Arrivals = {}
+            for kind, tree_id in self.con.execute(f"select distinct kind, {tree} from {source}").fetchall():
+                arrivals.setdefault(kind, set()).add(tree_id)
+            self._insert_kinds(source, set(arrivals), present)
             self.con.execute(f"update log_tail set seq = greatest(seq, (select max(seq) from {source}))")
             self.con.execute("commit")
+            return arrivals
         except BaseException:
             with contextlib.suppress(duckdb.Error):
                 self.con.execute("rollback")

@@ -59,8 +59,8 @@ class Explorer:
     """Grows every tree of one run until all have stopped.
 
     ``on_progress`` is called after every step with a function returning the run's
-    progress (the ``run_progress`` row); it reads the view only when called, so a
-    renderer decides how often that costs a query.
+    progress (the ``run_progress`` and ``run_pace`` rows); it reads the views only when
+    called, so a renderer decides how often that costs a query.
     """
 
     def __init__(
@@ -277,4 +277,4 @@ class Explorer:
             self.on_progress(self._progress)
 
     def _progress(self) -> Row:
-        return self._query("select * from run_progress")[0]
+        return self._query("select * from run_progress")[0] | self._query("select * from run_pace")[0]

@@ -1,0 +1,84 @@
+"""Watching a run another process writes: consistent frames of its views as its log grows.
+
+A frame is what the views say of one published prefix of the log (the catalog loads
+only whole parts, and each load adds the parts published since the last one, so the
+counts of successive frames never go back). New parts are noticed by watching the
+log directory (watchfiles), with a periodic look as a fallback; reading needs no lock,
+so the writer goes on undisturbed. Following ends once the run has finished.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import watchfiles
+
+from engine.catalog import Catalog
+from engine.runs import recorded_config
+from ingest.log import EventLog
+
+Row = dict[str, Any]
+TREE_COLUMNS = ("tree_id, stage, status, stop_reason, kept_edges, good_leaves, final_leaves, root_score, "
+                "best_score, in_flight_edges")  # fmt: skip
+
+
+@dataclass
+class Frame:
+    """One moment of a run: progress, pace, trees and the turns in flight."""
+
+    run_id: str
+    task: str | None
+    seq: int  # the last event of the prefix shown
+    progress: Row
+    pace: Row
+    stops: dict[str, int]
+    trees: list[Row]
+    in_flight: list[Row]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.pace["finished"])
+
+
+def read_frame(catalog: Catalog, run_id: str) -> Frame:
+    """The frame of what the catalog holds."""
+    q = catalog.query
+    stops = {r["stop_reason"]: r["n"] for r in q("select stop_reason, count(*) as n from int_trees__summarized "
+                                                 "where stop_reason is not null group by all order by 1")}  # fmt: skip
+    return Frame(
+        run_id=run_id,
+        task=q("select task from run_config")[0]["task"],
+        seq=catalog.tail_seq(),
+        progress=q("select * from run_progress")[0],
+        pace=q("select * from run_pace")[0],
+        stops=stops,
+        trees=q(f"select {TREE_COLUMNS} from int_trees__summarized order by status = 'done', tree_id"),
+        in_flight=q("select * from turns_in_flight order by since, tree_id, edge_id"),
+    )
+
+
+def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
+           stop: threading.Event | None = None) -> Iterator[Frame]:  # fmt: skip
+    """Frames of a run as its log grows: one now, then one per change, until it finishes.
+
+    ``period``: seconds between looks when no change is noticed (a frame is given then
+    too, so the ages of turns in flight move on). ``stop`` ends following early.
+    """
+    log = EventLog(data_dir, run_id).require()
+    catalog = Catalog.for_log(log)
+    recorded_config(catalog, log)
+    frame = read_frame(catalog, run_id)
+    yield frame
+    if frame.finished:
+        return
+    for _changes in watchfiles.watch(log.log_dir, rust_timeout=int(period * 1000), yield_on_timeout=True,
+                                     stop_event=stop, debounce=200, raise_interrupt=False):  # fmt: skip
+        catalog.load(log)
+        frame = read_frame(catalog, run_id)
+        yield frame
+        if frame.finished:
+            return

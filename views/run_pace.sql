@@ -1,0 +1,96 @@
+-- The run's pace since its current session began: edges judged and tokens per hour, and an estimate of the time left.
+-- grain: run_key
+-- sources: stg_run_started, stg_run_resumed, stg_run_finished, stg_edge_started, stg_edge_judged, int_turns__costs, int_trees__summarized, run_config
+--
+-- Wall-clock figures from the times events were recorded (for watching a run, never
+-- for a decision). The session is the last start or resume: its rates leave out the
+-- time a killed run lay still. expected_edges_per_tree: the mean edge attempts of
+-- the trees done, else max_valid_edges + 1 (an upper bound on kept edges). The time
+-- left: the edges the running trees are expected to add, at the session's rate
+-- (null until an edge was judged in it); 0 once the run finished.
+with session as (
+    select max(recorded_at) as started_at
+    from (
+        select recorded_at from stg_run_started
+        union all
+        select recorded_at from stg_run_resumed
+    )
+),
+
+latest as (
+    select max(recorded_at) as last_event_at
+    from (
+        select recorded_at from stg_edge_started
+        union all
+        select recorded_at from stg_edge_judged
+        union all
+        select finished_at from int_turns__costs
+    )
+),
+
+judged as (
+    select
+        count(*) filter (where j.recorded_at >= s.started_at) as session_edges
+    from stg_edge_judged as j
+    cross join session as s
+),
+
+tokens as (
+    select
+        coalesce(sum(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning)
+            filter (where c.finished_at >= s.started_at), 0) as session_tokens
+    from int_turns__costs as c
+    cross join session as s
+),
+
+per_tree as (
+    select
+        t.status,
+        t.kept_edges + t.pruned_edges + t.retried_edges + t.in_flight_edges as attempts
+    from int_trees__summarized as t
+),
+
+expected as (
+    select
+        coalesce(avg(attempts) filter (where status = 'done'), max(c.max_valid_edges) + 1.0)
+            as expected_edges_per_tree
+    from per_tree
+    cross join run_config as c
+),
+
+remaining as (
+    select sum(greatest(e.expected_edges_per_tree - p.attempts, 0.0)) as remaining_edges
+    from per_tree as p
+    cross join expected as e
+    where p.status <> 'done'
+),
+
+paced as (
+    select
+        s.started_at as session_started_at,
+        l.last_event_at,
+        date_diff('millisecond', s.started_at, l.last_event_at) / 1000.0 as session_seconds,
+        j.session_edges,
+        k.session_tokens,
+        e.expected_edges_per_tree,
+        coalesce(r.remaining_edges, 0.0) as remaining_edges,
+        exists (select 1 from stg_run_finished) as finished
+    from session as s
+    cross join latest as l
+    cross join judged as j
+    cross join tokens as k
+    cross join expected as e
+    cross join remaining as r
+)
+
+select
+    1 as run_key,
+    *,
+    case when session_seconds > 0 then session_edges * 3600.0 / session_seconds end as edges_per_hour,
+    case when session_seconds > 0 then session_tokens * 3600.0 / session_seconds end as tokens_per_hour,
+    case
+        when finished then 0.0
+        when session_edges > 0 and session_seconds > 0
+            then remaining_edges * session_seconds / session_edges
+    end as eta_seconds
+from paced
