@@ -671,6 +671,30 @@ def watch(run_id: str, once: bool, period: float) -> None:
             last = frame.seq
 
 
+@cli.command()
+@click.argument("run_ids", nargs=-1)
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The HTML file to write.")  # fmt: skip
+def report(run_ids: tuple[str, ...], out: Path) -> None:
+    """Write one self-contained HTML report of runs (default: every run under --data).
+
+    Every tree drawn (nodes coloured by score against the root, verdicts, leaf
+    reasons, the selected paths; hover or click for the details), the stage coverage
+    of roots and selected paths, N_eff/N and the N_eff(N) curve, tool-error and
+    knowledge-action rates, tokens and cost per root; for several runs, an overview
+    first. The file needs nothing from the network to open.
+
+    \b
+    Example:
+        python cli.py report demo --out report.html
+    """
+    from engine.collection import open_runs
+    from engine.report import write_report
+
+    size = write_report(open_runs(_data_dir(), list(run_ids) or None), out)
+    click.echo(f"wrote {out} ({size / 1024:,.0f} KiB)", err=True)
+
+
 # ------------------------------------------------------------ sql, audit
 
 

@@ -23,7 +23,7 @@ import duckdb
 import polars as pl
 
 from engine.catalog import Catalog, QueryError
-from engine.catalog.definitions import relations_read
+from engine.catalog.definitions import read_macros, relations_read
 from engine.replay import at_decisions
 from engine.runs import recorded_config
 from ingest.errors import InputError, LogError
@@ -58,6 +58,8 @@ class Collection:
             self.catalogs[run_id] = at_decisions(catalog)
             logs.append(log)
         self.views = sorted(next(iter(self.catalogs.values())).views)
+        _path, macros, _reads = read_macros()
+        self.con.execute(macros)  # node_key, pct, ...: for queries over the union views too
         self._unions: set[str] = set()
         self._main_variables({"asof_points": "decisions"} | self._run_defaults())
         self.refresh()

@@ -45,3 +45,15 @@ def test_nothing_cites_a_file_outside_the_repository():
             cited.append(name)
     assert cited == []
     assert "ALGORITHM §2" in (ROOT / "views" / "int_next_work.sql").read_text()
+
+
+def test_every_declared_dependency_is_imported_by_the_code_that_needs_it():
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    code = "\n".join(p.read_text() for folder in ("ingest", "engine") for p in (ROOT / folder).rglob("*.py"))
+    code += (ROOT / "cli.py").read_text()
+    for requirement in project["dependencies"]:
+        name = re.match(r"[A-Za-z0-9_-]+", requirement)[0].replace("-", "_")
+        assert re.search(rf"^\s*(import|from) {name}\b", code, re.M), f"{name} is declared but never imported"
