@@ -140,22 +140,31 @@ class Explorer:
                 self._report()
 
     def _run_async(self) -> None:
-        """A freed slot is refilled at once; each pass serves every turn finished meanwhile."""
+        """A freed slot is refilled at once; each pass serves every turn finished meanwhile.
+
+        A pass submits what it can as early as it can: an edge's turn 2 right after the
+        skips and verdicts (which need only the edge tables), new edges after the fill
+        (which refreshes the tree state), and publishes while those turns run.
+        """
         while True:
             edges = self._decide()
+            self._submit(edges)
             if self._fill(free=self.config.parallel - len(edges)):
-                edges = self._open()
+                self._submit(self._open())
             self._publish()
-            for edge in edges:
-                step = TURN_STEPS.get(edge["next_step"])
-                if step and (edge["edge_id"], step) not in self.pool.running:
-                    self.pool.submit(self._request(edge))
             self._report()
             if not self.pool.running:
                 return
             for _request, facts in self.pool.wait():
                 self._stage(facts)
             self._check_backend()
+
+    def _submit(self, edges: list[Row]) -> None:
+        """Start the turn each open edge needs, unless it runs already (async)."""
+        for edge in edges:
+            step = TURN_STEPS.get(edge["next_step"])
+            if step and (edge["edge_id"], step) not in self.pool.running:
+                self.pool.submit(self._request(edge))
 
     # ------------------------------------------------------------ decisions
 
