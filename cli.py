@@ -272,7 +272,7 @@ class ProgressLine:
 
 OPENCODE_OPTIONS = {"model": "model", "endpoint": "endpoint", "api_key_env": "api_key_env",
                     "eval_command": "eval_command", "turn_timeout": "turn_timeout_s",
-                    "worktrees": "worktree_root"}  # fmt: skip
+                    "worktrees": "worktree_root", "coral_dir": "coral_dir"}  # fmt: skip
 
 
 def _explore_overrides(**kw: Any) -> dict[str, Any]:
@@ -314,6 +314,9 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--eval-command", default=None, help='opencode: eval command (default "coral eval -m").')
 @click.option("--turn-timeout", type=float, default=None, help="opencode: seconds per turn.")
 @click.option("--worktrees", default=None, help="opencode: where worktrees go (default: in the run).")
+@click.option("--coral-dir", default=None,
+              help="opencode: the Student run's .coral; every edge gets a CORAL run of its own, graded by "
+                   "CORAL's daemon (the Student run is only read).")  # fmt: skip
 @json_option
 def explore(roots: Path | None, run_id: str | None, resume_id: str | None, config_file: Path | None,
             select: bool, as_json: bool, **options: Any) -> None:  # fmt: skip

@@ -189,7 +189,11 @@ class MessageWritten(Event):
 
 
 class EvalFinished(Event):
-    """The turn's ``coral eval`` returned; ``score`` is null when no number came back."""
+    """The turn's ``coral eval`` returned; ``score`` is null when no number came back.
+
+    ``grader_log`` is the output of the CORAL grader daemon that ran beside the turn
+    (with ``--coral-dir``).
+    """
 
     tree_id: str
     edge_id: str
@@ -199,6 +203,7 @@ class EvalFinished(Event):
     commit_hash: str | None = None
     source: str | None = None
     feedback: str | None = Field(default=None, json_schema_extra=HEAVY)
+    grader_log: str | None = Field(default=None, json_schema_extra=HEAVY)
 
 
 class StreamLineSkipped(Event):
