@@ -79,6 +79,9 @@ class SnapshotSeen(Event):
 
     ``skip_reason`` is set when the folder is not a candidate; ``score`` is the
     raw attempt score when it is a finite number, else null with ``score_problem``.
+    An attempt of a CORAL run read as a snapshot (``ingest.coral_run``) has its
+    attempt file as ``path`` and ``shared_state_hash``: the checkpoint of the run's
+    ``public/`` its shared dir is exported from.
     """
 
     task: str
@@ -95,6 +98,7 @@ class SnapshotSeen(Event):
     score_problem: str | None = None
     attempt_file: str | None = None
     attempt_status: str | None = None
+    shared_state_hash: str | None = None
     skip_reason: str | None = None
 
 

@@ -3,7 +3,7 @@
 The grader scores ``VALUE = <number>`` in solution.py (``VALUE = CRASH``: no
 number). It is a real CORAL ``TaskGrader``, so the same task runs under the test
 stand-in (tests/fixtures/coral_standin) and under CORAL when ``CORAL_SRC`` names a
-checkout of it (``coral_install`` installs it in a venv of the test session).
+checkout of it (the session fixture ``real_coral_bin`` of conftest installs it in a venv).
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STAND_IN_BIN = ROOT / "tests" / "fixtures" / "bin"
@@ -97,21 +94,65 @@ def coral_env(bin_dir: Path) -> dict[str, str]:
     return dict(os.environ, **GIT_ENV, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
-@pytest.fixture(scope="session")
-def real_coral_bin(tmp_path_factory) -> Path:
-    """A dir holding the ``coral`` of CORAL installed from ``$CORAL_SRC`` in a venv (skips without it)."""
-    src = os.environ.get("CORAL_SRC")
-    if not src:
-        pytest.skip("CORAL_SRC is not set: point it at a checkout of Human-Agent-Society/CORAL "
-                    "to run the checks against the real CORAL (CI cannot install it)")  # fmt: skip
-    venv = tmp_path_factory.mktemp("coral-venv")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    # A checkout without tags (or an archive) has no version for hatch-vcs to derive.
-    env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION=os.environ.get("SETUPTOOLS_SCM_PRETEND_VERSION",
-                                                                         "0.0.0+src"))  # fmt: skip
-    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", src], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    bin_dir = venv / "coral-bin"  # only `coral` (the venv's bin would put its python first on PATH)
-    bin_dir.mkdir()
-    (bin_dir / "coral").symlink_to(venv / "bin" / "coral")
-    return bin_dir
+def daemon(bin_dir: Path, coral: Path, log: Path) -> subprocess.Popen:
+    """CORAL's grader daemon for ``coral``, started as the backend starts it (in the Python ``coral``
+    of ``bin_dir`` names)."""
+    from engine.teachers.opencode.coral import DAEMON_SCRIPT, coral_python
+
+    env = coral_env(bin_dir)
+    python = coral_python(f"{bin_dir / 'coral'} eval -m", None, env["PATH"])
+    with open(log, "wb") as out:
+        return subprocess.Popen([python, "-c", DAEMON_SCRIPT, str(coral)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+def coral_eval(bin_dir: Path, workdir: Path, message: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(bin_dir / "coral"), "eval", "-m", message, *extra], cwd=workdir,
+                          env=coral_env(bin_dir), capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+SHARED_ITEMS = ("notes", "skills", "attempts", "logs")
+
+
+def make_coral_run(run_dir: Path, bin_dir: Path, evals: list[tuple[str, str]], pending: list[tuple[str, str]],
+                   direction: str = "maximize") -> Path:  # fmt: skip
+    """A Student run laid out as ``coral start`` lays it out, with its attempts made by hand.
+
+    Agents work in worktrees ``agents/<id>`` (branch ``coral/<id>`` of ``repo``) holding
+    the breadcrumbs and ``.opencode/`` links into ``.coral/public``. ``evals`` are
+    (agent, VALUE) submissions graded one after the other by the grader daemon;
+    ``pending`` are submitted afterwards, with the daemon stopped. ``public/.git`` is
+    started by the first submission, as in a run from before CORAL checkpointed at start.
+    """
+    coral = make_student_coral(run_dir, direction)
+    agents = sorted({agent for agent, _ in evals + pending})
+    for agent in agents:
+        tree = run_dir / "agents" / agent
+        git(run_dir / "repo", "worktree", "add", "-q", "-b", f"coral/{agent}", str(tree))
+        (tree / ".gitignore").write_text(".coral_dir\n.coral_agent_id\n.opencode/\n")
+        (tree / ".coral_dir").write_text(str(coral))
+        (tree / ".coral_agent_id").write_text(agent)
+        (tree / ".opencode").mkdir()
+        for item in SHARED_ITEMS:
+            (tree / ".opencode" / item).symlink_to(coral / "public" / item)
+    grader = daemon(bin_dir, coral, run_dir / "daemon.log")
+    try:
+        for i, (agent, value) in enumerate(evals):
+            tree = run_dir / "agents" / agent
+            (tree / "solution.py").write_text(f"VALUE = {value}\n")
+            (tree / ".opencode" / "notes" / f"note-{i}.md").write_text(f"{agent} tried {value}\n")
+            done = coral_eval(bin_dir, tree, f"{agent} tries {value}")
+            assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        stop(grader)
+    for agent, value in pending:
+        tree = run_dir / "agents" / agent
+        (tree / "solution.py").write_text(f"VALUE = {value}\n")
+        done = coral_eval(bin_dir, tree, f"{agent} tries {value}", "--no-wait")
+        assert done.returncode == 0, done.stdout + done.stderr
+    return run_dir

@@ -55,22 +55,23 @@ def student_coral_dir(path: str | Path) -> Path:
     return coral
 
 
-def coral_python(eval_command: str, configured: str | None) -> str:
+def coral_python(eval_command: str, configured: str | None, search_path: str | None = None) -> str:
     """The Python CORAL is installed in: ``configured``, else the one the eval command's script names.
 
     A console script installed by pip or uv names its interpreter in its first
     line (``#!/venv/bin/python``, ``#!/usr/bin/env python3``, or pip's ``/bin/sh``
-    trampoline for long paths).
+    trampoline for long paths). Commands are looked up in ``search_path`` (default
+    ``$PATH``).
     """
     if configured:
-        found = shutil.which(configured) if "/" not in configured else configured
+        found = shutil.which(configured, path=search_path) if "/" not in configured else configured
         if not found or not os.access(found, os.X_OK):
             raise InputError(f"backend_options.coral_python {configured!r} is not an executable")
         return str(Path(found).absolute())
     word = eval_command.split()[0]
-    script = shutil.which(word) if "/" not in word else word
+    script = shutil.which(word, path=search_path) if "/" not in word else word
     problem = "is not on PATH" if script is None else None
-    python = None if script is None else _script_interpreter(Path(script))
+    python = None if script is None else _script_interpreter(Path(script), search_path)
     if python is None:
         problem = problem or f"({script}) does not name its Python in its first line"
         raise InputError(f"cannot tell which Python CORAL is installed in: {word!r} {problem} - "
@@ -78,7 +79,7 @@ def coral_python(eval_command: str, configured: str | None) -> str:
     return python
 
 
-def _script_interpreter(script: Path) -> str | None:
+def _script_interpreter(script: Path, search_path: str | None) -> str | None:
     try:
         with open(script, "rb") as fh:
             head = fh.read(4096).decode("utf-8", "replace").splitlines()
@@ -93,7 +94,7 @@ def _script_interpreter(script: Path) -> str | None:
         words = [w for w in words[1:] if not w.startswith("-")]
     if not words:
         return None
-    found = shutil.which(words[0]) if "/" not in words[0] else words[0]
+    found = shutil.which(words[0], path=search_path) if "/" not in words[0] else words[0]
     return str(Path(found).absolute()) if found else None
 
 
