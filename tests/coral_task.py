@@ -9,6 +9,7 @@ checkout of it (the session fixture ``real_coral_bin`` of conftest installs it i
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -156,3 +157,25 @@ def make_coral_run(run_dir: Path, bin_dir: Path, evals: list[tuple[str, str]], p
         done = coral_eval(bin_dir, tree, f"{agent} tries {value}", "--no-wait")
         assert done.returncode == 0, done.stdout + done.stderr
     return run_dir
+
+
+def attempts_in_order(run: Path) -> list[dict]:
+    """The run's attempts in submission order, read independently of the code under test."""
+    found = [json.loads(p.read_text()) for p in (run / ".coral" / "public" / "attempts").glob("*.json")]
+    return sorted(found, key=lambda a: a["timestamp"])
+
+
+def check_written_root(folder: Path, run: Path, attempt: dict) -> None:
+    """A pick written out: code = the commit's tree, shared = its checkpoint plus its own graded attempt."""
+    commit = attempt["commit_hash"]
+    repo, public = run / "repo", run / ".coral" / "public"
+    assert sorted(p.name for p in (folder / "code").iterdir()) == sorted(
+        git(repo, "ls-tree", "--name-only", commit).split())  # fmt: skip
+    assert (folder / "code" / "solution.py").read_text() == git(repo, "show", f"{commit}:solution.py") + "\n"
+    checkpoint = attempt.get("shared_state_hash") or git(public, "rev-list", "--max-parents=0", "HEAD")
+    expected = set(git(public, "ls-tree", "-r", "--name-only", checkpoint).split()) | {f"attempts/{commit}.json"}
+    written = {str(p.relative_to(folder / "shared")) for p in (folder / "shared").rglob("*") if p.is_file()}
+    assert written == expected
+    assert (folder / "shared" / "attempts" / f"{commit}.json").read_bytes() == \
+        (public / "attempts" / f"{commit}.json").read_bytes()  # fmt: skip
+    assert (folder / "coral_config.yaml").read_bytes() == (run / ".coral" / "config.yaml").read_bytes()

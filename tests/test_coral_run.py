@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from coral_task import STAND_IN_BIN, digest, git, make_coral_run
+from coral_task import STAND_IN_BIN, attempts_in_order, check_written_root, digest, make_coral_run
 
 from cli import cli
 from engine.catalog import Catalog
@@ -28,28 +28,6 @@ def coral_run(tmp_path_factory) -> Path:
 
 def invoke(*args) -> object:
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def attempts_in_order(run: Path) -> list[dict]:
-    """The run's attempts in submission order, read independently of the code under test."""
-    found = [json.loads(p.read_text()) for p in (run / ".coral" / "public" / "attempts").glob("*.json")]
-    return sorted(found, key=lambda a: a["timestamp"])
-
-
-def check_written_root(folder: Path, run: Path, attempt: dict) -> None:
-    """A pick written out: code = the commit's tree, shared = its checkpoint plus its own graded attempt."""
-    commit = attempt["commit_hash"]
-    repo, public = run / "repo", run / ".coral" / "public"
-    assert sorted(p.name for p in (folder / "code").iterdir()) == sorted(
-        git(repo, "ls-tree", "--name-only", commit).split())  # fmt: skip
-    assert (folder / "code" / "solution.py").read_text() == git(repo, "show", f"{commit}:solution.py") + "\n"
-    checkpoint = attempt.get("shared_state_hash") or git(public, "rev-list", "--max-parents=0", "HEAD")
-    expected = set(git(public, "ls-tree", "-r", "--name-only", checkpoint).split()) | {f"attempts/{commit}.json"}
-    written = {str(p.relative_to(folder / "shared")) for p in (folder / "shared").rglob("*") if p.is_file()}
-    assert written == expected
-    assert (folder / "shared" / "attempts" / f"{commit}.json").read_bytes() == \
-        (public / "attempts" / f"{commit}.json").read_bytes()  # fmt: skip
-    assert (folder / "coral_config.yaml").read_bytes() == (run / ".coral" / "config.yaml").read_bytes()
 
 
 def test_select_snapshots_takes_the_attempts_of_a_coral_run(coral_run, tmp_path):
