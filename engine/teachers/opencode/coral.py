@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,7 +39,8 @@ DAEMON_SCRIPT = (
     "from coral.grader.daemon import run_daemon\n"
     "run_daemon(sys.argv[1])\n"
 )
-BREADCRUMBS = (".coral_dir", ".coral_agent_id")
+# pip's first lines of a console script whose interpreter path is too long for "#!".
+TRAMPOLINE = re.compile(r"^'''exec' \"([^\"]+)\"")
 DAEMON_LEFTOVERS = ("grader_daemon_heartbeat", "grader_daemon.pid")
 
 
@@ -88,8 +90,9 @@ def _script_interpreter(script: Path, search_path: str | None) -> str | None:
     if not head or not head[0].startswith("#!"):
         return None
     words = head[0][2:].split()
-    if words and Path(words[0]).name == "sh" and len(head) > 1 and head[1].startswith("'''exec' "):
-        words = [head[1].split("'")[3].strip('"')] if head[1].count("'") >= 4 else []  # pip's trampoline
+    trampoline = TRAMPOLINE.match(head[1]) if len(head) > 1 else None
+    if words and Path(words[0]).name == "sh" and trampoline:
+        words = [trampoline[1]]
     if words and Path(words[0]).name == "env":
         words = [w for w in words[1:] if not w.startswith("-")]
     if not words:
