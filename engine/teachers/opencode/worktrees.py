@@ -48,13 +48,15 @@ def copy_dir(src: Path | None, dest: Path) -> None:
     """
     if dest.exists():
         shutil.rmtree(dest)
-    if src is not None and Path(src).is_dir():
-        top = Path(src)
-        shutil.copytree(top, dest, symlinks=True,
-                        ignore=lambda folder, names: [n for n in names if n in NOT_SHARED] if Path(folder) == top
-                        else [])  # fmt: skip
-    else:
+    if src is None or not Path(src).is_dir():
         dest.mkdir(parents=True)
+        return
+    top = Path(src)
+
+    def not_shared(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n in NOT_SHARED] if Path(folder) == top else []
+
+    shutil.copytree(top, dest, symlinks=True, ignore=not_shared)
 
 
 class Worktrees:
