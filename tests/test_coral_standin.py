@@ -5,6 +5,7 @@ stand-in is only as good as its agreement with CORAL)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -98,11 +99,13 @@ def test_coral_eval_commits_and_waits_for_the_daemon(coral_bin, edge, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     second, third = git(worktree, "rev-parse", "HEAD~1"), git(worktree, "rev-parse", "HEAD")
     block = done.stdout.split("=" * 50)[1].strip().splitlines()
-    assert block[:3] == ["CORAL Eval (#3): 3.0000000000", f"Commit:  {second[:12]}", "Status:  improved"]
+    # The count is the counter as the eval read it, which races with the daemon's rewrite of it.
+    assert re.fullmatch(r"CORAL Eval( \(#[23]\))?: 3\.0000000000", block[0]), block
+    assert block[1:3] == [f"Commit:  {second[:12]}", "Status:  improved"]
     assert (graded[second]["score"], graded[second]["status"], graded[second]["parent_hash"]) == (3.0, "improved",
                                                                                                    first)  # fmt: skip
     assert git(worktree / ".opencode", "cat-file", "-t", graded[second]["shared_state_hash"]) == "commit"
-    assert crashed.returncode == 0 and "CORAL Eval (#4): FAILED" in crashed.stdout
+    assert crashed.returncode == 0 and re.search(r"CORAL Eval( \(#[34]\))?: FAILED", crashed.stdout)
     assert (graded[third]["score"], graded[third]["status"]) == (None, "crashed")
     assert (worktree / ".opencode" / "eval_count").read_text().strip() == "4"
     assert (worktree / ".opencode" / "grader_daemon_heartbeat").exists()

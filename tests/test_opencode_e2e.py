@@ -212,14 +212,16 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, studen
                 (root_attempts / f"{pending}.json").read_bytes()
         attempt = json.loads((shared / "attempts" / f"{commit}.json").read_text())
         assert attempt["agent_id"] == "teacher" and attempt["status"] == "improved"
-        # CORAL checkpointed the shared dir in a repository inside it; the copy does not
-        # carry it, so every turn's first checkpoint starts the repository afresh.
-        assert "shared_state_hash" not in attempt
         tracked = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit], cwd=worktrees / "repo",
                                  capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
         assert tracked == ["solution.py"]
     assert subprocess.run(["git", "worktree", "list"], cwd=worktrees / "repo", capture_output=True,
                           text=True).stdout.count("grader_checkouts") == 0  # fmt: skip
+    # CORAL checkpointed the shared dir in a repository inside it (.opencode/.git); turn 2
+    # started without turn 1's, so its repository holds turn 2's checkpoints only.
+    checkpoints = subprocess.run(["git", "log", "--format=%s"], cwd=worktrees / "T001_e2-1" / "wt" / ".opencode",
+                                 capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert checkpoints[-1] == "init: shared state tracking" and not any("turn 1" in c for c in checkpoints)
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "oc"]).exit_code == 0
     # The recorded config names the key's variable, never the key.
     options = json.loads(cat.query("select config from stg_run_started")[0]["config"])["backend_options"]
