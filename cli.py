@@ -180,7 +180,7 @@ def views(as_json: bool) -> None:
 
 
 @cli.command("select-snapshots")
-@click.argument("all_snapshots", type=click.Path(path_type=Path))
+@click.argument("all_snapshots", metavar="SOURCE", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--task", required=True, help="Task name recorded with every fact and in the copies.")
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None,
@@ -194,14 +194,17 @@ def select_snapshots(all_snapshots: Path, out: Path, task: str, direction: str |
                      run_id: str | None, overwrite: bool, as_json: bool) -> None:  # fmt: skip
     """Choose the MCTS roots of a task and copy them to OUT (docs/ALGORITHM.md, "Roots").
 
-    Every folder is staged early, middle or late by how far its score got along
-    the run's learning curve; the roots are spread over the stages by quota. The
-    copies' metadata.json gain score, stage, selection_reason and task, which
-    explore reads.
+    SOURCE is a task's all_snapshots dir, or a CORAL run directory (every attempt
+    in its .coral/public/attempts is a candidate; the picks are written out as
+    snapshot folders). Every candidate is staged early, middle or late by how far
+    its score got along the run's learning curve; the roots are spread over the
+    stages by quota. The copies' metadata.json gain score, stage,
+    selection_reason and task, which explore reads.
 
     \b
     Example:
         python cli.py select-snapshots data/student_run/all_snapshots data/out/roots --task demo
+        python cli.py select-snapshots results/speedup/latest data/out/speedup --task speedup
     """
     from engine.roots import select_snapshots as run
 
@@ -291,7 +294,7 @@ class ProgressLine:
 
 OPENCODE_OPTIONS = {"model": "model", "endpoint": "endpoint", "api_key_env": "api_key_env",
                     "eval_command": "eval_command", "turn_timeout": "turn_timeout_s",
-                    "worktrees": "worktree_root"}  # fmt: skip
+                    "worktrees": "worktree_root", "coral_dir": "coral_dir"}  # fmt: skip
 
 
 def _explore_overrides(**kw: Any) -> dict[str, Any]:
@@ -321,7 +324,7 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="TOML file with run configuration.")  # fmt: skip
 @click.option("--select", "select", is_flag=True,
-              help="ROOTS is an all_snapshots dir: select the roots first (needs --task).")  # fmt: skip
+              help="ROOTS is an all_snapshots dir or CORAL run: select the roots first (needs --task).")  # fmt: skip
 @click.option("--task", default=None,
               help="Task name (default: the one the roots were selected for; needed with --select).")  # fmt: skip
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
@@ -333,21 +336,30 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--eval-command", default=None, help='opencode: eval command (default "coral eval -m").')
 @click.option("--turn-timeout", type=float, default=None, help="opencode: seconds per turn.")
 @click.option("--worktrees", default=None, help="opencode: where worktrees go (default: in the run).")
+@click.option("--coral-dir", default=None,
+              help="opencode: the Student run's .coral; every edge gets a CORAL run of its own, graded by "
+                   "CORAL's daemon (the Student run is only read).")  # fmt: skip
 @json_option
 def explore(roots: Path | None, run_id: str | None, resume_id: str | None, config_file: Path | None,
             select: bool, as_json: bool, **options: Any) -> None:  # fmt: skip
     """Grow the token-aware MCTS trees of every root (docs/ALGORITHM.md, "Trees").
 
     ROOTS is the output of select-snapshots (or, with --select, a task's
-    all_snapshots dir). Progress goes to stderr; the summary to stdout: per tree
+    all_snapshots dir or CORAL run). Progress goes to stderr; the summary to stdout: per tree
     its kept edges (kept_exempt ones included), leaves, stop, and its paths:
     candidate root-to-leaf paths, ranked (every node has a score and every edge a
     knowledge value, so the path can be ranked), selected (in the Top-k).
+
+    With --backend opencode and --coral-dir (the Student run's .coral), every
+    edge gets a CORAL run of its own and CORAL's grader daemon runs beside each
+    turn, so that CORAL's coral eval grades in the edge's worktree.
 
     \b
     Example:
         python cli.py explore data/out/roots --run-id demo
         python cli.py explore --resume demo
+        python cli.py explore data/out/speedup --backend opencode --model sglang/qwen \\
+            --endpoint http://127.0.0.1:30000/v1 --coral-dir results/speedup/latest/.coral
     """
     from engine.config import load_config
     from engine.exploration import new_run, resume_run

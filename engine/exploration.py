@@ -12,7 +12,7 @@ from engine import __version__
 from engine.catalog import Catalog
 from engine.config import RunConfig
 from engine.mcts.explorer import Explorer
-from engine.roots import default_run_id, picked_detail, plan_selection
+from engine.roots import copy_snapshots, default_run_id, is_attempt, picked_detail, plan_selection
 from engine.runs import open_run, recorded_config
 from engine.teachers import make_teacher
 from ingest.errors import InputError, LogError
@@ -93,13 +93,12 @@ def _roots_task(roots_dir: Path, recorded: list[str | None], given: str | None) 
     return tasks[0] if tasks else given  # type: ignore[return-value]
 
 
-def _roots_from_selection(catalog: Catalog, task: str) -> list[RootAdded]:
-    picks = catalog.query(
-        "select * from snapshots where task = ? and selected order by global_index, snapshot", [task]
-    )
+def _roots_from_selection(picks: list[dict[str, Any]], task: str, written_to: Path | None) -> list[RootAdded]:
+    """The picks as roots: their own folders, or (``written_to``) the folders they were written to."""
     return [
         RootAdded(
-            tree_id=_tree_id(i, len(picks)), task=task, snapshot=p["snapshot"], path=p["path"],
+            tree_id=_tree_id(i, len(picks)), task=task, snapshot=p["snapshot"],
+            path=str(written_to / p["snapshot"]) if written_to else p["path"],
             global_index=p["global_index"], agent_id=p["agent_id"], commit_hash=p["commit_hash"],
             score=p["score"], stage=p["stage"], selection_reason=p["selection_reason"],
         )
@@ -120,9 +119,11 @@ def new_run(
 
     ``on_start`` is called with the run id once the run exists; ``on_progress`` as
     the engine goes (see Explorer). With ``select``, ``source`` is a task's
-    ``all_snapshots`` dir: the selection is recorded in this run (ALGORITHM §1) and its
-    picks become the roots.
+    ``all_snapshots`` dir or a CORAL run: the selection is recorded in this run
+    (ALGORITHM §1) and its picks become the roots (a CORAL run's attempts are first
+    written out as snapshot folders in the run's ``roots/``).
     """
+    written_to = None
     if select:
         if not config.task:
             raise InputError("--select needs the task's name (--task)")
@@ -130,7 +131,12 @@ def new_run(
         run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", task)
         _refuse_existing(data_dir, run_id)
         events, catalog = plan_selection(source, task, run_id, config.direction, config.selection.num_roots)
-        roots = _roots_from_selection(catalog, task)
+        picks = catalog.query(
+            "select * from snapshots where task = ? and selected order by global_index, snapshot", [task]
+        )
+        if any(is_attempt(p) for p in picks):
+            written_to = EventLog(data_dir, run_id).dir / "roots"
+        roots = _roots_from_selection(picks, task, written_to)
         selection = [e for e in events if not isinstance(e, RunStarted)]
         direction = events[0].direction
     else:
@@ -144,6 +150,8 @@ def new_run(
 
         config = config.model_copy(update={"backend_options": resolve_options(config.backend_options)})
     make_teacher(config, EventLog(data_dir, run_id).dir).close()  # fail early, before the run exists
+    if written_to is not None:  # (an earlier attempt at this run id that failed here is replaced)
+        copy_snapshots(picks, written_to, overwrite=True, run_id=run_id)
     started = RunStarted(
         command="explore", task=task, direction=config.direction,
         config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},

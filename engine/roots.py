@@ -1,9 +1,12 @@
 """Choosing the roots of a task (``select-snapshots``): scan, record, ask the views, copy.
 
 Stages, quotas and picks are defined only in ``views/`` (``snapshots`` and
-``snapshot_stages``); this module moves files and events around them. The copies
-carry their ``score``, ``stage``, ``selection_reason``, ``task`` and the id of the
-selection run in their ``metadata.json``, so ``explore`` takes the task from them.
+``snapshot_stages``); this module moves files and events around them. The source
+is an ``all_snapshots/`` directory of snapshot folders, or a CORAL run directory
+whose attempts are the candidates (``ingest.coral_run``; a pick is written out as
+a snapshot folder). The copies carry their ``score``, ``stage``,
+``selection_reason``, ``task`` and the id of the selection run in their
+``metadata.json``, so ``explore`` takes the task from them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from engine import __version__
 from engine.catalog import Catalog
 from engine.config import load_config
+from ingest import coral_run
 from ingest.errors import InputError, OutputError, os_problem
 from ingest.events import RunStarted, SnapshotsPicked, to_arrow
 from ingest.log import EventLog, LogWriter, check_run_id
@@ -87,14 +91,19 @@ def plan_selection(
     direction: str | None = None,
     num_roots: int = 30,
 ) -> tuple[list[Any], Catalog]:
-    """Scan and check a snapshot dir; return the events to log and a catalog holding them.
+    """Scan and check a snapshot dir or CORAL run; return the events to log and a catalog holding them.
 
-    Raises InputError when the directory is not a snapshot run or has no numeric score.
+    Raises InputError when the directory is neither or has no numeric score.
     """
     if not task:
         raise InputError("--task must not be empty")
-    facts = scan(all_snapshots, task)
-    direction = direction or read_direction(all_snapshots, facts) or "maximize"
+    coral = coral_run.find_coral(all_snapshots)
+    if coral is not None:
+        facts = coral_run.scan(coral, task)
+        direction = direction or coral_run.direction(coral) or "maximize"
+    else:
+        facts = scan(all_snapshots, task)
+        direction = direction or read_direction(all_snapshots, facts) or "maximize"
     config = load_config(None, {"task": task, "direction": direction, "selection": {"num_roots": num_roots}})
     # (the resolved direction is recorded)
     started = RunStarted(
@@ -168,8 +177,11 @@ def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_
     try:
         for pick in picks:
             src = Path(pick["path"])
-            dest = staging / src.name
-            shutil.copytree(src, dest, symlinks=True)
+            dest = staging / pick["snapshot"]
+            if is_attempt(pick):
+                coral_run.export(pick, dest)
+            else:
+                shutil.copytree(src, dest, symlinks=True)
             meta_path = dest / "metadata.json"
             meta = json.loads(meta_path.read_text())
             meta.update(
@@ -182,6 +194,11 @@ def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def is_attempt(pick: dict[str, Any]) -> bool:
+    """Whether a pick is a CORAL run's attempt (a file), to be written out as a snapshot folder."""
+    return Path(pick["path"]).is_file()
 
 
 def _swap_into_place(staging: Path, out: Path, overwrite: bool) -> None:

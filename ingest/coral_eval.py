@@ -10,7 +10,8 @@ result block it printed in the turn's last shell call that ran it::
     Feedback: <text, optional>
 
 The score line reads ``FAILED`` when grading gave no number and ``PENDING`` when it
-did not finish. Nothing here raises on malformed input: it is no result.
+did not finish; ``CORAL Eval: STILL PENDING`` (on stderr, exit 2) is no result block.
+Nothing here raises on malformed input: it is no result.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from pathlib import Path
 from ingest.opencode_stream import ShellCall
 from ingest.snapshots import numeric_score
 
+# The count "(#17)" is left out when CORAL reads its counter as 0, which it does when it
+# reads the file while the daemon rewrites it.
 EVAL_BLOCK = re.compile(
-    r"CORAL Eval \(#\d+\):\s*(\S+)\s*\nCommit:\s*(\S+)\s*\nStatus:\s*(\S+)(?:\s*\nFeedback:\s*(.*))?"
+    r"CORAL Eval(?: \(#\d+\))?:\s*(\S+)\s*\nCommit:\s*(\S+)\s*\nStatus:\s*(\S+)(?:\s*\nFeedback:\s*(.*))?"
 )
 
 

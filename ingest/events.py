@@ -79,6 +79,9 @@ class SnapshotSeen(Event):
 
     ``skip_reason`` is set when the folder is not a candidate; ``score`` is the
     raw attempt score when it is a finite number, else null with ``score_problem``.
+    An attempt of a CORAL run read as a snapshot (``ingest.coral_run``) has its
+    attempt file as ``path`` and ``shared_state_hash``: the checkpoint of the run's
+    ``public/`` its shared dir is exported from.
     """
 
     task: str
@@ -95,6 +98,7 @@ class SnapshotSeen(Event):
     score_problem: str | None = None
     attempt_file: str | None = None
     attempt_status: str | None = None
+    shared_state_hash: str | None = None
     skip_reason: str | None = None
 
 
@@ -189,7 +193,11 @@ class MessageWritten(Event):
 
 
 class EvalFinished(Event):
-    """The turn's ``coral eval`` returned; ``score`` is null when no number came back."""
+    """The turn's ``coral eval`` returned; ``score`` is null when no number came back.
+
+    ``grader_log`` is the output of the CORAL grader daemon that ran beside the turn
+    (with ``--coral-dir``).
+    """
 
     tree_id: str
     edge_id: str
@@ -199,6 +207,7 @@ class EvalFinished(Event):
     commit_hash: str | None = None
     source: str | None = None
     feedback: str | None = Field(default=None, json_schema_extra=HEAVY)
+    grader_log: str | None = Field(default=None, json_schema_extra=HEAVY)
 
 
 class StreamLineSkipped(Event):

@@ -231,7 +231,7 @@ def read_direction(all_snapshots: Path, facts: list[SnapshotSeen]) -> str | None
         for rel in CONFIG_CANDIDATES:
             cfg = Path(fact.path) / rel
             if cfg.is_file():
-                direction = _grader_direction(cfg)
+                direction = grader_direction(cfg)
                 if direction:
                     found[str(cfg)] = direction
                 break
@@ -242,7 +242,7 @@ def read_direction(all_snapshots: Path, facts: list[SnapshotSeen]) -> str | None
     return values.pop() if values else None
 
 
-def _grader_direction(path: Path) -> str | None:
+def grader_direction(path: Path) -> str | None:
     """The ``direction`` key inside the top-level ``grader:`` block of a YAML file."""
     try:
         lines = path.read_text(errors="replace").splitlines()

@@ -4,6 +4,8 @@ explorations tests only read (run once per test session)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -117,3 +119,23 @@ def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> st
 
     shutil.copytree(run_dir(src, run_id), run_dir(dst, new_id or run_id))
     return new_id or run_id
+
+
+@pytest.fixture(scope="session")
+def real_coral_bin(tmp_path_factory) -> Path:
+    """A dir holding the ``coral`` of CORAL installed from ``$CORAL_SRC`` in a venv (skips without it)."""
+    src = os.environ.get("CORAL_SRC")
+    if not src:
+        pytest.skip("CORAL_SRC is not set: point it at a checkout of Human-Agent-Society/CORAL "
+                    "to run the checks against the real CORAL (CI cannot install it)")  # fmt: skip
+    venv = tmp_path_factory.mktemp("coral-venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # A checkout without tags (or an archive) has no version for hatch-vcs to derive.
+    env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION=os.environ.get("SETUPTOOLS_SCM_PRETEND_VERSION",
+                                                                         "0.0.0+src"))  # fmt: skip
+    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", src], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    bin_dir = venv / "coral-bin"  # only `coral` (the venv's bin would put its python first on PATH)
+    bin_dir.mkdir()
+    (bin_dir / "coral").symlink_to(venv / "bin" / "coral")
+    return bin_dir

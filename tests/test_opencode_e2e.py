@@ -1,8 +1,11 @@
 """The OpenCode backend end to end: real opencode, real git, a scripted model server.
 
-The stand-in `coral` in tests/fixtures/bin commits and scores the worktree; the fake
-model server (tests/fake_model.py) plays a scripted turn: read a shared note, read a
-missing file (a failing tool call), write solution.py, run `coral eval -m`, answer.
+With --coral-dir every edge gets a CORAL run of its own and the stand-in `coral`
+(tests/fixtures/coral_standin, which behaves like CORAL's) commits there and its
+grader daemon scores the commit; without it, a self-contained eval command
+(tests/fixtures/bin/local-eval) grades in the worktree. The fake model server
+(tests/fake_model.py) plays a scripted turn: read a shared note, read a missing file
+(a failing tool call), write solution.py, run the eval command, answer.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, make_snapshot
+from coral_task import digest, make_student_coral
 from fake_model import FakeModel
 
 from cli import cli
@@ -39,7 +43,7 @@ def value_for(edge: str, turn: int) -> str:
     return f"{1.0 + 0.1 * depth + 0.01 * slot + 0.001 * turn:.3f}"
 
 
-def script(edge: str, turn: int, step: int, workdir: str):
+def script(edge: str, turn: int, step: int, workdir: str, eval_command: str = "coral eval -m"):
     if step == 0:
         return [("read", {"filePath": f"{workdir}/.opencode/notes/tiling.md"}),
                 ("read", {"filePath": f"{workdir}/does_not_exist.txt"})]  # fmt: skip
@@ -47,9 +51,18 @@ def script(edge: str, turn: int, step: int, workdir: str):
         return [("write", {"filePath": f"{workdir}/solution.py",
                            "content": f"VALUE = {value_for(edge, turn)}\n"})]  # fmt: skip
     if step == 2:
-        return [("bash", {"command": f'coral eval -m "edge {edge} turn {turn}"',
+        return [("bash", {"command": f'{eval_command} "edge {edge} turn {turn}"',
                           "description": "submit the attempt"})]  # fmt: skip
     return f"Done with {edge} turn {turn}."
+
+
+def local_script(edge: str, turn: int, step: int, workdir: str):
+    return script(edge, turn, step, workdir, "local-eval -m")
+
+
+# Pending attempts the root's shared dir holds (the snapshot was saved while they waited
+# for the grader): another agent's, and one of the agent id the Teacher evaluates as.
+PENDING = {f"{'c' * 39}{i}": agent for i, agent in enumerate(["agent-2", "teacher"])}
 
 
 @pytest.fixture
@@ -60,7 +73,17 @@ def roots(tmp_path: Path) -> Path:
     notes = folder / "shared" / "notes"
     notes.mkdir()
     (notes / "tiling.md").write_text("# Tiling\nTiles of 64 were best.\n")
+    for commit, agent in PENDING.items():
+        (folder / "shared" / "attempts" / f"{commit}.json").write_text(json.dumps({
+            "commit_hash": commit, "agent_id": agent, "title": "waiting", "score": None, "status": "pending",
+            "parent_hash": None, "timestamp": "2026-01-01T00:00:00+00:00", "feedback": ""}))  # fmt: skip
     return root
+
+
+@pytest.fixture
+def student(tmp_path: Path) -> Path:
+    """The Student run's .coral (config, grader in private/, shared dirs), beside its repo."""
+    return make_student_coral(tmp_path / "student-run")
 
 
 @pytest.fixture
@@ -80,19 +103,38 @@ def test_opencode_binary_is_installed():
     assert OPENCODE.exists(), "run `npm install` (package-lock.json pins opencode-ai)"
 
 
+def marked_processes(run_dir: Path) -> list[int]:
+    """Live processes carrying the run's marker (every process its turns started has it)."""
+    needle = f"TEACHER_MCTS_RUN={run_dir}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 @pytest.mark.slow
-def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, coral_on_path, monkeypatch):
+def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, student, coral_on_path, monkeypatch):
     monkeypatch.setenv("FAKE_MODEL_KEY", "secret-4242")
     model = FakeModel(script).start()
     config = tmp_path / "run.toml"
     config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_children = 1\nmax_depth = 2\n"
                       "target_good_leaves = 2\n")  # fmt: skip
     data = tmp_path / "data"
+    before = digest(student.parent)
     try:
-        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY")
+        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY",
+                             "--coral-dir", str(student))  # fmt: skip
     finally:
         model.stop()
     assert r.exit_code == 0, r.output
+    assert digest(student.parent) == before, "the Student run changed"
+    assert marked_processes(EventLog(data, "oc").dir) == [], "a grader daemon or session outlived its turn"
     cat = Catalog.for_log(EventLog(data, "oc"))
     # The key reaches the endpoint and never the log.
     assert {r["authorization"] for r in model.requests} == {"Bearer secret-4242"}
@@ -119,10 +161,19 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, coral_
         ]  # fmt: skip
         assert (t["tool_calls"], t["tool_errors"], t["knowledge_actions"]) == (4, 1, 1)
         assert t["steps"] == 4 and t["context_tokens"] > 1000
-    # Scores are what coral computed from the code the model wrote.
+    # Scores are what CORAL's daemon graded from the code the model wrote, with the
+    # Student's grader; the daemon's output is kept with each eval.
+    evals = {(e["edge_id"], e["turn"]): e for e in cat.query(
+        "select edge_id, turn, commit_hash, eval_status, source from stg_eval_finished")}  # fmt: skip
+    logs = {(r["edge_id"], r["turn"]): r["grader_log"] for r in EventLog(data, "oc").read_table(
+        ["kind", "edge_id", "turn", "grader_log"]).to_pylist() if r["kind"] == "eval_finished"}  # fmt: skip
     for t in turns:
         expected = value_for(t["edge_id"], t["turn"])
         assert t["score"] == (None if expected == "CRASH" else float(expected)), t
+        e = evals[(t["edge_id"], t["turn"])]
+        assert e["source"] == "attempt_json"
+        assert e["eval_status"] == ("crashed" if expected == "CRASH" else "improved")
+        assert f"{e['commit_hash'][:12]} -> score=" in logs[(t["edge_id"], t["turn"])]
     # The crashed turn 1 of a first layer-1 attempt: turn 2 skipped, retried.
     assert edges["T001/e1-1"]["verdict"] == "retry" and edges["T001/e1-1"]["skip_turn2"] is True
     assert cat.query("select edge_id from stg_turn_skipped") == [{"edge_id": "T001/e1-1"}]
@@ -147,6 +198,30 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, coral_
     worktrees = EventLog(data, "oc").dir / "worktrees" / "T001"
     assert not (worktrees / "T001_e1-1").exists()
     assert (worktrees / "T001_e2-1" / "wt" / "solution.py").exists()
+    # The shared state after each turn: the held pending attempts as they were, the
+    # turn's own attempt graded, one grading counted, no checkpoint repository or
+    # daemon files; the breadcrumbs were never committed.
+    root_attempts = roots / next(roots.iterdir()).name / "shared" / "attempts"
+    for turn in (1, 2):
+        shared = worktrees / "T001_e2-1" / f"shared-t{turn}"
+        commit = evals[("T001/e2-1", turn)]["commit_hash"]
+        assert sorted(p.name for p in shared.iterdir()) == [".gitignore", "attempts", "eval_count", "notes"]
+        assert (shared / "eval_count").read_text() == str(turn)
+        for pending in PENDING:
+            assert (shared / "attempts" / f"{pending}.json").read_bytes() == \
+                (root_attempts / f"{pending}.json").read_bytes()
+        attempt = json.loads((shared / "attempts" / f"{commit}.json").read_text())
+        assert attempt["agent_id"] == "teacher" and attempt["status"] == "improved"
+        tracked = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit], cwd=worktrees / "repo",
+                                 capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+        assert tracked == ["solution.py"]
+    assert subprocess.run(["git", "worktree", "list"], cwd=worktrees / "repo", capture_output=True,
+                          text=True).stdout.count("grader_checkouts") == 0  # fmt: skip
+    # CORAL checkpointed the shared dir in a repository inside it (.opencode/.git); turn 2
+    # started without turn 1's, so its repository holds turn 2's checkpoints only.
+    checkpoints = subprocess.run(["git", "log", "--format=%s"], cwd=worktrees / "T001_e2-1" / "wt" / ".opencode",
+                                 capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    assert checkpoints[-1] == "init: shared state tracking" and not any("turn 1" in c for c in checkpoints)
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "oc"]).exit_code == 0
     # The recorded config names the key's variable, never the key.
     options = json.loads(cat.query("select config from stg_run_started")[0]["config"])["backend_options"]
@@ -177,7 +252,8 @@ def survivors(seen: set[int], home: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_on_path):
+def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, student, coral_on_path):
+    """No process outlives a timed-out turn: OpenCode's, its tools', CORAL's grader daemon."""
     model = FakeModel(script, stall=True).start()
     config = tmp_path / "run.toml"
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
@@ -194,7 +270,7 @@ def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        r = explore_opencode(data, roots, model, config, "stall", "--turn-timeout", "6")
+        r = explore_opencode(data, roots, model, config, "stall", "--turn-timeout", "6", "--coral-dir", str(student))
     finally:
         done.set()
         watcher.join()
@@ -213,10 +289,11 @@ def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, coral_
     assert edges == {"T001/e1-1": "retry", "T001/e1-2": "kept_exempt"}
 
 
-def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, run_id: str):
-    """``explore`` (opencode, 2 turns at once) in a process, once both sessions asked the model.
+def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, run_id: str, student: Path):
+    """``explore`` (opencode, 2 turns at once, --coral-dir) in a process, once both sessions asked
+    the model.
 
-    Returns the process and the pids of the OpenCode processes seen.
+    Returns the process and the pids of the processes seen (OpenCode's, the grader daemons).
     """
     config = data.parent / f"{run_id}.toml"
     config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_depth = 1\n")
@@ -225,7 +302,7 @@ def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, 
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(roots),
          "--task", "speedup", "--run-id", run_id, "--backend", "opencode",
          "--model", "fake/scripted", "--endpoint", model.base_url, "--config", str(config),
-         "--turn-timeout", "600"],
+         "--turn-timeout", "600", "--coral-dir", str(student)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     home = EventLog(data, run_id).dir / "opencode" / "data"
@@ -239,11 +316,11 @@ def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, 
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots):
-    """A scheduler's SIGTERM (preemption, ``timeout``) must not orphan OpenCode sessions."""
+def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots, student):
+    """A scheduler's SIGTERM (preemption, ``timeout``) must not orphan OpenCode sessions or daemons."""
     model = FakeModel(script, stall=True).start()
     data = tmp_path / "data"
-    proc, seen = start_explore_until_sessions_run(data, roots, model, "term")
+    proc, seen = start_explore_until_sessions_run(data, roots, model, "term", student)
     try:
         assert len(model.requests) >= 2 and seen, "the two turns did not start"
         proc.send_signal(signal.SIGTERM)
@@ -261,13 +338,13 @@ def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots):
 
 
 @pytest.mark.slow
-def test_resume_stops_the_sessions_a_killed_run_left_running(tmp_path, roots, coral_on_path):
-    """kill -9 skips every cleanup; the resumed run must stop those sessions before re-running
-    their turns in the same worktrees."""
+def test_resume_stops_the_sessions_a_killed_run_left_running(tmp_path, roots, student, coral_on_path):
+    """kill -9 skips every cleanup; the resumed run must stop those sessions (and their grader
+    daemons) before re-running their turns in the same worktrees."""
     model = FakeModel(script, stall=True).start()
     data = tmp_path / "data"
     home = EventLog(data, "k9").dir / "opencode" / "data"
-    proc, seen = start_explore_until_sessions_run(data, roots, model, "k9")
+    proc, seen = start_explore_until_sessions_run(data, roots, model, "k9", student)
     try:
         assert len(model.requests) >= 2 and seen, "the two turns did not start"
         proc.send_signal(signal.SIGKILL)
@@ -275,6 +352,7 @@ def test_resume_stops_the_sessions_a_killed_run_left_running(tmp_path, roots, co
         time.sleep(0.5)
         orphans = {pid for pid in seen if Path(f"/proc/{pid}").exists()}
         assert orphans, "kill -9 left no session running: nothing to check"
+        assert any(b"coral.grader.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in orphans)
         model.stall = False
         r = CliRunner().invoke(cli, ["--data", str(data), "explore", "--resume", "k9"])
         still = [pid for pid in orphans if Path(f"/proc/{pid}").exists()]
@@ -318,7 +396,8 @@ def opencode_process(args: list[str], cwd: Path, model: FakeModel, config: Path)
 def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots, data_option):
     """The README recipe run from a checkout (a git repository) with ./data: every path given
     to git and OpenCode must be absolute (a relative one made git add the worktree at the
-    checkout's own HEAD, and OpenCode fail to change into it)."""
+    checkout's own HEAD, and OpenCode fail to change into it). Without --coral-dir, a
+    self-contained eval command grades inside the worktree."""
     cwd = tmp_path / "checkout"
     cwd.mkdir()
     for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "a checkout"]):
@@ -327,10 +406,10 @@ def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots,
                                 GIT_COMMITTER_NAME="a", GIT_COMMITTER_EMAIL="a@b"))  # fmt: skip
     config = tmp_path / "one.toml"
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
-    model = FakeModel(script).start()
+    model = FakeModel(local_script).start()
     try:
-        done = opencode_process([*data_option, "explore", str(roots), "--task", "speedup", "--run-id", "rel"],
-                                cwd, model, config)  # fmt: skip
+        done = opencode_process([*data_option, "explore", str(roots), "--task", "speedup", "--run-id", "rel",
+                                 "--eval-command", "local-eval -m"], cwd, model, config)  # fmt: skip
     finally:
         model.stop()
     assert done.returncode == 0, done.stderr
@@ -346,7 +425,7 @@ def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots,
 
 
 @pytest.mark.slow
-def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after_the_fix(tmp_path, roots):
+def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after_the_fix(tmp_path, roots, student):
     """An endpoint that refuses the model: every turn fails the same way. The run must stop
     after backend_error_limit such turns with that error and exit 1, record none of them,
     leave no process, and complete on --resume once the endpoint works."""
@@ -356,7 +435,7 @@ def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after
     data = tmp_path / "data"
     try:
         done = opencode_process(["--data", str(data), "explore", str(roots), "--task", "speedup",
-                                 "--run-id", "down"], tmp_path, model, config)  # fmt: skip
+                                 "--run-id", "down", "--coral-dir", str(student)], tmp_path, model, config)  # fmt: skip
         assert done.returncode == 1, done.stderr
         assert "Error: the last 3 turns failed with a backend error" in done.stderr, done.stderr
         assert "model not found" in done.stderr and "explore --resume down" in done.stderr

@@ -137,6 +137,10 @@ def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_pat
     failed = block.replace("0.75", "FAILED")
     calls = [coral_eval.ShellCall("coral eval -m y", failed)]
     assert coral_eval.from_printed(calls, "coral") == coral_eval.EvalResult(None, "improved", "faster", "printed_block")
+    uncounted = block.replace("CORAL Eval (#3):", "CORAL Eval:")  # CORAL read its counter mid-write
+    assert coral_eval.from_printed([coral_eval.ShellCall("coral eval -m z", uncounted)], "coral") == printed
+    still = "CORAL Eval: STILL PENDING\nGrader did not finalize attempt abc within 300s\n"
+    assert coral_eval.from_printed([coral_eval.ShellCall("coral eval -m z", still)], "coral") is None
     attempts = tmp_path / "attempts"
     attempts.mkdir()
     for name, raw in (("deep", b"[" * 100_000), ("latin1", b'{"score": "\xe9"}'),

@@ -4,6 +4,8 @@
 --
 -- score is raw; score_for_stage, smooth and gain are oriented. gain is null in
 -- the position fallback and for skipped folders; skip_reason is null for candidates.
+-- For an attempt of a CORAL run, path is its attempt file and shared_state_hash the
+-- checkpoint its shared dir comes from.
 with seen as (
     select * from stg_snapshot_seen
 ),
@@ -41,6 +43,8 @@ final as (
         seen.attempt_file,
         seen.attempt_status,
         seen.path,
+        seen.eval_count,
+        seen.shared_state_hash,
         staged.i as candidate_index
     from seen
     left join staged on seen.task = staged.task and seen.snapshot = staged.snapshot

@@ -1,4 +1,4 @@
--- SnapshotSeen facts: one row per entry of a scanned all_snapshots/ directory.
+-- SnapshotSeen facts: one row per entry of a scanned all_snapshots/ dir or CORAL run.
 -- grain: task, snapshot
 -- sources: log_snapshot_seen
 select
@@ -17,6 +17,7 @@ select
     score_problem,
     attempt_file,
     attempt_status,
+    shared_state_hash,
     skip_reason
 from log_snapshot_seen
 where in_prefix(seq)

@@ -13,6 +13,10 @@ A turn, in the rooms of this package:
 4. its stream is parsed as it arrives (``ingest.opencode_stream``) and its eval
    result read from what ``coral eval`` left (``ingest.coral_eval``).
 
+With ``coral_dir`` (the Student run's ``.coral``), ``coral`` gives every edge a
+CORAL run of its own around its worktree, and CORAL's grader daemon runs beside
+the turn's OpenCode process, so that the real ``coral eval`` grades there.
+
 Every recorded state - commit, session, shared-dir snapshot - stays immutable and
 can be forked again: by the edge's turn 2, by the node's children, or by a resumed
 run. Every path given to git and OpenCode is absolute.
@@ -32,8 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.config import problems
 from engine.teachers import RootInfo, TurnCancelled, TurnRequest
+from engine.teachers.opencode.coral import (
+    CoralLayout,
+    check_daemon,
+    coral_python,
+    student_coral_dir,
+)
 from engine.teachers.opencode.environment import Environment
-from engine.teachers.opencode.processes import RUN_ENV, Supervisor, kill_marked
+from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
 from engine.teachers.opencode.sessions import move_session
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
@@ -74,6 +84,9 @@ class OpenCodeOptions(BaseModel):
     worktree_root: str | None = None
     shared_dir: str = ".opencode"
     attempts_subdir: str = "attempts"
+    coral_dir: str | None = Field(None, description="the Student run's .coral: grade in a CORAL run per edge")
+    coral_agent_id: str = Field("teacher", pattern=r"^[A-Za-z0-9_.-]+$")
+    coral_python: str | None = Field(None, description="the Python CORAL is installed in (default: coral's)")
 
 
 def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +103,10 @@ def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
         raise InputError(f"opencode backend options: {problems(err)}") from err
     if opts.worktree_root is not None:  # recorded absolute: a resume may start elsewhere
         opts = opts.model_copy(update={"worktree_root": str(Path(opts.worktree_root).resolve())})
+    if opts.coral_dir is not None:  # recorded absolute, with the Python its daemon runs in
+        check_eval_command(opts.eval_command)
+        opts = opts.model_copy(update={"coral_dir": str(student_coral_dir(opts.coral_dir)),
+                                       "coral_python": coral_python(opts.eval_command, opts.coral_python)})  # fmt: skip
     return opts.model_dump()
 
 
@@ -134,6 +151,11 @@ class OpenCodeTeacher:
         # this run's writer starts them, so whatever carries the run's mark is left over.
         kill_marked(str(self.environment.run_dir), RUN_ENV)
         self.environment.init_database()
+        self.coral = None
+        if self.opts.coral_dir:
+            check_daemon(self.opts.coral_python, self.environment.env)
+            self.coral = CoralLayout(Path(self.opts.coral_dir), self.environment.run_dir, self.opts.coral_python,
+                                     self.opts.coral_agent_id)  # fmt: skip
 
     # -- Teacher interface
 
@@ -166,9 +188,19 @@ class OpenCodeTeacher:
         prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
             task=self.task, edge_id=request.edge_id, turn=request.turn, eval_command=self.opts.eval_command,
         )  # fmt: skip
+        companions: tuple[Companion, ...] = ()
+        grader_log = edge_dir / f"grader-t{request.turn}.log"
+        if self.coral:
+            coral = self.coral.prepare(edge_dir, worktree, shared, request.turn)
+            companions = (self.coral.daemon(coral, self.environment.env, grader_log),)
         started_at = datetime.now(UTC)
         t0 = time.monotonic()
-        parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel)
+        try:
+            parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel,
+                                                             companions)  # fmt: skip
+        finally:
+            if self.coral:
+                self.coral.finish(edge_dir, worktree, shared, request.turn)
         wall = time.monotonic() - t0
         after = git("rev-parse", "HEAD", cwd=worktree)
         result = self._eval_result(shared, before, after, parser)
@@ -178,7 +210,8 @@ class OpenCodeTeacher:
         copy_dir(shared, snapshot)
         ids = {"tree_id": request.tree_id, "edge_id": request.edge_id, "turn": request.turn}
         facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
-                                  source=result.source, feedback=result.feedback))  # fmt: skip
+                                  source=result.source, feedback=result.feedback,
+                                  grader_log=_tail(grader_log) if self.coral else None))  # fmt: skip
         facts.append(TurnFinished(
             **ids, session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
             outcome=outcome, error=error,
@@ -192,7 +225,7 @@ class OpenCodeTeacher:
     # -- the turn
 
     def _run(self, request: TurnRequest, edge_dir: Path, worktree: Path, source: str | None,
-             prompt: str, cancel: threading.Event):  # fmt: skip
+             prompt: str, cancel: threading.Event, companions: tuple[Companion, ...]):  # fmt: skip
         args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model,
                 "--dir", str(worktree)]  # fmt: skip
         args += ["--session", source, "--fork"] if source else ["--title", f"{request.edge_id} turn {request.turn}"]
@@ -211,7 +244,7 @@ class OpenCodeTeacher:
         finished = self.processes.run(
             args, label=f"{request.edge_id}#{request.turn}", cwd=worktree,
             env=dict(self.environment.env, PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
-            on_line=on_line, timeout_s=timeout, cancel=cancel,
+            on_line=on_line, timeout_s=timeout, cancel=cancel, companions=companions,
         )  # fmt: skip
         if finished.outcome == "cancelled":
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
@@ -230,3 +263,17 @@ class OpenCodeTeacher:
                 return found
         eval_word = self.opts.eval_command.split()[0]
         return coral_eval.from_printed(parser.summary.shell_calls, eval_word) or coral_eval.NO_EVAL
+
+
+GRADER_LOG_LIMIT = 64 * 1024
+
+
+def _tail(path: Path) -> str:
+    """The grader daemon's output of a turn, its last 64 KiB when longer (all of it stays on disk)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    if len(data) > GRADER_LOG_LIMIT:
+        data = b"[... earlier output in " + str(path).encode() + b"]\n" + data[-GRADER_LOG_LIMIT:]
+    return data.decode("utf-8", "replace")

@@ -1,7 +1,9 @@
 """The environment OpenCode runs in: its own HOME and XDG dirs under the run, and its config.
 
 Everything OpenCode keeps (its session database, logs, snapshot repos) lives under
-``<run>/opencode/``; its config comes through ``OPENCODE_CONFIG_CONTENT``: the
+``<run>/opencode/`` (its HOME: a git identity is set for the commits of the
+Teacher's eval unless the environment has one); its config comes through
+``OPENCODE_CONFIG_CONTENT``: the
 model, and for an endpoint an OpenAI-compatible provider whose key is read from the
 variable named by ``api_key_env`` (the key is never recorded).
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.teachers.opencode.processes import RUN_ENV
+from engine.teachers.opencode.worktrees import GIT_IDENTITY
 from ingest.errors import InputError, ProjectError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -64,7 +67,9 @@ class Environment:
         for sub in ("data", "config", "cache", "state"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         self.database = self.home / "data" / "opencode" / "opencode.db"
-        self.env = dict(os.environ)
+        # HOME is the run's, so no ~/.gitconfig: commits the Teacher's eval makes
+        # (``coral eval`` runs a plain ``git commit``) take this identity unless one is set.
+        self.env = {**GIT_IDENTITY, **os.environ}
         self.env.update(
             HOME=str(self.home), XDG_DATA_HOME=str(self.home / "data"),
             XDG_CONFIG_HOME=str(self.home / "config"), XDG_CACHE_HOME=str(self.home / "cache"),

@@ -3,7 +3,8 @@
 OpenCode's tool processes leave its process group (a bash tool call is its own
 session leader), so a turn's processes are found by a marker in their
 environment: ``TEACHER_MCTS_TURN`` names the turn, ``TEACHER_MCTS_RUN`` the run
-(a resumed run stops what a killed process of the run left running).
+(a resumed run stops what a killed process of the run left running). Companions
+of a turn (CORAL's grader daemon) carry the turn's marker too, so they end with it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ def kill_marked(marker: str, name: str = MARKER_ENV) -> list[int]:
     return killed
 
 
+@dataclass(frozen=True)
+class Companion:
+    """A process that runs beside a turn's main process for its lifetime (a grader daemon).
+
+    Its stdout and stderr go to ``output``; ``env`` replaces the turn's environment.
+    """
+
+    args: list[str]
+    cwd: Path
+    output: Path
+    env: dict[str, str] | None = None
+
+
 @dataclass
 class Finished:
     """How a supervised process ended: ``completed`` (any exit code), ``timeout`` or ``cancelled``."""
@@ -71,16 +85,24 @@ class Supervisor:
         on_line: Callable[[str], None],
         timeout_s: float,
         cancel: threading.Event,
+        companions: tuple[Companion, ...] = (),
     ) -> Finished:
         """Run ``args`` to its end, its deadline or ``cancel``; every stdout line to ``on_line``.
 
-        On a deadline or cancel the process and everything carrying its marker are
-        killed; so is whatever carries the marker once the process has exited.
+        ``companions`` start first and carry the same marker. On a deadline or
+        cancel the process and everything carrying its marker are killed; so is
+        whatever carries the marker once the process has exited (the companions).
         """
         marker = f"{label}#{uuid.uuid4().hex[:8]}"
         with self._lock:
             self._markers.add(marker)
+        started: list[subprocess.Popen] = []
         try:
+            for c in companions:
+                with open(c.output, "wb") as out:
+                    started.append(subprocess.Popen(c.args, cwd=c.cwd, env=dict(c.env or env, **{MARKER_ENV: marker}),
+                                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                                    start_new_session=True))  # fmt: skip
             with open(stdin, "rb") as fin, open(stderr, "wb") as ferr:
                 proc = subprocess.Popen(args, cwd=cwd, env=dict(env, **{MARKER_ENV: marker}),
                                         stdin=fin, stdout=subprocess.PIPE, stderr=ferr,
@@ -90,7 +112,10 @@ class Supervisor:
                 finished = self._wait(proc, marker, time.monotonic() + timeout_s, cancel)
                 reader.join(timeout=10)
         finally:
-            kill_marked(marker)  # tool processes that outlived the turn
+            kill_marked(marker)  # tool processes that outlived the turn, and the companions
+            for proc in started:
+                proc.kill()
+                proc.wait(timeout=30)
             with self._lock:
                 self._markers.discard(marker)
         return finished

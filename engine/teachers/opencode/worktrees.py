@@ -17,6 +17,8 @@ from pathlib import Path
 
 from ingest.errors import InputError, ProjectError
 
+NOT_SHARED = frozenset({".git", "node_modules"})  # never copied from a shared dir (copy_dir)
+CORAL_BREADCRUMBS = ("/.coral_dir", "/.coral_agent_id")  # how `coral eval` finds its run (coral.py)
 GIT_IDENTITY = {"GIT_AUTHOR_NAME": "teacher-mcts", "GIT_AUTHOR_EMAIL": "teacher@localhost",
                 "GIT_COMMITTER_NAME": "teacher-mcts", "GIT_COMMITTER_EMAIL": "teacher@localhost"}  # fmt: skip
 
@@ -36,13 +38,25 @@ def safe_name(name: str) -> str:
 
 
 def copy_dir(src: Path | None, dest: Path) -> None:
-    """Make ``dest`` a copy of ``src`` (or an empty directory when there is none)."""
+    """Make ``dest`` a copy of ``src`` (or an empty directory when there is none).
+
+    Left out at the top of ``src`` (``NOT_SHARED``): ``.git``, where CORAL keeps the
+    checkpoint repository of a shared dir it used, which a copy for the next state
+    does not carry; and ``node_modules``, where OpenCode installs its plugin package
+    into a project's ``.opencode/`` when a registry is reachable (not knowledge; a
+    CORAL run's shared dir never holds it).
+    """
     if dest.exists():
         shutil.rmtree(dest)
-    if src is not None and Path(src).is_dir():
-        shutil.copytree(src, dest, symlinks=True)
-    else:
+    if src is None or not Path(src).is_dir():
         dest.mkdir(parents=True)
+        return
+    top = Path(src)
+
+    def not_shared(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n in NOT_SHARED] if Path(folder) == top else []
+
+    shutil.copytree(top, dest, symlinks=True, ignore=not_shared)
 
 
 class Worktrees:
@@ -77,7 +91,8 @@ class Worktrees:
                 git("add", "-A", cwd=tmp)
                 git("commit", "-q", "--allow-empty", "-m", f"root {tree_id}", cwd=tmp)
                 os.rename(tmp, repo)
-            self._exclude(repo, f"/{self.shared_dir}/")
+            for rule in (f"/{self.shared_dir}/", *CORAL_BREADCRUMBS):
+                self._exclude(repo, rule)
             return repo, git("rev-parse", "HEAD", cwd=repo)
 
     @staticmethod
