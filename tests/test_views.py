@@ -11,7 +11,7 @@ from cli import cli
 from engine.catalog import Catalog, read_views
 
 VIEWS = read_views()
-ONE_ROW_VIEWS = {"run_progress", "stg_log_tail", "int_turns__failing"}  # whole-run summaries: one row even when empty
+ONE_ROW_VIEWS = {"run_progress", "run_pace", "stg_log_tail", "int_turns__failing"}  # whole-run summaries: one row even when empty
 
 
 @pytest.fixture(scope="module")
