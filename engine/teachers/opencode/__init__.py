@@ -213,6 +213,7 @@ class OpenCodeTeacher:
             env=dict(self.environment.env, PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
             on_line=on_line, timeout_s=timeout, cancel=cancel,
         )  # fmt: skip
+        facts.extend(parser.finish())  # the tool calls a killed turn's stream ended with
         if finished.outcome == "cancelled":
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
         if finished.outcome == "timeout":
