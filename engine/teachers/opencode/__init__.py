@@ -11,7 +11,9 @@ A turn, in the rooms of this package:
    prompt on stdin, in the ``environment`` of the run, until it ends, its timeout
    or a cancel, and no process it started outlives it;
 4. its stream is parsed as it arrives (``ingest.opencode_stream``) and its eval
-   result read from what ``coral eval`` left (``ingest.coral_eval``).
+   result read from what ``coral eval`` left (``ingest.coral_eval``);
+5. ``recorder``: with an endpoint, OpenCode's requests pass through a recording
+   server on loopback, and the turn records what the model received.
 
 Every recorded state - commit, session, shared-dir snapshot - stays immutable and
 can be forked again: by the edge's turn 2, by the node's children, or by a resumed
@@ -34,6 +36,7 @@ from engine.config import problems
 from engine.teachers import RootInfo, TurnCancelled, TurnRequest
 from engine.teachers.opencode.environment import Environment
 from engine.teachers.opencode.processes import RUN_ENV, Supervisor, kill_marked
+from engine.teachers.opencode.recorder import Recorder, conversation_facts
 from engine.teachers.opencode.sessions import move_session
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
@@ -134,6 +137,7 @@ class OpenCodeTeacher:
         # this run's writer starts them, so whatever carries the run's mark is left over.
         kill_marked(str(self.environment.run_dir), RUN_ENV)
         self.environment.init_database()
+        self.recorder = Recorder(self.opts.endpoint, self.opts.turn_timeout_s) if self.opts.endpoint else None
 
     # -- Teacher interface
 
@@ -150,6 +154,8 @@ class OpenCodeTeacher:
 
     def close(self) -> None:
         self.processes.stop_all()
+        if self.recorder is not None:
+            self.recorder.stop()
 
     def run_turn(self, request: TurnRequest, cancel: threading.Event) -> list[Event]:
         start = request.start_state
@@ -168,7 +174,11 @@ class OpenCodeTeacher:
         )  # fmt: skip
         started_at = datetime.now(UTC)
         t0 = time.monotonic()
-        parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel)
+        token = self.recorder.open() if self.recorder else None
+        try:
+            parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel, token)
+        finally:
+            exchanges = self.recorder.close(token) if token else None
         wall = time.monotonic() - t0
         after = git("rev-parse", "HEAD", cwd=worktree)
         result = self._eval_result(shared, before, after, parser)
@@ -177,13 +187,18 @@ class OpenCodeTeacher:
         snapshot = edge_dir / f"shared-t{request.turn}"
         copy_dir(shared, snapshot)
         ids = {"tree_id": request.tree_id, "edge_id": request.edge_id, "turn": request.turn}
+        conversation = start.get("conversation")
+        if exchanges is not None:
+            recorded, conversation = conversation_facts(exchanges, ids, conversation, str(worktree))
+            facts += recorded
         facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
                                   source=result.source, feedback=result.feedback))  # fmt: skip
         facts.append(TurnFinished(
             **ids, session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
             outcome=outcome, error=error,
             state={"repo": str(repo), "worktree": str(worktree), "commit": after,
-                   "session": parser.summary.session_id or source, "shared": str(snapshot)},
+                   "session": parser.summary.session_id or source, "shared": str(snapshot),
+                   "conversation": conversation},
             started_at=started_at.isoformat(), wall_seconds=round(wall, 3),
             prompt=prompt, transcript="".join(lines),
         ))  # fmt: skip
@@ -192,7 +207,7 @@ class OpenCodeTeacher:
     # -- the turn
 
     def _run(self, request: TurnRequest, edge_dir: Path, worktree: Path, source: str | None,
-             prompt: str, cancel: threading.Event):  # fmt: skip
+             prompt: str, cancel: threading.Event, token: str | None):  # fmt: skip
         args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model,
                 "--dir", str(worktree)]  # fmt: skip
         args += ["--session", source, "--fork"] if source else ["--title", f"{request.edge_id} turn {request.turn}"]
@@ -210,7 +225,8 @@ class OpenCodeTeacher:
         timeout = request.timeout_s or self.opts.turn_timeout_s
         finished = self.processes.run(
             args, label=f"{request.edge_id}#{request.turn}", cwd=worktree,
-            env=dict(self.environment.env, PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
+            env=dict(self.environment.through(self.recorder.url(token)) if token else self.environment.env,
+                     PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
             on_line=on_line, timeout_s=timeout, cancel=cancel,
         )  # fmt: skip
         facts.extend(parser.finish())  # the tool calls a killed turn's stream ended with
