@@ -48,25 +48,35 @@ def timed_export(data: Path, run_id: str, out: Path, fmt: str) -> tuple[float, i
     return elapsed, usage.ru_maxrss * 1024
 
 
+def make_run(data: Path, copies: int) -> None:
+    """Write the tiled run and print its size (run in a process of its own, see main)."""
+    long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
+                           backend_options={"calls_per_step": [11, 19]}, tree=TreeConfig())  # fmt: skip
+    new_run(data, SNAPSHOTS, long_turns, "base", select=True)
+    tile(data, "base", "big", copies)
+    log = EventLog(data, "big")
+    heavy = log.read_table(["transcript", "messages"])
+    transcripts = pc.sum(pc.binary_length(heavy.column("transcript"))).as_py() or 0
+    conversations = pc.sum(pc.binary_length(heavy.column("messages"))).as_py() or 0
+    disk = sum(p.path.stat().st_size for p in log.parts())
+    print(f"tiled run ({30 * copies} trees): {log.tail_seq()} events, log {disk / 1e6:.0f} MB on disk; "
+          f"transcripts {transcripts / 1e6:.0f} MB, recorded conversations {conversations / 1e6:.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--copies", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--make", type=Path, help=argparse.SUPPRESS)  # internal: write the run there
     args = parser.parse_args()
+    if args.make:
+        make_run(args.make, args.copies)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
-                               backend_options={"calls_per_step": [11, 19]}, tree=TreeConfig())  # fmt: skip
-        new_run(data, SNAPSHOTS, long_turns, "base", select=True)
-        tile(data, "base", "big", args.copies)
-        log = EventLog(data, "big")
-        heavy = log.read_table(["transcript", "messages"])
-        transcripts = pc.sum(pc.binary_length(heavy.column("transcript"))).as_py() or 0
-        conversations = pc.sum(pc.binary_length(heavy.column("messages"))).as_py() or 0
-        del heavy
-        disk = sum(p.path.stat().st_size for p in log.parts())
-        print(f"tiled run ({30 * args.copies} trees): {log.tail_seq()} events, log {disk / 1e6:.0f} MB on disk; "
-              f"transcripts {transcripts / 1e6:.0f} MB, recorded conversations {conversations / 1e6:.0f} MB")
+        # Made in another process: a child forked from a large parent would count the
+        # parent's pages in its peak RSS.
+        subprocess.run([sys.executable, __file__, "--make", str(data), "--copies", str(args.copies)], check=True)
         for fmt in ("chat", "atif"):
             out = Path(tmp) / f"out-{fmt}"
             runs = [timed_export(data, "big", out, fmt) for _ in range(args.repeat)]

@@ -73,3 +73,54 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, c
     # Parallel calls are recorded in the order the model made them (the note first).
     calls = cat.query("select tool, target from tool_calls where edge_id = 'T001.1/e1-1' and turn = 2 order by seq")
     assert [Path(c["target"]).name for c in calls[:2]] == ["tiling.md", "does_not_exist.txt"]
+
+
+def sleepy(edge: str, turn: int, step: int, workdir: str):
+    """Turn 1 runs a command that outlives the turn's deadline; turn 2 reads and answers."""
+    if turn == 1:
+        return [("bash", {"command": "sleep 600"})] if step == 0 else "unreachable"
+    return [("read", {"filePath": f"{workdir}/solution.py"})] if step == 0 else "Done."
+
+
+@pytest.mark.slow
+def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roots, coral_on_path):  # noqa: F811
+    """OpenCode prints a tool call only when it finishes: the recorder keeps it, and the fork's
+    request shows the result OpenCode gave the model."""
+    import threading
+
+    from engine.config import RunConfig
+    from engine.teachers import RootInfo, TurnRequest
+    from engine.teachers.opencode import OpenCodeTeacher
+    from ingest.events import ConversationRecorded, ToolCalled, TurnFinished
+
+    model = FakeModel(sleepy).start()
+    config = RunConfig(task="speedup", backend="opencode",
+                       backend_options={"model": "fake/scripted", "endpoint": model.base_url})  # fmt: skip
+    teacher = OpenCodeTeacher(config, tmp_path / "run")
+    try:
+        folder = next(roots.iterdir())
+        start = teacher.root_state(RootInfo("T001", str(folder), 1.0, None))
+        ids = {"tree_id": "T001", "edge_id": "T001/e1-1", "parent_id": "T001", "slot": 1, "attempt": 1,
+               "direction": "maximize"}  # fmt: skip
+        # The deadline leaves OpenCode time to start and call bash on a loaded machine; sleep 600 outlives it.
+        first = teacher.run_turn(TurnRequest(**ids, turn=1, start_state=start, fork=True, timeout_s=45),
+                                 threading.Event())  # fmt: skip
+        state = first[-1].state
+        second = teacher.run_turn(TurnRequest(**ids, turn=2, start_state=state, fork=False, timeout_s=300),
+                                  threading.Event())  # fmt: skip
+    finally:
+        teacher.close()
+        model.stop()
+    assert isinstance(first[-1], TurnFinished) and first[-1].outcome == "timeout"
+    assert not [f for f in first if isinstance(f, ToolCalled)]  # the stream never showed the call
+    (killed,) = [f for f in first if isinstance(f, ConversationRecorded)]
+    assert killed.model_calls == 1 and killed.base == 0
+    assert [m["role"] for m in killed.messages] == ["user", "assistant"]
+    call = killed.messages[1]["tool_calls"][0]
+    assert call["function"] == {"name": "bash", "arguments": '{"command":"sleep 600"}'}
+    (fork,) = [f for f in second if isinstance(f, ConversationRecorded)]
+    assert fork.base == 2  # turn 1's conversation, as the fork received it
+    interrupted = {"role": "tool", "tool_call_id": call["id"], "content": "[Tool execution was interrupted]"}
+    assert fork.messages[0] == interrupted
+    assert fork.turn_start == 3 and fork.messages[1]["role"] == "user"
+    assert fork.messages[-1] == {"role": "assistant", "content": "Done."}
