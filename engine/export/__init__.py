@@ -114,7 +114,7 @@ def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str |
     walks = _walks(catalog, chosen["selection_id"], run_id, {(p["tree_id"], p["leaf_id"]) for p in paths})
     needed = {(t["edge_id"], t["turn"]) for walk in walks.values() for t in walk if t["turn"]}
     conversations = TurnConversations.read(log, tail, needed)
-    contents = Contents.read(log, tail, {i for c in conversations.values() for i in (c.system_id, c.tools_id) if i})
+    contents = Contents.read(log, tail, {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i})
     placeholder = Placeholder(
         [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")],
         workspace,
@@ -126,7 +126,8 @@ def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str |
     counts: Counter[tuple[str, str]] = Counter()
     for path in paths:
         walk = walks[(path["tree_id"], path["leaf_id"])]
-        conv = join_turns([conversations[(t["edge_id"], t["turn"])] for t in walk if t["turn"]], contents)
+        turns = [conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
+        conv = join_turns(turns, contents)
         conv.system, conv.tools = placeholder.apply(conv.system), placeholder.apply(conv.tools)
         conv.messages = placeholder.apply(conv.messages)
         metadata = _metadata(run_id, chosen["selection_id"], path, walk, conv.interrupted, workspace)
@@ -172,11 +173,15 @@ def _turn_facts(catalog: Catalog, selection_id: str) -> tuple[dict, dict]:
              "where selection_id = ? and turn > 0)")  # fmt: skip
     steps = {
         (r["edge_id"], r["turn"], r["step"]): r
-        for r in catalog.query(f"select * from stg_step_finished where {turns} order by seq", [selection_id])
+        for r in catalog.query(
+            "select edge_id, turn, step, tokens_input, tokens_output, tokens_reasoning, tokens_cache_read, cost "
+            f"from stg_step_finished where {turns} order by seq", [selection_id],
+        )
     }  # fmt: skip
-    calls = {
+    calls = {  # only the failed ones are reported
         (r["edge_id"], r["turn"], r["call_id"]): r
-        for r in catalog.query(f"select * from stg_tool_called where {turns} order by seq", [selection_id])
+        for r in catalog.query(f"select edge_id, turn, call_id, status, error from stg_tool_called "
+                               f"where status = 'error' and {turns} order by seq", [selection_id])
     }  # fmt: skip
     return steps, calls
 

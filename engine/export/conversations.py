@@ -8,7 +8,8 @@ answer. The system prompt and the tool list are those of the last turn.
 
 The heavy columns (messages, bodies) are read from the Parquet log, only for the
 turns asked for: ``TurnConversations.read`` and ``Contents.read`` scan one kind each,
-a batch at a time.
+a batch at a time. A turn's messages stay JSON text until a path needs them
+(:meth:`TurnConversations.parsed`, a tree at a time).
 """
 
 from __future__ import annotations
@@ -42,8 +43,22 @@ class TurnConversation:
     messages: list[dict[str, Any]]
 
 
-class TurnConversations(dict[TurnKey, TurnConversation]):
-    """The recorded conversations of some turns, by (edge id, turn)."""
+class TurnConversations(dict[TurnKey, tuple[TurnConversation, str]]):
+    """The recorded conversations of some turns, by (edge id, turn): the fields, and the messages as JSON text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parsed: dict[TurnKey, TurnConversation] = {}
+        self._tree: str | None = None
+
+    def parsed(self, tree_id: str, key: TurnKey) -> TurnConversation:
+        """A turn's conversation with its messages parsed; kept while the same tree asks."""
+        if tree_id != self._tree:
+            self._parsed, self._tree = {}, tree_id
+        if key not in self._parsed:
+            fields, text = self[key]
+            self._parsed[key] = TurnConversation(**{**fields.__dict__, "messages": json.loads(text)})
+        return self._parsed[key]
 
     @classmethod
     def read(cls, log: EventLog, upto: int, turns: set[TurnKey]) -> TurnConversations:
@@ -54,10 +69,10 @@ class TurnConversations(dict[TurnKey, TurnConversation]):
             for row in batch.to_pylist():
                 key = (row["edge_id"], row["turn"])
                 if key in turns:
-                    found[key] = TurnConversation(
+                    found[key] = (TurnConversation(
                         row["edge_id"], row["turn"], row["system_id"], row["tools_id"], row["base"] or 0,
-                        row["turn_start"] or 0, json.loads(row["messages"] or "[]"),
-                    )  # fmt: skip
+                        row["turn_start"] or 0, [],
+                    ), row["messages"] or "[]")  # fmt: skip
         return found
 
 

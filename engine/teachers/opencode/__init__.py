@@ -178,7 +178,8 @@ class OpenCodeTeacher:
         try:
             parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel, token)
         finally:
-            exchanges = self.recorder.close(token) if token else None
+            # A cancelled turn's requests are cut off at once (Ctrl-C should not wait).
+            exchanges = self.recorder.close(token, 0.0 if cancel.is_set() else 5.0) if token else None
         wall = time.monotonic() - t0
         after = git("rev-parse", "HEAD", cwd=worktree)
         result = self._eval_result(shared, before, after, parser)

@@ -58,7 +58,9 @@ class Recorder:
         self.timeout_s = timeout_s
         self._turns: dict[str, list[Exchange]] = {}
         self._upstream: dict[str, list[http.client.HTTPConnection]] = {}
+        self._active: dict[str, int] = {}  # requests of a turn being forwarded
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="recorder", daemon=True).start()
@@ -74,16 +76,26 @@ class Recorder:
     def url(self, token: str) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/turn/{token}"
 
-    def close(self, token: str) -> list[Exchange]:
-        """The turn's exchanges; requests of the turn still waiting on the endpoint are cut off."""
-        with self._lock:
-            exchanges = self._turns.pop(token, [])
-            upstream = self._upstream.pop(token, [])
+    def close(self, token: str, grace_s: float = 5.0) -> list[Exchange]:
+        """The turn's exchanges, once the requests it forwards have ended.
+
+        OpenCode may exit as soon as it has read the last answer, before the thread
+        that forwarded it has kept it: a request still being forwarded is given
+        ``grace_s`` to end, then cut off (an endpoint still silent when a turn was
+        killed) and given as long again.
+        """
+        with self._idle:
+            self._idle.wait_for(lambda: not self._active.get(token), timeout=grace_s)
+            upstream = list(self._upstream.get(token, []))
         for conn in upstream:
             with contextlib.suppress(OSError):
                 if conn.sock is not None:
                     conn.sock.shutdown(socket.SHUT_RDWR)
-                conn.close()
+        with self._idle:
+            self._idle.wait_for(lambda: not self._active.get(token), timeout=grace_s)
+            exchanges = self._turns.pop(token, [])
+            self._upstream.pop(token, None)
+            self._active.pop(token, None)
         return exchanges
 
     def stop(self) -> None:
@@ -102,7 +114,14 @@ class Recorder:
             if token not in self._turns:
                 return None
             self._turns[token].append(exchange)
+            self._active[token] = self._active.get(token, 0) + 1
         return exchange
+
+    def _end(self, token: str) -> None:
+        with self._idle:
+            if token in self._active:
+                self._active[token] -= 1
+            self._idle.notify_all()
 
     def _connect(self, token: str) -> http.client.HTTPConnection:
         port = self.endpoint.port
@@ -135,29 +154,37 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
             token, rest = found[1], found[2]
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             exchange = recorder._begin(token, self.headers.get("x-session-id"), body)
+            try:
+                self._relay(method, token, rest, body, exchange)
+            finally:
+                if exchange is not None:
+                    recorder._end(token)
+
+        def _relay(self, method: str, token: str, rest: str, body: bytes, exchange: Exchange | None) -> None:
             conn = recorder._connect(token)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
             headers["Accept-Encoding"] = "identity"  # the answer is read as it streams
             try:
                 conn.request(method, recorder.endpoint.path + rest, body=body or None, headers=headers)
                 answer = conn.getresponse()
-            except OSError as err:
+            except (OSError, http.client.HTTPException) as err:
+                conn.close()
                 self._fail(502, f"the endpoint {recorder.endpoint.geturl()} did not answer: {err}", exchange)
                 return
             if exchange is not None:
                 exchange.status = answer.status
-            self.send_response(answer.status)
-            for key, value in answer.getheaders():
-                if key.lower() not in HOP_HEADERS:
-                    self.send_header(key, value)
-            self.end_headers()
             received = bytearray()
             try:
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in HOP_HEADERS:
+                        self.send_header(key, value)
+                self.end_headers()
                 while chunk := answer.read1(65536):
                     received += chunk
                     self.wfile.write(chunk)
                     self.wfile.flush()
-            except OSError:  # OpenCode went away (a killed turn), or the turn was closed
+            except (OSError, http.client.HTTPException):  # OpenCode went away (a killed turn), or cut off
                 pass
             finally:
                 conn.close()
@@ -237,7 +264,8 @@ def digest(messages: list[dict[str, Any]]) -> str:
 def conversation_facts(exchanges: list[Exchange], ids: dict[str, Any], inherited: dict[str, Any] | None,
                        workspace: str) -> tuple[list[Event], dict[str, Any]]:  # fmt: skip
     """A turn's ContentRecorded and ConversationRecorded facts, and its conversation's checkpoint."""
-    agent = [x for x in exchanges if x.request and x.request.get("tools") and (x.status or 0) < 400]
+    agent = [x for x in exchanges if x.request and x.request.get("tools")
+             and isinstance(x.request.get("messages"), list) and (x.status or 0) < 400]  # fmt: skip
     if agent:
         agent = [x for x in agent if x.session == agent[0].session]
     inherited = inherited or {}
