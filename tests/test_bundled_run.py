@@ -53,3 +53,14 @@ def test_the_main_job_exercises_every_rule_and_replays(bundled):
     assert count("select * from top_paths") == sum(min(6, t["ranked"]) for t in out["trees"])
     replay = CliRunner().invoke(cli, ["--data", str(data), "replay", "main"])
     assert replay.exit_code == 0 and replay.stdout.rstrip().endswith(" 0 differ")
+
+
+@pytest.mark.slow
+def test_the_main_job_exports_one_sample_per_selected_path(bundled, tmp_path):
+    r = CliRunner().invoke(cli, ["--data", str(bundled), "export", "main", "--out", str(tmp_path / "train"),
+                                 "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    manifest = json.loads(r.stdout)
+    top = Catalog.for_log(EventLog(bundled, "main")).query("select count(*) as n from top_paths")[0]["n"]
+    assert manifest["samples"] == top > 100
+    assert sum(n for stages in manifest["counts"].values() for n in stages.values()) == top
