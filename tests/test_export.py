@@ -82,6 +82,8 @@ def test_chat_golden_file_of_the_hand_built_run(hand, tmp_path):
         ("T1/e1-1", 1, 1.2, "completed"), ("T1/e1-1", 2, 1.3, "completed"),
         ("T1.1/e1-1", 1, None, "timeout"), ("T1.1/e1-1", 2, 1.5, "completed"),
     ]  # fmt: skip
+    # The killed turn printed no step, but it asked the model once: one step (its model call).
+    assert [t["steps"] for t in meta["turns"]] == [2, 2, 1, 2]
     tools = json.loads(deep["tools"])
     assert [t["function"]["name"] for t in tools] == ["bash", "read", "write"]
     manifest = json.loads((tmp_path / "chat" / "manifest.json").read_text())

@@ -78,6 +78,7 @@ TOOLS = [
     _tool("skill", "Load a shared skill.", name="The skill's name."),
     _tool("write", "Write a file.", filePath="The file to write.", content="What to write."),
 ]
+TOOLS_FACT = content_fact("tools", TOOLS)  # the same in every turn
 
 
 def _rng(*parts: object) -> random.Random:
@@ -334,7 +335,7 @@ def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited
             messages += [answer, *results]
             calls, results, text = [], [], ""
     system = content_fact("system", [{"role": "system", "content": SYSTEM.format(workspace=workspace)}])
-    tools = content_fact("tools", TOOLS)
+    tools = TOOLS_FACT
     return [system, tools, ConversationRecorded(
         tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
         system_id=system.content_id, tools_id=tools.content_id, base=inherited, turn_start=inherited,
