@@ -260,8 +260,8 @@ class Explorer:
 
     def _stage_turns(self, facts: list[Event]) -> None:
         """Stage turn facts, each content once per run: a ContentRecorded whose id the log
-        (or an earlier fact here) holds already is left out (turns share system prompts,
-        tool lists and the messages a fork inherits)."""
+        (or an earlier fact here) holds already is left out (the turns of an edge share
+        their system prompt, and every turn of a run its tool list)."""
         ids = sorted({f.content_id for f in facts if isinstance(f, ContentRecorded)})
         seen = {r["content_id"] for r in self._query(
             "select content_id from stg_content_recorded where content_id in (select unnest(?))", [ids],
