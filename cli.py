@@ -843,6 +843,49 @@ def _render_audit(report: Any) -> None:
         click.echo("\naudit: no violations")
 
 
+@cli.command("export")
+@click.argument("run_ids", nargs=-1, metavar="[RUN_ID ...]")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write (new or empty).")
+@click.option("--selection", default=None, help="A recorded selection id (default: each run's default selection).")
+@click.option("--format", "fmt", type=click.Choice(["chat", "atif"]), default="chat", show_default=True,
+              help="chat: OpenAI messages and tools (SFT trainers); atif: ATIF v1.4 trajectories.")  # fmt: skip
+@click.option("--task", default=None, help="Only paths of this task.")
+@click.option("--stage", type=click.Choice(["early", "middle", "late"]), default=None,
+              help="Only paths whose root is of this stage.")  # fmt: skip
+@click.option("--workspace", default="/workspace", show_default=True,
+              help="The path that replaces every worktree directory in the samples.")  # fmt: skip
+@click.option("--no-reasoning", "no_reasoning", is_flag=True, help="Leave out the model's reasoning text.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@json_option
+def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str, task: str | None,
+           stage: str | None, workspace: str, no_reasoning: bool, overwrite: bool, as_json: bool) -> None:  # fmt: skip
+    """Export the selected paths of runs as a training set: one sample per path.
+
+    Each sample is the conversation the model had along the path, root to leaf
+    (system prompt, each turn's prompt, its messages, tool calls and results), with
+    the path's fields, its nodes' scores and tokens and its turns' eval results.
+    Without RUN_IDs, every run with a path selection. One JSONL file per run, and
+    manifest.json (selection, weights, log tails, counts, sha256 of each file).
+
+    \b
+    Example:
+        python cli.py export demo --out data/out/train
+        python cli.py export demo --format atif --stage late --out data/out/late-atif
+    """
+    from engine.export import export_runs
+
+    result = export_runs(_data_dir(), list(run_ids), out, selection, fmt, task, stage, workspace,
+                         not no_reasoning, overwrite)  # fmt: skip
+    m = result.manifest
+    if as_json:
+        _echo_json({"out": str(result.out), **m})
+        return
+    for run in m["runs"]:
+        click.echo(f"run {run['run_id']}: selection {run['selection_id']}, {run['samples']} samples -> {run['file']}")
+    counts = ", ".join(f"{t} {s} {n}" for t, stages in m["counts"].items() for s, n in stages.items())
+    click.echo(f"{m['samples']} {m['format']} samples ({counts}) in {result.out}")
+
+
 def _open_standard_streams() -> None:
     """Give a closed stdin, stdout or stderr /dev/null before anything else runs.
 

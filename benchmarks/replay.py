@@ -38,7 +38,7 @@ from ingest.events import LIGHT_SCHEMA, RunFinished  # noqa: E402
 from ingest.log import EventLog, LogWriter, run_dir, write_part  # noqa: E402
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
-ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected"}
+ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected", "content_recorded"}
 ID_COLUMNS = ("tree_id", "edge_id", "parent_id", "child_id", "node_id")
 
 
@@ -68,7 +68,7 @@ def replay_seconds(data: Path, run_id: str) -> tuple[float, dict[str, float], in
 def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True) -> None:
     """Write run ``dst``: ``copies`` back-to-back copies of ``src`` with renamed trees.
 
-    Whole-run events (config, snapshot selection) are kept once; each copy's seqs and
+    Whole-run events (config, snapshot selection, recorded contents) are kept once; each copy's seqs and
     watermarks are shifted together, so every decision still sees the same tree
     state. As at the end of an exploration, the default path selection over every
     tree and RunFinished follow the copies. With ``select_at_end=False`` the first

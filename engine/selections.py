@@ -219,11 +219,12 @@ def _diff(before: list[dict], after: list[dict]) -> tuple[list[dict], list[dict]
     return [new[k] for k in sorted(new.keys() - old.keys())], [old[k] for k in sorted(old.keys() - new.keys())]
 
 
-def selected_paths(
-    data, run_id: str, selection: str | None, tree_id: str | None
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A recorded selection (default: the run config's) and its paths, maybe one tree's."""
-    catalog = open_run(data, run_id)
+def recorded_selection(catalog: Catalog, run_id: str, selection: str | None) -> dict[str, Any]:
+    """A recorded selection of the run: the one named, else the run config's default.
+
+    LogError when the run has none (no trees, or still running), InputError when it
+    has none of that id.
+    """
     recorded = {s["selection_id"]: s for s in recorded_selections(catalog)}
     if not recorded:
         if not _has_trees(catalog):
@@ -233,7 +234,16 @@ def selected_paths(
     if wanted not in recorded:
         known = ", ".join(sorted(recorded))
         raise InputError(f"run {run_id!r} has no selection {wanted!r} (recorded: {known})")
-    chosen = recorded[wanted]
+    return recorded[wanted]
+
+
+def selected_paths(
+    data, run_id: str, selection: str | None, tree_id: str | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A recorded selection (default: the run config's) and its paths, maybe one tree's."""
+    catalog = open_run(data, run_id)
+    chosen = recorded_selection(catalog, run_id, selection)
+    wanted = chosen["selection_id"]
     rows = [p for p in chosen["paths"] if tree_id is None or p["tree_id"] == tree_id]
     if tree_id is not None and not rows:
         raise InputError(f"selection {wanted!r} has no path of tree {tree_id!r}")

@@ -12,6 +12,7 @@ Facts are named in the past tense. Decisions subclass :class:`Decision` and carr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from datetime import datetime
@@ -219,6 +220,62 @@ class StreamLineSkipped(Event):
     line_no: int
     problem: str
     line: str = Field(default="", json_schema_extra=HEAVY)
+
+
+class ContentRecorded(Event):
+    """A system prompt or a tool list a model received, recorded once per run.
+
+    ``body`` is canonical JSON (sorted keys): the list of leading system messages, or
+    the list of tool definitions. ``content_id`` is its digest (:func:`content_id`);
+    conversations refer to it.
+    """
+
+    content_id: str
+    content_kind: Literal["system", "tools"]
+    body: str = Field(default="", json_schema_extra=HEAVY)
+
+
+def canonical_json(value: Any) -> str:
+    """The one text of a JSON value that content ids are taken of (sorted keys, no spaces)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_id(kind: str, body: str) -> str:
+    """The id of a recorded content: a digest of its kind and canonical body."""
+    return hashlib.sha256(f"{kind}\n{body}".encode()).hexdigest()[:24]
+
+
+def content_fact(kind: str, value: Any) -> ContentRecorded:
+    """The ContentRecorded fact of a system prompt or a tool list."""
+    body = canonical_json(value)
+    return ContentRecorded(content_id=content_id(kind, body), content_kind=kind, body=body)
+
+
+class ConversationRecorded(Event):
+    """What the model received in a turn: its last request's messages, and its answer.
+
+    The turn's conversation is the one its session was forked from (the previous turn
+    of the path; none at a fresh session), cut to its first ``base`` messages, then
+    ``messages``: the chat messages of the turn's last request from ``base`` on and,
+    when the model finished answering it, the answer (the system prompt and the tools
+    are ``ContentRecorded``). ``base`` is the inherited length when the turn's
+    first request began with exactly the inherited conversation, else 0 (the whole
+    conversation is here). ``turn_start`` is the index of the turn's own user prompt;
+    ``model_calls`` the requests the turn sent (answered or not); ``workspace`` the
+    directory the turn ran in (export replaces it with a placeholder).
+    """
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    system_id: str | None = None
+    tools_id: str | None = None
+    base: int = 0
+    turn_start: int = 0
+    model_calls: int = 0
+    workspace: str | None = None
+    recorder: str = ""
+    messages: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra=HEAVY)
 
 
 class TurnFinished(Event):

@@ -27,6 +27,7 @@ import fcntl
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -179,32 +180,88 @@ class EventLog:
         return parts[-1].last if parts else 0
 
     def read_table(self, columns: list[str] | None = None) -> pa.Table:
-        """All published events as one Arrow table in seq order.
+        """All published events as one Arrow table in seq order."""
+        parts, handles = self._open_parts()
+        try:
+            tables = [_read_part(fh, columns, part) for fh, part in zip(handles, parts, strict=True)]
+        finally:
+            for fh in handles:
+                fh.close()
+        if not tables:
+            schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
+            return schema.empty_table()
+        return pa.concat_tables(tables, promote_options="default")
 
-        Every part is opened right after listing: an open file stays readable even
-        if compaction removes it meanwhile, so only the (short) opening can race.
+    def scan_kind(self, kind: str, columns: list[str], upto: int | None = None,
+                  batch_rows: int = 1024) -> Iterator[pa.Table]:  # fmt: skip
+        """The events of one kind in seq order, a batch at a time, only ``columns`` decoded.
+
+        Only the row groups whose ``kind`` statistics admit the kind are read, and no
+        more than ``batch_rows`` rows are decoded at once, so bulky columns of a large
+        run are never all in memory. ``upto``: the last seq wanted (a reader's prefix).
+        """
+        parts, handles = self._open_parts()
+        try:
+            for fh, part in zip(handles, parts, strict=True):
+                if upto is not None and part.first > upto:
+                    break
+                yield from _scan_part(fh, part, kind, columns, upto, batch_rows)
+        finally:
+            for fh in handles:
+                fh.close()
+
+    def _open_parts(self) -> tuple[list[Part], list[BinaryIO]]:
+        """The parts of the published prefix, each opened right after listing.
+
+        An open file stays readable even if compaction removes it meanwhile, so only
+        the (short) opening can race; a part gone by then means listing again.
         """
         for attempt in range(50):
             parts = self.parts()
-            handles = []
+            handles: list[BinaryIO] = []
             try:
                 for part in parts:
-                    handles.append(open(part.path, "rb"))  # noqa: SIM115 - closed below
+                    handles.append(open(part.path, "rb"))  # noqa: SIM115 - the caller closes them
             except FileNotFoundError:
                 for fh in handles:
                     fh.close()
                 time.sleep(0.002 * attempt)
                 continue
-            try:
-                tables = [_read_part(fh, columns, part) for fh, part in zip(handles, parts, strict=True)]
-            finally:
-                for fh in handles:
-                    fh.close()
-            if not tables:
-                schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
-                return schema.empty_table()
-            return pa.concat_tables(tables, promote_options="default")
+            return parts, handles
         raise LogError(f"{self.log_dir}: parts kept disappearing while reading - try again")
+
+
+def _scan_part(source: BinaryIO, part: Part, kind: str, columns: list[str], upto: int | None,
+               batch_rows: int) -> Iterator[pa.Table]:  # fmt: skip
+    """One part's rows of ``kind`` (seq <= ``upto``) with ``columns``, batch by batch."""
+    try:
+        present = set(part_schema(part, source).names)
+        source.seek(0)
+        file = pq.ParquetFile(source)
+        kind_at = next(i for i in range(file.metadata.num_columns) if file.metadata.schema.column(i).path == "kind")
+        groups = [g for g in range(file.num_row_groups) if _may_hold(file.metadata.row_group(g), kind_at, kind)]
+        wanted = [c for c in dict.fromkeys([*columns, "kind", "seq"]) if c in present]
+        for batch in file.iter_batches(batch_size=batch_rows, row_groups=groups, columns=wanted):
+            table = pa.Table.from_batches([batch])
+            keep = pc.equal(table.column("kind"), kind)
+            if upto is not None:
+                keep = pc.and_(keep, pc.less_equal(table.column("seq"), upto))
+            table = table.filter(keep)
+            if table.num_rows:
+                yield pa.Table.from_arrays(
+                    [table.column(c) if c in table.column_names else pa.nulls(table.num_rows, SCHEMA.field(c).type)
+                     for c in columns], names=columns,
+                )  # fmt: skip
+    except (pa.ArrowInvalid, OSError) as err:
+        raise unreadable_part(part.path, err) from err
+
+
+def _may_hold(group: pq.RowGroupMetaData, kind_at: int, kind: str) -> bool:
+    """Whether a row group's ``kind`` statistics admit ``kind`` (no statistics: it may)."""
+    stats = group.column(kind_at).statistics
+    if stats is None or not stats.has_min_max:
+        return True
+    return stats.min <= kind <= stats.max
 
 
 def _narrow(table: pa.Table) -> pa.Table:

@@ -6,6 +6,11 @@ call when it finishes, with ``state.status`` completed or error. Lines that are
 not JSON, have no known type, or miss required keys become ``StreamLineSkipped``
 facts; nothing here raises on bad input.
 
+``tool_use`` events of one step come in the order the calls finished; the parser
+holds them until the next other event (or :meth:`StreamParser.finish`) and gives
+them in the order of their part ids, which OpenCode assigns as the model emits the
+calls: the order the model made them in.
+
 A tool call counts as an error when OpenCode reports ``status: error`` or when the
 model called a tool that does not exist (OpenCode's ``invalid`` tool). A shell
 command that exits non-zero is not a tool error: the tool worked.
@@ -88,9 +93,14 @@ class StreamParser:
         self.ids = {"tree_id": tree_id, "edge_id": edge_id, "turn": turn}
         self.summary = TurnStream()
         self._step = 0
+        self._calls: list[tuple[str, ToolCalled]] = []  # tool calls held: (part id, fact)
 
     def feed(self, line: str) -> list[Event]:
-        """Facts of one line (``[]`` for lines that carry none, such as step_start)."""
+        """Facts of one line (``[]`` for lines that carry none, such as step_start).
+
+        Tool calls are held until a line of another kind (or :meth:`finish`), then
+        given in model order, before that line's facts.
+        """
         self.summary.lines += 1
         line_no = self.summary.lines
         text = line.strip()
@@ -100,18 +110,25 @@ class StreamParser:
             obj = json.loads(text)
         except (ValueError, RecursionError) as err:  # also an over-long integer, deep nesting
             why = err.msg if isinstance(err, json.JSONDecodeError) else str(err) or type(err).__name__
-            return [self._skip(line_no, f"invalid JSON ({why})", text)]
+            return self.finish() + [self._skip(line_no, f"invalid JSON ({why})", text)]
         if not isinstance(obj, dict):
-            return [self._skip(line_no, "not a JSON object", text)]
+            return self.finish() + [self._skip(line_no, "not a JSON object", text)]
         kind = obj.get("type")
         if kind not in KNOWN_TYPES:
-            return [self._skip(line_no, f"unknown event type {kind!r}", text)]
+            return self.finish() + [self._skip(line_no, f"unknown event type {kind!r}", text)]
         if self.summary.session_id is None and isinstance(obj.get("sessionID"), str):
             self.summary.session_id = obj["sessionID"]
+        held = [] if kind == "tool_use" else self.finish()
         try:
-            return getattr(self, f"_on_{kind}")(obj)
+            return held + getattr(self, f"_on_{kind}")(obj)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
-            return [self._skip(line_no, f"malformed {kind} event ({err!r})", text)]
+            return held + [self._skip(line_no, f"malformed {kind} event ({err!r})", text)]
+
+    def finish(self) -> list[Event]:
+        """The tool calls held, in the order of their part ids (at the end of a stream too)."""
+        held = [fact for _, fact in sorted(self._calls, key=lambda call: call[0])]
+        self._calls = []
+        return held
 
     def _skip(self, line_no: int, problem: str, text: str) -> StreamLineSkipped:
         return StreamLineSkipped(**self.ids, line_no=line_no, problem=problem, line=text[:MAX_TEXT])
@@ -158,13 +175,13 @@ class StreamParser:
         error = state.get("error") if state.get("status") == "error" else None
         if tool == "invalid" and error is None:
             error = str(state.get("output") or (state.get("input") or {}).get("error") or "")
-        return [
-            ToolCalled(
-                **self.ids, step=max(self._step, 1), call_id=str(part.get("callID") or part.get("id")),
-                tool=tool, status="error" if failed else "ok",
-                target=_clip(tool_target(tool, state.get("input"))), error=_clip(error),
-            )
-        ]  # fmt: skip
+        fact = ToolCalled(
+            **self.ids, step=max(self._step, 1), call_id=str(part.get("callID") or part.get("id")),
+            tool=tool, status="error" if failed else "ok",
+            target=_clip(tool_target(tool, state.get("input"))), error=_clip(error),
+        )  # fmt: skip
+        self._calls.append((str(part.get("id") or ""), fact))  # a stable sort keeps id-less ones in turn
+        return []
 
     def _on_text(self, obj: dict) -> list[Event]:
         return [MessageWritten(**self.ids, step=max(self._step, 1), part="text",
@@ -191,4 +208,5 @@ def parse_stream(text: str, tree_id: str, edge_id: str, turn: int) -> tuple[list
     facts: list[Event] = []
     for line in text.splitlines():
         facts.extend(parser.feed(line))
+    facts.extend(parser.finish())
     return facts, parser.summary

@@ -101,6 +101,7 @@ class FakeModel:
                         "session": self.headers.get("x-session-id"), "where": where,
                         "authorization": self.headers.get("authorization"),
                         "messages": body.get("messages", []), "tools": bool(body.get("tools")),
+                        "tool_list": body.get("tools") or [],
                     })  # fmt: skip
                 if fake.stall:
                     time.sleep(3600)

@@ -64,3 +64,14 @@ def test_audit_of_the_bundled_run_prints_every_table_and_exits_0(bundled):
     everything = next(row for row in out["coverage"] if row["stratum"] == "all")
     assert everything["selected_paths"] == 178 and 0.3 < everything["n_eff_ratio"] < 1
     assert {row["stratum_key"] for row in out["coverage"] if row["stratum"] == "stage"} == {"early", "middle", "late"}
+
+
+@pytest.mark.slow
+def test_the_main_job_exports_one_sample_per_selected_path(bundled, tmp_path):
+    r = CliRunner().invoke(cli, ["--data", str(bundled), "export", "main", "--out", str(tmp_path / "train"),
+                                 "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    manifest = json.loads(r.stdout)
+    top = Catalog.for_log(EventLog(bundled, "main")).query("select count(*) as n from top_paths")[0]["n"]
+    assert manifest["samples"] == top > 100
+    assert sum(n for stages in manifest["counts"].values() for n in stages.values()) == top

@@ -150,7 +150,7 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, studen
                                    for k, e in edges.items())  # fmt: skip
     for t in turns:
         mine = [c for c in calls if (c["edge_id"], c["turn"]) == (t["edge_id"], t["turn"])]
-        # The two reads run in parallel and are reported in the order they finish.
+        # The two reads run in parallel (recorded in the order the model made them: test_export_e2e).
         got = sorted((c["tool"], c["status"], c["is_knowledge"],
                       c["target"] if c["tool"] == "bash" else Path(c["target"]).name)
                      for c in mine)  # fmt: skip

@@ -152,3 +152,28 @@ def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_pat
     ok = coral_eval.EvalResult(0.5, "baseline", "same", "attempt_json")
     assert coral_eval.from_attempt(attempts / "ok.json") == ok
     assert coral_eval.from_attempt(attempts / "missing.json") is None
+
+
+def parallel_call(call: str, part_id: str) -> str:
+    return line("tool_use", {"type": "tool", "tool": "read", "callID": call, "id": part_id,
+                             "state": {"status": "completed", "input": {"filePath": call}, "output": "x"}})  # fmt: skip
+
+
+def test_parallel_calls_come_in_the_order_the_model_made_them():
+    """OpenCode prints parallel calls as they finish; their part ids follow the model's order."""
+    stream = [
+        line("step_start", {"type": "step-start"}),
+        parallel_call("call_c", "prt_0003"), parallel_call("call_a", "prt_0001"), parallel_call("call_b", "prt_0002"),
+        line("step_finish", {"type": "step-finish", "reason": "tool-calls", "tokens": {"total": 10}}),
+        line("step_start", {"type": "step-start"}),
+        parallel_call("call_e", "prt_0005"), parallel_call("call_d", "prt_0004"),  # the stream ends here (killed)
+    ]  # fmt: skip
+    facts, _ = parse_stream("\n".join(stream), "T1", "T1/e1-1", 1)
+    assert [(type(f).__name__, getattr(f, "call_id", None)) for f in facts] == [
+        ("ToolCalled", "call_a"), ("ToolCalled", "call_b"), ("ToolCalled", "call_c"), ("StepFinished", None),
+        ("ToolCalled", "call_d"), ("ToolCalled", "call_e"),
+    ]  # fmt: skip
+    parser = StreamParser("T1", "T1/e1-1", 1)
+    held = [parser.feed(x) for x in stream]
+    assert held[1:4] == [[], [], []]  # held until a line of another kind
+    assert [f.call_id for f in parser.finish()] == ["call_d", "call_e"]

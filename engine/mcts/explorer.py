@@ -43,7 +43,7 @@ from engine.mcts.spool import Spool
 from engine.mcts.turns import TeacherFailedError, TurnPool
 from engine.selections import default_parameters, selection_decision
 from engine.teachers import RootInfo, Teacher, TurnRequest
-from ingest.events import Event, RunFinished, RunResumed
+from ingest.events import ContentRecorded, Event, RunFinished, RunResumed
 from ingest.log import LogWriter
 
 Row = dict[str, Any]
@@ -133,7 +133,7 @@ class Explorer:
                             done.extend(facts)
                             self._unpublished.append((request.edge_id, request.turn))
                     finally:
-                        self._stage(done)
+                        self._stage_turns(done)
                     self._check_backend()
                 edges = self._decide()
                 self._publish()
@@ -156,7 +156,7 @@ class Explorer:
             if not self.pool.running:
                 return
             for _request, facts in self.pool.wait():
-                self._stage(facts)
+                self._stage_turns(facts)
             self._check_backend()
 
     def _submit(self, edges: list[Row]) -> None:
@@ -266,6 +266,23 @@ class Explorer:
 
     def _stage(self, events: list[Event]) -> None:
         self.catalog.insert(self.writer.stage(events))
+
+    def _stage_turns(self, facts: list[Event]) -> None:
+        """Stage turn facts, each content once per run: a ContentRecorded whose id the log
+        (or an earlier fact here) holds already is left out (the turns of an edge share
+        their system prompt, and every turn of a run its tool list)."""
+        ids = sorted({f.content_id for f in facts if isinstance(f, ContentRecorded)})
+        seen = {r["content_id"] for r in self._query(
+            "select content_id from stg_content_recorded where content_id in (select unnest(?))", [ids],
+        )} if ids else set()  # fmt: skip
+        kept = []
+        for fact in facts:
+            if isinstance(fact, ContentRecorded):
+                if fact.content_id in seen:
+                    continue
+                seen.add(fact.content_id)
+            kept.append(fact)
+        self._stage(kept)
 
     def _publish(self, force: bool = False) -> None:
         """Flush what is staged, unless a streak of backend errors is open (see the module doc)."""

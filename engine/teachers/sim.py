@@ -19,6 +19,13 @@ Behaviour, per edge and per turn:
   loading a skill) appear in some turns;
 - the session context grows 8-25k tokens a turn, so the 100k limit ends some
   branches at depth 2-4.
+
+It records what its model "received" as a real Teacher's recorder does: a synthetic
+system prompt naming the edge's workspace, the sim's tool definitions, and each
+step's assistant message (its text and tool calls, in stream order) with the tool
+results (``ContentRecorded`` system prompt and tools, ``ConversationRecorded``). These are made from the
+stream after it is written, so they take nothing from the random draws: the sim's
+scores, verdicts and trees are what they were without them.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import threading
 from typing import Any
 
@@ -34,11 +42,43 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from engine.config import problems
 from engine.teachers import RootInfo, TurnCancelled, TurnRequest
 from ingest.errors import InputError
-from ingest.events import EvalFinished, Event, TurnFinished
+from ingest.events import (
+    ConversationRecorded,
+    EvalFinished,
+    Event,
+    TurnFinished,
+    canonical_json,
+    content_fact,
+)
 from ingest.opencode_stream import StreamParser
 
 CODE_FILES = ["solution.py", "bench.py", "tests/test_solution.py", "README.md"]
 NOTE_NAMES = ["tiling.md", "grader-noise.md", "vector-path.md", "dead-ends.md"]
+SYSTEM = (
+    "You are a simulated coding agent improving a repository. Use the tools to read, edit "
+    "and test the code; finish each attempt by running `coral eval -m \"<summary>\"`.\n"
+    "<env>\n  Working directory: {workspace}\n  Is directory a git repo: yes\n</env>"
+)
+
+
+def _tool(tool: str, description: str, **properties: str) -> dict[str, Any]:
+    """An OpenAI function definition whose parameters are required strings."""
+    props = {key: {"type": "string", "description": text} for key, text in properties.items()}
+    return {"type": "function", "function": {"name": tool, "description": description, "parameters": {
+        "type": "object", "properties": props, "required": sorted(props), "additionalProperties": False,
+    }}}  # fmt: skip
+
+
+TOOLS = [
+    _tool("bash", "Run a shell command in the workspace.", command="The command to run."),
+    _tool("edit", "Edit a file in place.", filePath="The file to edit."),
+    _tool("glob", "Find files by a glob pattern.", pattern="The glob pattern.", path="Where to look."),
+    _tool("grep", "Search file contents.", pattern="The regular expression.", path="Where to look."),
+    _tool("read", "Read a file.", filePath="The file to read."),
+    _tool("skill", "Load a shared skill.", name="The skill's name."),
+    _tool("write", "Write a file.", filePath="The file to write.", content="What to write."),
+]
+TOOLS_FACT = content_fact("tools", TOOLS)  # the same in every turn
 
 
 def _rng(*parts: object) -> random.Random:
@@ -114,6 +154,11 @@ class SimTeacher:
         facts: list[Event] = []
         for line in lines:
             facts.extend(parser.feed(line))
+        facts.extend(parser.finish())
+        prompt = f"sim turn {request.turn} of {request.edge_id}"
+        inherited = int(start.get("messages") or 0)
+        conversation = _conversation(request, prompt, lines, inherited)
+        facts.extend(conversation)
         quality = start.get("quality")
         score, status, new_quality = self._eval(rng, traits, quality, request.direction)
         facts.append(
@@ -128,8 +173,9 @@ class SimTeacher:
                 tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
                 session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
                 state={"quality": new_quality, "ctx": parser.summary.context_tokens,
-                       "session": parser.summary.session_id},
-                prompt=f"sim turn {request.turn} of {request.edge_id}",
+                       "session": parser.summary.session_id,
+                       "messages": inherited + len(conversation[-1].messages)},
+                prompt=prompt,
                 transcript="\n".join(lines) + "\n",
             )
         )  # fmt: skip
@@ -255,6 +301,46 @@ class SimTeacher:
             ("skill", {"name": "profile-kernel"}),
             ("grep", {"pattern": "TILE", "path": ".opencode/skills"}),
         ])  # fmt: skip
+
+
+def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited: int) -> list[Event]:
+    """The contents and the ConversationRecorded fact of a sim turn, read from its stream.
+
+    Each step is one model call: an assistant message (its text, its tool calls in
+    stream order), then one tool message per call with its output or error.
+    """
+    workspace = "/sim/worktrees/{}/{}/wt".format(*(re.sub(r"[^A-Za-z0-9_.-]", "_", x)
+                                                   for x in (request.tree_id, request.edge_id)))  # fmt: skip
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    text = ""
+    steps = 0
+    for line in lines:
+        event = json.loads(line)
+        part = event["part"]
+        if event["type"] == "tool_use":
+            state = part["state"]
+            calls.append({"id": part["callID"], "type": "function", "function": {
+                "name": part["tool"], "arguments": canonical_json(state["input"])}})  # fmt: skip
+            results.append({"role": "tool", "tool_call_id": part["callID"],
+                            "content": state.get("output", state.get("error", ""))})  # fmt: skip
+        elif event["type"] == "text":
+            text += part["text"]
+        elif event["type"] == "step_finish":
+            steps += 1
+            answer: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                answer["tool_calls"] = calls
+            messages += [answer, *results]
+            calls, results, text = [], [], ""
+    system = content_fact("system", [{"role": "system", "content": SYSTEM.format(workspace=workspace)}])
+    tools = TOOLS_FACT
+    return [system, tools, ConversationRecorded(
+        tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
+        system_id=system.content_id, tools_id=tools.content_id, base=inherited, turn_start=inherited,
+        model_calls=steps, workspace=workspace, recorder="sim", messages=messages,
+    )]  # fmt: skip
 
 
 def _commit(request: TurnRequest) -> str:

@@ -11,7 +11,9 @@ A turn, in the rooms of this package:
    prompt on stdin, in the ``environment`` of the run, until it ends, its timeout
    or a cancel, and no process it started outlives it;
 4. its stream is parsed as it arrives (``ingest.opencode_stream``) and its eval
-   result read from what ``coral eval`` left (``ingest.coral_eval``).
+   result read from what ``coral eval`` left (``ingest.coral_eval``);
+5. ``recorder``: with an endpoint, OpenCode's requests pass through a recording
+   server on loopback, and the turn records what the model received.
 
 With ``coral_dir`` (the Student run's ``.coral``), ``coral`` gives every edge a
 CORAL run of its own around its worktree, and CORAL's grader daemon runs beside
@@ -44,6 +46,7 @@ from engine.teachers.opencode.coral import (
 )
 from engine.teachers.opencode.environment import Environment
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
+from engine.teachers.opencode.recorder import Recorder, conversation_facts
 from engine.teachers.opencode.sessions import move_session
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
@@ -156,6 +159,7 @@ class OpenCodeTeacher:
             check_daemon(self.opts.coral_python, self.environment.env)
             self.coral = CoralLayout(Path(self.opts.coral_dir), self.environment.run_dir, self.opts.coral_python,
                                      self.opts.coral_agent_id)  # fmt: skip
+        self.recorder = Recorder(self.opts.endpoint, self.opts.turn_timeout_s) if self.opts.endpoint else None
 
     # -- Teacher interface
 
@@ -172,6 +176,8 @@ class OpenCodeTeacher:
 
     def close(self) -> None:
         self.processes.stop_all()
+        if self.recorder is not None:
+            self.recorder.stop()
 
     def run_turn(self, request: TurnRequest, cancel: threading.Event) -> list[Event]:
         start = request.start_state
@@ -195,12 +201,15 @@ class OpenCodeTeacher:
             companions = (self.coral.daemon(coral, self.environment.env, grader_log),)
         started_at = datetime.now(UTC)
         t0 = time.monotonic()
+        token = self.recorder.open() if self.recorder else None
         try:
             parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel,
-                                                             companions)  # fmt: skip
+                                                             companions, token)  # fmt: skip
         finally:
             if self.coral:
                 self.coral.finish(edge_dir, worktree, shared, request.turn)
+            # A cancelled turn's requests are cut off at once (Ctrl-C should not wait).
+            exchanges = self.recorder.close(token, 0.0 if cancel.is_set() else 5.0) if token else None
         wall = time.monotonic() - t0
         after = git("rev-parse", "HEAD", cwd=worktree)
         result = self._eval_result(shared, before, after, parser)
@@ -209,6 +218,10 @@ class OpenCodeTeacher:
         snapshot = edge_dir / f"shared-t{request.turn}"
         copy_dir(shared, snapshot)
         ids = {"tree_id": request.tree_id, "edge_id": request.edge_id, "turn": request.turn}
+        conversation = start.get("conversation")
+        if exchanges is not None:
+            recorded, conversation = conversation_facts(exchanges, ids, conversation, str(worktree))
+            facts += recorded
         facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
                                   source=result.source, feedback=result.feedback,
                                   grader_log=_tail(grader_log) if self.coral else None))  # fmt: skip
@@ -216,7 +229,8 @@ class OpenCodeTeacher:
             **ids, session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
             outcome=outcome, error=error,
             state={"repo": str(repo), "worktree": str(worktree), "commit": after,
-                   "session": parser.summary.session_id or source, "shared": str(snapshot)},
+                   "session": parser.summary.session_id or source, "shared": str(snapshot),
+                   "conversation": conversation},
             started_at=started_at.isoformat(), wall_seconds=round(wall, 3),
             prompt=prompt, transcript="".join(lines),
         ))  # fmt: skip
@@ -225,7 +239,8 @@ class OpenCodeTeacher:
     # -- the turn
 
     def _run(self, request: TurnRequest, edge_dir: Path, worktree: Path, source: str | None,
-             prompt: str, cancel: threading.Event, companions: tuple[Companion, ...]):  # fmt: skip
+             prompt: str, cancel: threading.Event, companions: tuple[Companion, ...],
+             token: str | None):  # fmt: skip
         args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model,
                 "--dir", str(worktree)]  # fmt: skip
         args += ["--session", source, "--fork"] if source else ["--title", f"{request.edge_id} turn {request.turn}"]
@@ -243,9 +258,11 @@ class OpenCodeTeacher:
         timeout = request.timeout_s or self.opts.turn_timeout_s
         finished = self.processes.run(
             args, label=f"{request.edge_id}#{request.turn}", cwd=worktree,
-            env=dict(self.environment.env, PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
+            env=dict(self.environment.through(self.recorder.url(token)) if token else self.environment.env,
+                     PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
             on_line=on_line, timeout_s=timeout, cancel=cancel, companions=companions,
         )  # fmt: skip
+        facts.extend(parser.finish())  # the tool calls a killed turn's stream ended with
         if finished.outcome == "cancelled":
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
         if finished.outcome == "timeout":

@@ -38,8 +38,11 @@ def find_binary(configured: str | None) -> str:
     )
 
 
-def opencode_config(opts: Any) -> dict[str, Any]:
-    """OpenCode's config for these backend options (the key read from its variable)."""
+def opencode_config(opts: Any, base_url: str | None = None) -> dict[str, Any]:
+    """OpenCode's config for these backend options (the key read from its variable).
+
+    ``base_url`` replaces the endpoint (the recorder's address for one turn).
+    """
     provider, model = opts.model.split("/", 1)
     config: dict[str, Any] = {
         "$schema": "https://opencode.ai/config.json",
@@ -49,7 +52,7 @@ def opencode_config(opts: Any) -> dict[str, Any]:
         key = os.environ.get(opts.api_key_env or "", "") or "none"
         config["provider"] = {provider: {
             "npm": "@ai-sdk/openai-compatible", "name": provider,
-            "options": {"baseURL": opts.endpoint, "apiKey": key},
+            "options": {"baseURL": base_url or opts.endpoint, "apiKey": key},
             "models": {model: {"name": model, "limit": {
                 "context": opts.context_limit, "output": opts.output_limit}}},
         }}  # fmt: skip
@@ -62,6 +65,7 @@ class Environment:
 
     def __init__(self, run_dir: Path, opts: Any) -> None:
         self.run_dir = Path(run_dir).resolve()
+        self.opts = opts
         self.home = self.run_dir / "opencode"
         self.bin = find_binary(opts.opencode_bin)
         for sub in ("data", "config", "cache", "state"):
@@ -78,6 +82,10 @@ class Environment:
             OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_PERMISSION=json.dumps({"question": "deny"}),
             **{RUN_ENV: str(self.run_dir)},
         )  # fmt: skip
+
+    def through(self, base_url: str) -> dict[str, str]:
+        """The variables of a turn whose requests go to ``base_url`` (the recorder) instead."""
+        return dict(self.env, OPENCODE_CONFIG_CONTENT=json.dumps(opencode_config(self.opts, base_url)))
 
     def init_database(self) -> None:
         """Create OpenCode's database before any turn runs.

@@ -1,0 +1,223 @@
+"""The training set: the selected paths of runs exported as SFT samples (``export``).
+
+One sample per path of a recorded selection (the run's default one, or the one
+named): the conversation the model had along the path, root to leaf, with the
+path's fields, its nodes' scores and tokens and its turns' eval results. The rooms:
+
+- ``conversations``: the path's conversation from its turns' recorded conversations
+  (read from the Parquet log, only for the turns exported), and the workspace
+  placeholder;
+- ``formats``: the ``chat`` (OpenAI messages and tools) and ``atif`` (ATIF v1.4)
+  samples;
+- ``output``: the files, written as they stream and hashed, moved into place whole.
+
+Which paths, in which order, and which turns make them come from the views
+(``int_paths__recorded``, ``int_path_turns``); an export is a function of the logs
+and its options, so the same logs and selection give byte-identical files.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.catalog import Catalog
+from engine.export.conversations import Contents, Placeholder, TurnConversations, join_turns
+from engine.export.formats import atif_trajectory, chat_sample
+from engine.export.output import MADE_BY, ExportDir
+from engine.runs import open_run, recorded_config
+from engine.selections import recorded_selection
+from ingest.errors import InputError, LogError, OutputError, os_problem
+from ingest.log import EventLog
+
+FORMATS = ("chat", "atif")
+DEFAULT_WORKSPACE = "/workspace"
+PATH_FIELDS = ("rank", "path_score", "max_score", "max_score_rank", "avg_score", "avg_score_rank",
+               "avg_cleanliness", "avg_knowledge")  # fmt: skip
+TURN_FIELDS = ("node_id", "edge_id", "turn", "score", "eval_status", "outcome", "steps", "tool_calls",
+               "tool_errors", "context_tokens")  # fmt: skip
+
+
+@dataclass
+class ExportResult:
+    """What ``export`` wrote: the directory and its manifest."""
+
+    out: Path
+    manifest: dict[str, Any]
+
+
+def export_runs(
+    data_dir: Path,
+    run_ids: list[str],
+    out: Path,
+    selection: str | None = None,
+    fmt: str = "chat",
+    task: str | None = None,
+    stage: str | None = None,
+    workspace: str = DEFAULT_WORKSPACE,
+    reasoning: bool = True,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Export the selected paths of ``run_ids`` (every run holding a selection when none) to ``out``.
+
+    Runs are exported one after another, one file each (``<run>.<format>.jsonl``),
+    then ``manifest.json``. Any error leaves ``out`` as it was.
+    """
+    if fmt not in FORMATS:
+        raise InputError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if not workspace.startswith("/") or len(workspace) < 2:
+        raise InputError(f"--workspace must be an absolute directory path, not {workspace!r}")
+    runs = list(dict.fromkeys(run_ids)) or _runs_with_selections(data_dir)
+    target = ExportDir(Path(out), overwrite)
+    try:
+        records = [_export_run(target, data_dir, run_id, selection, fmt, task, stage, workspace, reasoning)
+                   for run_id in runs]  # fmt: skip
+        if not any(r["samples"] for r in records):
+            wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
+            raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}")
+        manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning)
+        return ExportResult(target.commit(manifest), manifest)
+    except OSError as err:
+        target.abandon()
+        raise OutputError(f"{target.out}: cannot write the export ({os_problem(err)}); nothing was written") from err
+    except BaseException:
+        target.abandon()
+        raise
+
+
+def _runs_with_selections(data_dir: Path) -> list[str]:
+    runs_dir = Path(data_dir) / "runs"
+    found = []
+    for entry in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
+        log = EventLog(data_dir, entry.name)
+        if log.exists() and any(log.scan_kind("paths_selected", ["seq"])):
+            found.append(entry.name)
+    if not found:
+        raise InputError(f"no run under {runs_dir} has a path selection - give the RUN_IDs to export")
+    return found
+
+
+def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str | None, fmt: str,
+                task: str | None, stage: str | None, workspace: str, reasoning: bool) -> dict[str, Any]:  # fmt: skip
+    """Write one run's samples; return what the manifest says of it."""
+    log = EventLog(data_dir, run_id)
+    catalog = open_run(data_dir, run_id)
+    chosen = recorded_selection(catalog, run_id, selection)
+    tail = catalog.tail_seq()
+    paths = catalog.query(
+        "select * from int_paths__recorded where selection_id = ? and (? is null or task = ?) "
+        "and (? is null or stage = ?) order by tree_id, rank, leaf_id",
+        [chosen["selection_id"], task, task, stage, stage],
+    )  # fmt: skip
+    walks = _walks(catalog, chosen["selection_id"], run_id, {(p["tree_id"], p["leaf_id"]) for p in paths})
+    needed = {(t["edge_id"], t["turn"]) for walk in walks.values() for t in walk if t["turn"]}
+    conversations = TurnConversations.read(log, tail, needed)
+    contents = Contents.read(log, tail, {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i})
+    placeholder = Placeholder(
+        [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")],
+        workspace,
+    )  # fmt: skip
+    extras = _turn_facts(catalog, chosen["selection_id"]) if fmt == "atif" else None
+    agent = _agent(catalog, log)
+    name = f"{run_id}.{fmt}.jsonl"
+    target.start(name)
+    counts: Counter[tuple[str, str]] = Counter()
+    for path in paths:
+        walk = walks[(path["tree_id"], path["leaf_id"])]
+        turns = [conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
+        conv = join_turns(turns, contents)
+        conv.system, conv.tools = placeholder.apply(conv.system), placeholder.apply(conv.tools)
+        conv.messages = placeholder.apply(conv.messages)
+        metadata = _metadata(run_id, chosen["selection_id"], path, walk, conv.interrupted, workspace)
+        if fmt == "chat":
+            target.write(chat_sample(conv, metadata, reasoning))
+        else:
+            steps, calls = extras
+            evals = {(t["edge_id"], t["turn"]): {k: t[k] for k in ("score", "eval_status", "outcome")}
+                     for t in walk if t["turn"]}  # fmt: skip
+            target.write(atif_trajectory(conv, metadata, reasoning, agent, steps, calls, evals))
+        counts[(path["task"] or "", path["stage"] or "")] += 1
+    target.end()
+    return {"run_id": run_id, "log_tail": tail, "selection_id": chosen["selection_id"],
+            "weights": chosen["weights"], "top_k": chosen["top_k"], "file": name,
+            "samples": sum(counts.values()), "counts": counts}  # fmt: skip
+
+
+def _walks(catalog: Catalog, selection_id: str, run_id: str,
+           wanted: set[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:  # fmt: skip
+    """Each wanted path's rows of ``int_path_turns``, root to leaf; every turn must have a conversation."""
+    walks: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    rows = catalog.query("select * from int_path_turns where selection_id = ? order by tree_id, leaf_id, depth, turn",
+                         [selection_id])  # fmt: skip
+    for row in rows:
+        key = (row["tree_id"], row["leaf_id"])
+        if key not in wanted:
+            continue
+        if row["turn"] and not row["has_conversation"]:
+            msg = (
+                f"run {run_id!r}: turn {row['turn']} of edge {row['edge_id']} (on the path to "
+                f"{row['leaf_id']}) has no recorded conversation - it was run by a version before "
+                "conversations were recorded, or by an opencode backend without --endpoint (whose "
+                "requests nothing records); such a path cannot be exported"
+            )
+            raise LogError(msg)
+        walks.setdefault(key, []).append(row)
+    return walks
+
+
+def _turn_facts(catalog: Catalog, selection_id: str) -> tuple[dict, dict]:
+    """The model calls' tokens and the tool calls' statuses of the selection's turns (for ATIF)."""
+    turns = ("(edge_id, turn) in (select (edge_id, turn) from int_path_turns "
+             "where selection_id = ? and turn > 0)")  # fmt: skip
+    steps = {
+        (r["edge_id"], r["turn"], r["step"]): r
+        for r in catalog.query(
+            "select edge_id, turn, step, tokens_input, tokens_output, tokens_reasoning, tokens_cache_read, cost "
+            f"from stg_step_finished where {turns} order by seq", [selection_id],
+        )
+    }  # fmt: skip
+    calls = {  # only the failed ones are reported
+        (r["edge_id"], r["turn"], r["call_id"]): r
+        for r in catalog.query(f"select edge_id, turn, call_id, status, error from stg_tool_called "
+                               f"where status = 'error' and {turns} order by seq", [selection_id])
+    }  # fmt: skip
+    return steps, calls
+
+
+def _agent(catalog: Catalog, log: EventLog) -> dict[str, Any]:
+    """ATIF's agent: the Teacher backend, the version that recorded the run, its model."""
+    config = recorded_config(catalog, log)
+    version = catalog.query("select tool_version from stg_run_started order by seq limit 1")[0]["tool_version"]
+    model = config.backend_options.get("model") or config.backend
+    return {"name": f"teacher-mcts {config.backend}", "version": version or "unknown", "model_name": model}
+
+
+def _metadata(run_id: str, selection_id: str, path: dict[str, Any], walk: list[dict[str, Any]],
+              interrupted: list[str], workspace: str) -> dict[str, Any]:  # fmt: skip
+    nodes: dict[str, dict[str, Any]] = {}
+    for t in walk:
+        nodes.setdefault(t["node_id"], {"node_id": t["node_id"], "depth": t["depth"],
+                                        "score": t["node_score"], "tok": t["node_tok"]})  # fmt: skip
+    return {
+        "run_id": run_id, "selection_id": selection_id, "task": path["task"], "stage": path["stage"],
+        "snapshot": path["snapshot"], "tree_id": path["tree_id"], "leaf_id": path["leaf_id"],
+        "node_ids": path["node_ids"], **{k: path[k] for k in PATH_FIELDS},
+        "nodes": list(nodes.values()),
+        "turns": [{k: t[k] for k in TURN_FIELDS} for t in walk if t["turn"]],
+        "interrupted_calls": interrupted, "workspace": workspace,
+    }  # fmt: skip
+
+
+def _manifest(records: list[dict[str, Any]], files: dict[str, dict[str, Any]], fmt: str, selection: str | None,
+              task: str | None, stage: str | None, workspace: str, reasoning: bool) -> dict[str, Any]:  # fmt: skip
+    counts: dict[str, dict[str, int]] = {}
+    for record in records:
+        for (t, s), n in sorted(record.pop("counts").items()):
+            counts.setdefault(t, {})[s] = counts.get(t, {}).get(s, 0) + n
+    return {
+        "made_by": MADE_BY, "format": fmt, "selection": selection or "default",
+        "filters": {"task": task, "stage": stage}, "workspace": workspace, "reasoning": reasoning,
+        "runs": records, "counts": counts, "samples": sum(r["samples"] for r in records), "files": files,
+    }  # fmt: skip

@@ -1,0 +1,113 @@
+"""The export's directory: JSONL files written as they stream, hashed, then moved into place whole.
+
+Files are written into a hidden sibling of the output directory and renamed into
+place at the end, so the output directory never holds a partial export; an earlier
+export is replaced only with ``overwrite`` (a directory holding a manifest written
+by ``export`` and the files it lists, nothing else).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ingest.errors import InputError, OutputError, os_problem
+
+MANIFEST = "manifest.json"
+MADE_BY = "teacher-mcts export"
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an output directory that holds anything but (with ``overwrite``) an earlier export."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory")
+    names = set(os.listdir(out))
+    if not names:
+        return
+    earlier = _earlier_export(out)
+    if earlier is None or names - earlier:
+        raise InputError(f"{out}: not empty and not an earlier export - choose another --out")
+    if not overwrite:
+        raise InputError(f"{out}: holds an earlier export - give --overwrite to replace it")
+
+
+def _earlier_export(out: Path) -> set[str] | None:
+    """The names an earlier export in ``out`` consists of, or None if it is not one."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("made_by") != MADE_BY:
+        return None
+    return {MANIFEST, *manifest.get("files", {})}
+
+
+class ExportDir:
+    """Writes the files of one export into a staging directory; :meth:`commit` moves it into place."""
+
+    def __init__(self, out: Path, overwrite: bool) -> None:
+        self.out = Path(out).resolve()
+        self.overwrite = overwrite
+        check_out(self.out, overwrite)
+        self.staging = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
+        self.files: dict[str, dict[str, Any]] = {}
+        self._open: tuple[str, BinaryIO, Any] | None = None
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging.mkdir()
+        except OSError as err:
+            raise OutputError(f"{self.out}: cannot write the export ({os_problem(err)})") from err
+
+    def start(self, name: str) -> None:
+        """Begin the JSONL file ``name``."""
+        self.end()
+        self._open = (name, open(self.staging / name, "wb"), hashlib.sha256())  # noqa: SIM115 - end() closes it
+        self.files[name] = {"samples": 0}
+
+    def write(self, sample: dict[str, Any]) -> None:
+        """Append one sample (one line of canonical JSON) to the current file."""
+        assert self._open is not None
+        name, fh, digest = self._open
+        line = (json.dumps(sample, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                           allow_nan=False) + "\n").encode()  # fmt: skip
+        fh.write(line)
+        digest.update(line)
+        self.files[name]["samples"] += 1
+
+    def end(self) -> None:
+        """Finish the current file: its size and sha256 go to :attr:`files`."""
+        if self._open is None:
+            return
+        name, fh, digest = self._open
+        self._open = None
+        size = fh.tell()
+        fh.close()
+        self.files[name].update(bytes=size, sha256=digest.hexdigest())
+
+    def commit(self, manifest: dict[str, Any]) -> Path:
+        """Write the manifest and move the export into place (replacing an earlier one)."""
+        self.end()
+        (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        if self.out.exists():
+            check_out(self.out, self.overwrite)  # again: it may have changed meanwhile
+            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
+            os.rename(self.out, old)
+            os.rename(self.staging, self.out)
+            shutil.rmtree(old)
+        else:
+            os.rename(self.staging, self.out)
+        return self.out
+
+    def abandon(self) -> None:
+        """Remove the staging directory (an export that failed leaves nothing)."""
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
+        shutil.rmtree(self.staging, ignore_errors=True)

@@ -1,0 +1,288 @@
+"""What the model received: a recording pass-through on loopback between OpenCode and the endpoint.
+
+OpenCode's stream and its session store hold neither the system prompt nor the tool
+definitions it sends, and a turn killed in the middle of a tool call prints nothing
+of that call. Every turn's OpenCode therefore talks to the endpoint through this
+server (``http://127.0.0.1:<port>/turn/<token>``, one token per turn): each request
+is forwarded as it is, its answer streamed back as it arrives, and both are kept
+for the turn (never a header: the API key stays out of everything recorded).
+
+When the turn ends, :func:`conversation_facts` makes its facts from the requests of
+its session (the first agent request's session; title requests, which offer no
+tools, and requests the endpoint refused, which OpenCode repeats, left out): the
+last request's system messages and tools (``ContentRecorded``) and its messages,
+with the model's answer when it finished one (``ConversationRecorded``). The
+conversation a turn inherits is not recorded again: the turn's checkpoint carries
+the length and digest of its conversation, and a turn whose first request begins
+with exactly that records only what follows (``base``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import re
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from ingest.events import ConversationRecorded, Event, canonical_json, content_fact
+
+RECORDER = "opencode-proxy"
+HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding",
+               "proxy-connection", "te", "trailer", "upgrade"}  # fmt: skip
+PATH_RE = re.compile(r"^/turn/([0-9a-f]+)(/.*)$")
+
+
+@dataclass
+class Exchange:
+    """One request of a turn: its session, body, the endpoint's status and the model's answer."""
+
+    session: str | None
+    request: dict[str, Any] | None
+    status: int | None = None
+    answer: dict[str, Any] | None = None  # None until the model finished answering
+
+
+class Recorder:
+    """The pass-through server (see the module docstring); ``timeout_s`` bounds a silent endpoint."""
+
+    def __init__(self, endpoint: str, timeout_s: float) -> None:
+        self.endpoint = urlsplit(endpoint.rstrip("/"))
+        self.timeout_s = timeout_s
+        self._turns: dict[str, list[Exchange]] = {}
+        self._upstream: dict[str, list[http.client.HTTPConnection]] = {}
+        self._active: dict[str, int] = {}  # requests of a turn being forwarded
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name="recorder", daemon=True).start()
+
+    def open(self) -> str:
+        """A new turn's token; its OpenCode's base URL is :meth:`url`."""
+        token = uuid.uuid4().hex
+        with self._lock:
+            self._turns[token] = []
+            self._upstream[token] = []
+        return token
+
+    def url(self, token: str) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/turn/{token}"
+
+    def close(self, token: str, grace_s: float = 5.0) -> list[Exchange]:
+        """The turn's exchanges, once the requests it forwards have ended.
+
+        OpenCode may exit as soon as it has read the last answer, before the thread
+        that forwarded it has kept it: a request still being forwarded is given
+        ``grace_s`` to end, then cut off (an endpoint still silent when a turn was
+        killed) and given as long again.
+        """
+        with self._idle:
+            self._idle.wait_for(lambda: not self._active.get(token), timeout=grace_s)
+            upstream = list(self._upstream.get(token, []))
+        for conn in upstream:
+            with contextlib.suppress(OSError):
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+        with self._idle:
+            self._idle.wait_for(lambda: not self._active.get(token), timeout=grace_s)
+            exchanges = self._turns.pop(token, [])
+            self._upstream.pop(token, None)
+            self._active.pop(token, None)
+        return exchanges
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- the handler's side
+
+    def _begin(self, token: str, session: str | None, body: bytes) -> Exchange | None:
+        try:
+            request = json.loads(body) if body else None
+        except ValueError:
+            request = None
+        exchange = Exchange(session, request if isinstance(request, dict) else None)
+        with self._lock:
+            if token not in self._turns:
+                return None
+            self._turns[token].append(exchange)
+            self._active[token] = self._active.get(token, 0) + 1
+        return exchange
+
+    def _end(self, token: str) -> None:
+        with self._idle:
+            if token in self._active:
+                self._active[token] -= 1
+            self._idle.notify_all()
+
+    def _connect(self, token: str) -> http.client.HTTPConnection:
+        port = self.endpoint.port
+        if self.endpoint.scheme == "https":
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(self.endpoint.hostname, port,
+                                                                           timeout=self.timeout_s)  # fmt: skip
+        else:
+            conn = http.client.HTTPConnection(self.endpoint.hostname, port, timeout=self.timeout_s)
+        with self._lock:
+            self._upstream.setdefault(token, []).append(conn)
+        return conn
+
+
+def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            return None
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            self._forward("POST")
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._forward("GET")
+
+        def _forward(self, method: str) -> None:
+            found = PATH_RE.match(self.path)
+            if not found:
+                self._fail(404, f"no turn in {self.path}")
+                return
+            token, rest = found[1], found[2]
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            exchange = recorder._begin(token, self.headers.get("x-session-id"), body)
+            try:
+                self._relay(method, token, rest, body, exchange)
+            finally:
+                if exchange is not None:
+                    recorder._end(token)
+
+        def _relay(self, method: str, token: str, rest: str, body: bytes, exchange: Exchange | None) -> None:
+            conn = recorder._connect(token)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
+            headers["Accept-Encoding"] = "identity"  # the answer is read as it streams
+            try:
+                conn.request(method, recorder.endpoint.path + rest, body=body or None, headers=headers)
+                answer = conn.getresponse()
+            except (OSError, http.client.HTTPException) as err:
+                conn.close()
+                self._fail(502, f"the endpoint {recorder.endpoint.geturl()} did not answer: {err}", exchange)
+                return
+            if exchange is not None:
+                exchange.status = answer.status
+            received = bytearray()
+            try:
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in HOP_HEADERS:
+                        self.send_header(key, value)
+                self.end_headers()
+                while chunk := answer.read1(65536):
+                    received += chunk
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+            except (OSError, http.client.HTTPException):  # OpenCode went away (a killed turn), or cut off
+                pass
+            finally:
+                conn.close()
+            if exchange is not None and answer.status < 400:
+                exchange.answer = parse_answer(bytes(received))
+
+        def _fail(self, status: int, message: str, exchange: Exchange | None = None) -> None:
+            if exchange is not None:
+                exchange.status = status
+            payload = json.dumps({"error": {"message": message}}).encode()
+            with contextlib.suppress(OSError):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(payload)
+
+    return Handler
+
+
+def parse_answer(raw: bytes) -> dict[str, Any] | None:
+    """The assistant message of a finished answer (SSE chunks or one JSON body); None if unfinished.
+
+    In the form OpenCode sends it back in later requests: ``content`` (``""`` without
+    text), ``reasoning_content`` when there is reasoning, ``tool_calls`` with their
+    arguments as compact JSON.
+    """
+    text = raw.decode("utf-8", errors="replace")
+    chunks: list[dict[str, Any]] = []
+    if text.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            body = json.loads(text)
+            choice = (body.get("choices") or [{}])[0]
+            delta = choice.get("message") or {}
+            chunks = [{"choices": [{"delta": delta, "finish_reason": choice.get("finish_reason")}]}]
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+            with contextlib.suppress(ValueError):
+                chunks.append(json.loads(line[5:]))
+    content, reasoning, finished = [], [], False
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            reasoning.append(delta.get("reasoning_content") or delta.get("reasoning") or "")
+            for i, call in enumerate(delta.get("tool_calls") or []):
+                slot = calls.setdefault(call.get("index", i), {"id": None, "name": "", "arguments": ""})
+                slot["id"] = call.get("id") or slot["id"]
+                function = call.get("function") or {}
+                slot["name"] += function.get("name") or ""
+                slot["arguments"] += function.get("arguments") or ""
+            finished = finished or bool(choice.get("finish_reason"))
+    if not finished:
+        return None
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if "".join(reasoning):
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+            "name": c["name"], "arguments": _compact(c["arguments"])}} for _, c in sorted(calls.items())]  # fmt: skip
+    return message
+
+
+def _compact(arguments: str) -> str:
+    """Tool-call arguments as OpenCode sends them back: the parsed JSON, compact (else as given)."""
+    try:
+        return json.dumps(json.loads(arguments), separators=(",", ":"), ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
+def digest(messages: list[dict[str, Any]]) -> str:
+    """The digest of a conversation a checkpoint carries (to recognise it in a fork's request)."""
+    return hashlib.sha256(canonical_json(messages).encode()).hexdigest()[:32]
+
+
+def conversation_facts(exchanges: list[Exchange], ids: dict[str, Any], inherited: dict[str, Any] | None,
+                       workspace: str) -> tuple[list[Event], dict[str, Any]]:  # fmt: skip
+    """A turn's ContentRecorded and ConversationRecorded facts, and its conversation's checkpoint."""
+    agent = [x for x in exchanges if x.request and x.request.get("tools")
+             and isinstance(x.request.get("messages"), list) and (x.status or 0) < 400]  # fmt: skip
+    if agent:
+        agent = [x for x in agent if x.session == agent[0].session]
+    inherited = inherited or {}
+    length = int(inherited.get("messages") or 0)
+    if not agent:  # no model call: the conversation is the inherited one
+        return [ConversationRecorded(**ids, base=length, turn_start=length, workspace=workspace,
+                                     recorder=RECORDER)], dict(inherited)  # fmt: skip
+    first, last = agent[0].request["messages"], agent[-1].request["messages"]
+    lead = next((i for i, m in enumerate(last) if m.get("role") != "system"), len(last))
+    system, rest = last[:lead], last[lead:]
+    first_rest = first[next((i for i, m in enumerate(first) if m.get("role") != "system"), len(first)):]
+    conversation = rest + ([agent[-1].answer] if agent[-1].answer else [])
+    base = length if length and len(rest) >= length and digest(rest[:length]) == inherited.get("sha") else 0
+    system_fact, tools_fact = content_fact("system", system), content_fact("tools", agent[-1].request["tools"])
+    recorded = ConversationRecorded(
+        **ids, system_id=system_fact.content_id, tools_id=tools_fact.content_id, base=base,
+        turn_start=max(len(first_rest) - 1, 0), model_calls=len(agent), workspace=workspace,
+        recorder=RECORDER, messages=conversation[base:],
+    )  # fmt: skip
+    return [system_fact, tools_fact, recorded], {"messages": len(conversation), "sha": digest(conversation)}

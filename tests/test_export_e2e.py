@@ -1,0 +1,126 @@
+"""The export of a real OpenCode run: what the model received in its last request, message for message.
+
+Real opencode, real git, the scripted model server of tests/fake_model.py (which logs
+every request), the stand-in coral of tests/fixtures/bin. The requests pass through
+the backend's recorder; the exported conversation of the path must be exactly the
+last request of the path's last turn, then the model's answer to it, with every
+worktree directory replaced by the workspace placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fake_model import FakeModel
+from test_opencode_e2e import coral_on_path, explore_opencode, roots, script  # noqa: F401 - fixtures
+
+from cli import cli
+from engine.catalog import Catalog
+from ingest.log import EventLog
+
+
+@pytest.mark.slow
+def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, coral_on_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("FAKE_MODEL_KEY", "secret-4242")
+    model = FakeModel(script).start()
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
+    data = tmp_path / "data"
+    try:
+        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY")
+    finally:
+        model.stop()
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "train"
+    done = CliRunner().invoke(cli, ["--data", str(data), "export", "oc", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    (sample,) = [json.loads(line) for line in (out / "oc.chat.jsonl").read_text().splitlines()]
+    assert sample["metadata"]["node_ids"] == ["T001", "T001.1", "T001.1.1"]
+
+    # The path's last turn: turn 2 of the edge that made the leaf; its last request to the model.
+    cat = Catalog.for_log(EventLog(data, "oc"))
+    last = cat.query("select t.session_id from turns as t join nodes as n on n.edge_id = t.edge_id "
+                     "where n.node_id = 'T001.1.1' and t.turn = 2")[0]["session_id"]  # fmt: skip
+    requests = [q for q in model.requests if q["session"] == last and q["tools"]]
+    assert requests, "the path's last turn sent no request"
+    worktrees = re.escape(str((data / "runs" / "oc" / "worktrees").resolve()))
+
+    def placed(value):  # the placeholder, applied independently of the exporter
+        return json.loads(re.sub(worktrees + r"/T001/[^/\"]+/wt", "/workspace", json.dumps(value)))
+
+    received = placed(requests[-1]["messages"])
+    answer = {"role": "assistant", "content": "Done with T001.1/e1-1 turn 2."}
+    assert sample["messages"] == [*received, answer]
+    assert json.loads(sample["tools"]) == placed(requests[-1]["tool_list"])
+    # Both edges of the path, both turns each, the first edge's prompts once.
+    prompts = [m["content"] for m in sample["messages"] if m["role"] == "user"]
+    assert [re.search(r"\[edge (\S+) turn (\d)\]", p).groups() for p in prompts] == [
+        ("T001/e1-2", "1"), ("T001/e1-2", "2"), ("T001.1/e1-1", "1"), ("T001.1/e1-1", "2")]
+    text = (out / "oc.chat.jsonl").read_text()
+    assert "/worktrees/" not in text and "/workspace/solution.py" in text
+    # The forks record only what they add; the key reaches the endpoint and nothing recorded.
+    bases = {(b["edge_id"], b["turn"]): b["base"] for b in
+             cat.query("select edge_id, turn, base from stg_conversation_recorded")}  # fmt: skip
+    assert bases[("T001/e1-2", 1)] == 0  # a fresh session
+    assert all(bases[k] > 0 for k in (("T001/e1-2", 2), ("T001.1/e1-1", 1), ("T001.1/e1-1", 2))), bases
+    assert {q["authorization"] for q in model.requests} == {"Bearer secret-4242"}
+    for path in [*EventLog(data, "oc").log_dir.iterdir(), *out.iterdir()]:
+        assert b"secret-4242" not in path.read_bytes(), path
+    # Parallel calls are recorded in the order the model made them (the note first).
+    calls = cat.query("select tool, target from tool_calls where edge_id = 'T001.1/e1-1' and turn = 2 order by seq")
+    assert [Path(c["target"]).name for c in calls[:2]] == ["tiling.md", "does_not_exist.txt"]
+
+
+def sleepy(edge: str, turn: int, step: int, workdir: str):
+    """Turn 1 runs a command that outlives the turn's deadline; turn 2 reads and answers."""
+    if turn == 1:
+        return [("bash", {"command": "sleep 600"})] if step == 0 else "unreachable"
+    return [("read", {"filePath": f"{workdir}/solution.py"})] if step == 0 else "Done."
+
+
+@pytest.mark.slow
+def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roots, coral_on_path):  # noqa: F811
+    """OpenCode prints a tool call only when it finishes: the recorder keeps it, and the fork's
+    request shows the result OpenCode gave the model."""
+    import threading
+
+    from engine.config import RunConfig
+    from engine.teachers import RootInfo, TurnRequest
+    from engine.teachers.opencode import OpenCodeTeacher
+    from ingest.events import ConversationRecorded, ToolCalled, TurnFinished
+
+    model = FakeModel(sleepy).start()
+    config = RunConfig(task="speedup", backend="opencode",
+                       backend_options={"model": "fake/scripted", "endpoint": model.base_url})  # fmt: skip
+    teacher = OpenCodeTeacher(config, tmp_path / "run")
+    try:
+        folder = next(roots.iterdir())
+        start = teacher.root_state(RootInfo("T001", str(folder), 1.0, None))
+        ids = {"tree_id": "T001", "edge_id": "T001/e1-1", "parent_id": "T001", "slot": 1, "attempt": 1,
+               "direction": "maximize"}  # fmt: skip
+        # The deadline leaves OpenCode time to start and call bash on a loaded machine; sleep 600 outlives it.
+        first = teacher.run_turn(TurnRequest(**ids, turn=1, start_state=start, fork=True, timeout_s=45),
+                                 threading.Event())  # fmt: skip
+        state = first[-1].state
+        second = teacher.run_turn(TurnRequest(**ids, turn=2, start_state=state, fork=False, timeout_s=300),
+                                  threading.Event())  # fmt: skip
+    finally:
+        teacher.close()
+        model.stop()
+    assert isinstance(first[-1], TurnFinished) and first[-1].outcome == "timeout"
+    assert not [f for f in first if isinstance(f, ToolCalled)]  # the stream never showed the call
+    (killed,) = [f for f in first if isinstance(f, ConversationRecorded)]
+    assert killed.model_calls == 1 and killed.base == 0
+    assert [m["role"] for m in killed.messages] == ["user", "assistant"]
+    call = killed.messages[1]["tool_calls"][0]
+    assert call["function"] == {"name": "bash", "arguments": '{"command":"sleep 600"}'}
+    (fork,) = [f for f in second if isinstance(f, ConversationRecorded)]
+    assert fork.base == 2  # turn 1's conversation, as the fork received it
+    interrupted = {"role": "tool", "tool_call_id": call["id"], "content": "[Tool execution was interrupted]"}
+    assert fork.messages[0] == interrupted
+    assert fork.turn_start == 3 and fork.messages[1]["role"] == "user"
+    assert fork.messages[-1] == {"role": "assistant", "content": "Done."}
