@@ -11,7 +11,8 @@ from cli import cli
 from engine.catalog import Catalog, read_views
 
 VIEWS = read_views()
-ONE_ROW_VIEWS = {"run_progress", "run_pace", "stg_log_tail", "int_turns__failing"}  # whole-run summaries: one row even when empty
+# whole-run summaries: one row even when empty
+ONE_ROW_VIEWS = {"run_progress", "run_pace", "stg_log_tail", "int_turns__failing"}
 
 
 @pytest.fixture(scope="module")
