@@ -31,7 +31,8 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
     data = tmp_path / "data"
     try:
-        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY", "--coral-dir", str(student))
+        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY",
+                             "--coral-dir", str(student))  # fmt: skip
     finally:
         model.stop()
     assert r.exit_code == 0, r.output

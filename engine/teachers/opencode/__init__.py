@@ -52,7 +52,12 @@ from engine.teachers.opencode.coral import (
 from engine.teachers.opencode.environment import Environment, node_store
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
 from engine.teachers.opencode.recorder import Recorder, conversation_facts
-from engine.teachers.opencode.sessions import export_session, has_session, import_session, move_session
+from engine.teachers.opencode.sessions import (
+    export_session,
+    has_session,
+    import_session,
+    move_session,
+)
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
 from ingest.errors import InputError
