@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ingest.events import Event, from_row, to_arrow
+from ingest.faults import crash_point
 
 SPOOL_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # spooled rows are renumbered when appended
 
@@ -50,7 +51,9 @@ class Spool:
                 self.dir.mkdir(exist_ok=True)
                 with open(tmp, "wb") as fh, pa.ipc.new_file(fh, table.schema) as out:
                     out.write_table(table)
+                crash_point("spool.written")
                 os.rename(tmp, final)
+                crash_point("spool.renamed")
             except OSError:  # the turn stays in memory until the log has it
                 tmp.unlink(missing_ok=True)
 
