@@ -19,6 +19,16 @@ from engine.catalog import Catalog  # noqa: E402
 from engine.config import RunConfig  # noqa: E402
 from ingest.events import Event, RunStarted, to_arrow  # noqa: E402
 
+# Counts that reliability tests (the kill -9 soak, the fuzzing) report, printed at the end.
+REPORT: dict[str, str] = {}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if REPORT:
+        terminalreporter.section("reliability counts")
+        for name in sorted(REPORT):
+            terminalreporter.write_line(REPORT[name])
+
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
