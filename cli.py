@@ -26,6 +26,7 @@ import click
 
 from engine import __version__
 from ingest.errors import ProjectError, os_problem
+from ingest.events import as_utf8
 from ingest.log import DATA_ENV, default_data_dir
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -71,6 +72,18 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
 
 class _Group(click.Group):
     """Turns ProjectError into a clean ``Error: ...`` message and exit code 1."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse an argument that is not UTF-8 text (exit 2), before any command sees it.
+
+        The log and DuckDB hold text as UTF-8; a byte that is not (Python keeps it as a
+        lone surrogate) made DuckDB's binding raise inside ``sql``, a traceback.
+        """
+        for arg in args:
+            if as_utf8(arg) != arg:
+                msg = f"argument {as_utf8(arg)!r} is not UTF-8 text (shown with U+FFFD for its other bytes)"
+                raise click.UsageError(msg, ctx)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         received: list[int] = []

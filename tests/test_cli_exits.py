@@ -132,3 +132,13 @@ def test_a_command_started_with_a_standard_stream_closed_still_runs(tmp_path, cl
         assert b"Top-6: " in r.stdout
     replay = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "replay", "closed"])
     assert replay.exit_code == 0 and "0 differ" in replay.stdout
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error(runs):
+    """A byte that is not UTF-8 (Python keeps it as a lone surrogate) made DuckDB's binding
+    raise inside `sql`: a traceback. Every command refuses such an argument first."""
+    for args in ([b"sql", b"select '\xff'"], [b"replay", b"r\xff"], [b"paths", b"rounds", b"--tree", b"T\xff"]):
+        r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(runs), *args],
+                           capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)  # fmt: skip
+        err = r.stderr.decode()
+        assert r.returncode == 2 and "is not UTF-8 text" in err and "Traceback" not in err, (args, err)

@@ -148,3 +148,20 @@ def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_pat
     ok = coral_eval.EvalResult(0.5, "baseline", "same", "attempt_json")
     assert coral_eval.from_attempt(attempts / "ok.json") == ok
     assert coral_eval.from_attempt(attempts / "missing.json") is None
+
+
+def test_a_line_a_fuzzer_found_is_a_recorded_skip_or_a_storable_fact():
+    """`{"type": []}` raised TypeError (a list is not hashable); a lone surrogate escape
+    (a model's half emoji) made a fact the log could not store (UnicodeEncodeError)."""
+    from datetime import UTC, datetime
+
+    from ingest.events import to_arrow
+
+    parser = StreamParser("T1", "T1/e1-1", 1)
+    (skip,) = parser.feed('{"type": []}')
+    assert isinstance(skip, StreamLineSkipped) and skip.problem == "unknown event type []"
+    facts = parser.feed(line("text", {"type": "text", "text": "half \ud83d"})) + parser.feed(
+        line("tool_use", {"tool": "bash", "state": {"status": "completed", "input": {"command": "echo \ud800"}}}))
+    table = to_arrow(facts, "r", 1, datetime.now(UTC))
+    assert table.column("text").to_pylist() == ["half \ufffd", None]
+    assert table.column("target").to_pylist() == [None, "echo \ufffd"]
