@@ -256,9 +256,13 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, runs):
     data = tmp_path / "data"
     copy_run(runs, "rounds", data, "done")
     before = EventLog(data, "done").tail_seq()
+    spool = EventLog(data, "done").dir / "spool"  # as a kill after the last part, before its removal, leaves it
+    spool.mkdir()
+    (spool / "T001~e1-1--t1.arrow").write_bytes(b"a turn the log holds")
     r = explore(data, "--resume", "done")
     assert "4/4 trees done" in r.stdout and r.stderr.startswith("run done: finished already (4/4 trees done)")
     assert EventLog(data, "done").tail_seq() == before
+    assert not spool.exists()
 
 
 def test_the_summary_names_each_quantity_once_and_its_counts_agree(tmp_path, runs):
