@@ -83,6 +83,19 @@ SMALL = """
 [tree]
 target_good_leaves = 4
 """
+# A run that does not end on its own (its trees have no limit a run reaches) and whose
+# turns take ~0.2 s each, so it hardly uses the CPU: tests that read a run while it is
+# written stop it when they are done, so no speed of the machine makes it end first.
+ENDLESS = """
+[tree]
+max_depth = 1000
+hard_token_limit = 1000000000000
+target_good_leaves = 1000000
+max_valid_edges = 1000000
+max_failed_expansions = 1000000
+[backend_options]
+latency_s = 0.2
+"""
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, SNAPSHOTS, copy_run
+from conftest import ENDLESS, ROOT, SNAPSHOTS, copy_run
 from soundness import assert_log_is_sound, logical_log
 
 from cli import cli
@@ -28,8 +29,8 @@ from ingest.log import EventLog, run_dir
 
 pytestmark = pytest.mark.slow
 DEADLINE_S = 600.0
-# Three small trees whose turns take ~0.1 s each: a run of ~20 s that hardly uses the CPU.
-LIVE = "[tree]\ntarget_good_leaves = 3\n[backend_options]\nlatency_s = 0.1\n"
+# Three small trees whose turns take ~0.05 s each: a run that ends.
+SHORT = "[tree]\ntarget_good_leaves = 3\n[backend_options]\nlatency_s = 0.05\n"
 
 
 def invoke(data: Path, *args: str):
@@ -52,31 +53,38 @@ def wait_for(condition, what: str) -> None:
         time.sleep(0.05)
 
 
-def finish(proc: subprocess.Popen) -> None:
+def finish(proc: subprocess.Popen, stop: bool = False) -> None:
+    """Wait for ``explore`` to end (with ``stop``: SIGTERM it first, it must unwind cleanly)."""
     try:
+        if stop:
+            assert proc.poll() is None, "the run ended on its own"
+            proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=DEADLINE_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    err = err.decode(errors="replace")
+    if stop:
+        assert proc.returncode == 143 and err.rstrip().endswith("Terminated by SIGTERM."), (proc.returncode, err)
+    else:
+        assert proc.returncode == 0, err[-2000:]
 
 
-@pytest.fixture
-def live_config(tmp_path) -> Path:
-    path = tmp_path / "live.toml"
-    path.write_text(LIVE)
+def config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
     return path
 
 
-def test_every_reader_sees_a_consistent_prefix_while_explore_writes(tmp_path, live_config):
+def test_every_reader_sees_a_consistent_prefix_while_explore_writes(tmp_path):
     data = tmp_path / "data"
-    proc = start_explore(data, "live", live_config)
+    proc = start_explore(data, "live", config(tmp_path, ENDLESS))
     log = EventLog(data, "live")
     seen = {"replay": [], "sql": [], "audit": [], "verify": [], "paths": []}
     try:
         wait_for(log.exists, "the run's first part")
-        while proc.poll() is None:
+        while len(seen["paths"]) < 3:
             r = invoke(data, "replay", "live", "--json")  # every decision of the prefix re-derived
             assert r.exit_code == 0, r.output
             seen["replay"].append(json.loads(r.stdout)["decisions"])
@@ -91,15 +99,14 @@ def test_every_reader_sees_a_consistent_prefix_while_explore_writes(tmp_path, li
             found = verify_log(log)
             assert found.ok, found.problem
             seen["verify"].append(found.intact_to)
-            r = invoke(data, "paths", "live", "--json")  # before the run ends it has no selection yet
-            assert r.exit_code == 0 or "has no path selection yet" in r.stderr, r.output
+            r = invoke(data, "paths", "live", "--json")  # a run in progress has no selection yet
+            assert r.exit_code == 1 and "has no path selection yet" in r.stderr, r.output
             seen["paths"].append(r.exit_code)
     finally:
-        finish(proc)
-    assert all(len(v) >= 2 for v in seen.values()), seen  # each read at least twice during the run
-    for name in ("replay", "sql", "verify"):
+        finish(proc, stop=True)
+    for name in ("replay", "sql", "verify"):  # what each saw grew as the run went on
         assert seen[name] == sorted(seen[name]) and seen[name][0] < seen[name][-1], (name, seen[name])
-    assert invoke(data, "replay", "live").exit_code == 0
+    assert invoke(data, "replay", "live").exit_code == 0 and verify_log(log).ok
 
 
 def test_catalog_loads_and_verify_see_whole_prefixes_while_parts_merge(data_dir):
@@ -133,33 +140,40 @@ def test_catalog_loads_and_verify_see_whole_prefixes_while_parts_merge(data_dir)
     assert last == 1 + sum(1 + k % 3 for k in range(3000))
 
 
-def test_a_second_writer_is_refused_while_a_run_is_written(tmp_path, live_config):
+def test_a_second_writer_is_refused_while_a_run_is_written(tmp_path):
     data = tmp_path / "data"
-    proc = start_explore(data, "live", live_config)
+    proc = start_explore(data, "live", config(tmp_path, ENDLESS))
     log = EventLog(data, "live")
     try:
         wait_for(log.exists, "the run's first part")
+        before = log.tail_seq()
         for command in (["explore", "--resume", "live"], ["reselect", "live", "--top-k", "2"],
                         ["quarantine", "live", log.parts()[0].path.name]):  # fmt: skip
             r = invoke(data, *command)
             assert r.exit_code == 1, (command, r.output)
             assert f"run 'live' is being written by another process (pid {proc.pid})" in r.stderr, r.output
-        assert proc.poll() is None, "the run ended before every second writer was tried"
+        wait_for(lambda: log.tail_seq() > before, "the writer appending on")
     finally:
-        finish(proc)
-    assert_log_is_sound(data, "live")
+        finish(proc, stop=True)
+    assert invoke(data, "replay", "live").exit_code == 0 and verify_log(log).ok
 
 
-def test_two_runs_written_at_once_do_not_interfere(tmp_path, live_config):
+def test_two_runs_written_at_once_do_not_interfere(tmp_path):
     """Two runs of the same roots, config and seed in one data dir, at the same time: each
-    is the log the other is (rounds mode), each replays, and both read as a collection."""
+    is the log the other is (rounds mode), each replays, and both read as a collection.
+    The first waits (SIGSTOP) until the second has started, so they surely overlap."""
     data = tmp_path / "data"
-    procs = [start_explore(data, run_id, live_config, "--seed", "4") for run_id in ("a", "b")]
+    short = config(tmp_path, SHORT)
+    a = start_explore(data, "a", short, "--seed", "4")
+    procs = [a]
     try:
-        wait_for(lambda: all(EventLog(data, r).exists() for r in ("a", "b")) or any(p.poll() for p in procs),
-                 "both runs' first parts")  # fmt: skip
-        assert all(p.poll() is None for p in procs), "a run ended before the other started"
+        wait_for(EventLog(data, "a").exists, "run a's first part")
+        a.send_signal(signal.SIGSTOP)
+        procs.append(start_explore(data, "b", short, "--seed", "4"))
+        wait_for(EventLog(data, "b").exists, "run b's first part")
+        a.send_signal(signal.SIGCONT)
     finally:
+        a.send_signal(signal.SIGCONT)
         for proc in procs:
             finish(proc)
     assert logical_log(data, "a") == logical_log(data, "b")

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, SMALL
+from conftest import ENDLESS, ROOT
 
 from cli import cli
 from engine.catalog import Catalog
@@ -243,9 +243,11 @@ def test_the_benchmark_tiling_ends_as_an_exploration_does(runs):
 
 @pytest.mark.slow
 def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
+    """Replays while the run goes on (one that never ends on its own: the test stops it
+    after three replays, so no speed of the machine makes it end first)."""
     data = tmp_path / "data"
-    config = tmp_path / "small.toml"
-    config.write_text(SMALL)
+    config = tmp_path / "endless.toml"
+    config.write_text(ENDLESS)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore",
@@ -254,17 +256,19 @@ def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     checked = []
+    deadline = time.monotonic() + 600
     try:
-        while proc.poll() is None:
+        while len(checked) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
             if EventLog(data, "live").exists():
                 r = invoke(data, "replay", "live", "--json")
                 assert r.exit_code == 0, r.output
                 checked.append(json.loads(r.stdout)["decisions"])
-            time.sleep(0.5)
+            time.sleep(0.2)
     finally:
         proc.kill()
         proc.wait()
-    assert len(checked) >= 2 and checked == sorted(checked)
+    assert checked == sorted(checked) and checked[0] < checked[-1]
 
 
 def test_paths_command_prints_the_default_selection(runs):
