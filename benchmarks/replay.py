@@ -116,8 +116,8 @@ def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True
     step = 100_000
     for first in range(0, table.num_rows, step):
         part = table.slice(first, step)
-        data, digest = encode_part(part, level=3)
-        (log_dir / part_name(first + 1, first + part.num_rows, 3, digest)).write_bytes(data.to_pybytes())
+        encoded, digest = encode_part(part, level=3)
+        (log_dir / part_name(first + 1, first + part.num_rows, 3, digest)).write_bytes(encoded.to_pybytes())
     with LogWriter.open(data, dst) as writer:  # opening checks the parts form a gapless log
         catalog = Catalog.for_log(EventLog(data, dst))
         weights, top_k = default_parameters(catalog)

@@ -358,12 +358,17 @@ def content_problem(part: Part, data: bytes) -> str | None:
         return str(err).removeprefix(f"{part.path}: ")
     except (pa.ArrowInvalid, OSError) as err:
         return f"a page does not decode ({err})"
-    seq = pc.sort_indices(pa.concat_arrays(seqs)) if seqs else None
-    ordered = pa.concat_arrays(seqs).take(seq).to_pylist() if seqs else []
-    if ordered != list(range(part.first, part.last + 1)):
-        wrong = next((want, got) for want, got in zip(range(part.first, part.last + 1), ordered, strict=False)
-                     if want != got)  # fmt: skip
-        return f"its seqs are not {part.first}..{part.last} each once (seq {wrong[0]} is {wrong[1]})"
+    found = pa.concat_arrays(seqs) if seqs else pa.array([], pa.int64())
+    if found.null_count:
+        return "an event has no seq"
+    ordered = found.take(pc.sort_indices(found))
+    wanted = pa.array(range(part.first, part.last + 1), pa.int64())
+    if len(ordered) != len(wanted):  # the footer's row count agreed with the name: pages lied
+        return f"{len(ordered)} events decode, its name says {part.seqs}"
+    wrong = pc.indices_nonzero(pc.not_equal(ordered, wanted))
+    if len(wrong):
+        i = wrong[0].as_py()
+        return f"its seqs are not {part.first}..{part.last} each once (seq {wanted[i]} is {ordered[i]})"
     return None
 
 

@@ -170,9 +170,30 @@ spool.put("T1/e1-2", 1, calls[:1])
 print(spool.take("T1/e1-1", 1) is None, len(spool.take("T1/e1-2", 1)), sorted(p.name for p in spool.dir.iterdir()))
 """
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)  # fmt: skip
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split(" ", 2) == ["True", "1", "['T1~e1-2--t1.arrow']\n"]
+    kept, taken, names = proc.stdout.split(" ", 2)
+    assert (kept, taken) == ("True", "1") and re.fullmatch(r"\['T1~e1-2--t1-[0-9a-f]{32}\.arrow'\]\n", names), names
+
+
+def test_a_spool_file_damaged_or_torn_is_dropped_and_its_turn_runs_again(tmp_path):
+    from engine.mcts.spool import Spool
+    from ingest.events import ToolCalled
+
+    spool = Spool(tmp_path)
+    calls = [ToolCalled(tree_id="T1", edge_id="T1/e1-1", turn=1, step=1, call_id=f"c{i}", tool="bash",
+                        status="ok", target=f"echo {i}") for i in range(20)]  # fmt: skip
+    spool.put("T1/e1-1", 1, calls)
+    assert spool.take("T1/e1-1", 1) == calls
+    (path,) = spool.dir.iterdir()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x20  # a value changed: the file still parses as Arrow
+    path.write_bytes(bytes(raw))
+    assert spool.take("T1/e1-1", 1) is None and not path.exists()
+    spool.put("T1/e1-1", 1, calls)
+    (path,) = spool.dir.iterdir()
+    path.write_bytes(path.read_bytes()[:100])  # torn
+    assert spool.take("T1/e1-1", 1) is None and not list(spool.dir.iterdir())
 
 
 def test_async_mode_completes_with_every_edge_judged(runs):
