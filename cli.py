@@ -70,20 +70,29 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
             signal.signal(s, old)
 
 
+class _Command(click.Command):
+    """A command whose text arguments must be UTF-8 (paths are checked where they are used)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Refuse a text argument that is not UTF-8 (exit 2) before the command runs.
+
+        The log and DuckDB hold text as UTF-8; a byte that is not (Python keeps it as
+        a lone surrogate) made DuckDB's binding raise inside ``sql`` (a traceback),
+        and a ``--task`` so named a run that could not be read back.
+        """
+        for param in self.params:
+            value = ctx.params.get(param.name)
+            for text in value if isinstance(value, tuple) else (value,):
+                if isinstance(text, str) and as_utf8(text) != text:
+                    msg = f"{as_utf8(text)!r} is not UTF-8 text (shown with U+FFFD for its other bytes)"
+                    raise click.BadParameter(msg, ctx=ctx, param=param)
+        return super().invoke(ctx)
+
+
 class _Group(click.Group):
     """Turns ProjectError into a clean ``Error: ...`` message and exit code 1."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        """Refuse an argument that is not UTF-8 text (exit 2), before any command sees it.
-
-        The log and DuckDB hold text as UTF-8; a byte that is not (Python keeps it as a
-        lone surrogate) made DuckDB's binding raise inside ``sql``, a traceback.
-        """
-        for arg in args:
-            if as_utf8(arg) != arg:
-                msg = f"argument {as_utf8(arg)!r} is not UTF-8 text (shown with U+FFFD for its other bytes)"
-                raise click.UsageError(msg, ctx)
-        return super().parse_args(ctx, args)
+    command_class = _Command
 
     def invoke(self, ctx: click.Context) -> Any:
         received: list[int] = []

@@ -376,9 +376,27 @@ def to_row_values(event: Event) -> dict[str, Any]:
             continue
         value = getattr(event, name)
         if name in JSON_FIELDS and value is not None:
-            value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+            value = _json(value)
         values[name] = value
     return values
+
+
+def _json(value: Any) -> str:
+    """JSON text of a field's value; a lone surrogate in it (which DuckDB's JSON refuses) as U+FFFD."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if "\\ud" in text:  # a surrogate escaped: a valid pair (an emoji), or a lone one
+        text = json.dumps(_utf8_values(value), sort_keys=True, separators=(",", ":"))
+    return text
+
+
+def _utf8_values(value: Any) -> Any:
+    if isinstance(value, str):
+        return as_utf8(value)
+    if isinstance(value, dict):
+        return {as_utf8(str(k)): _utf8_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_utf8_values(v) for v in value]
+    return value
 
 
 def to_arrow(events: list[Event], run_id: str, first_seq: int, recorded_at: datetime) -> pa.Table:

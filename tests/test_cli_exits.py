@@ -138,11 +138,20 @@ def test_a_command_started_with_a_standard_stream_closed_still_runs(tmp_path, cl
     assert replay.exit_code == 0 and "0 differ" in replay.stdout
 
 
-def test_an_argument_that_is_not_utf8_is_a_usage_error(runs):
+def test_a_text_argument_that_is_not_utf8_is_a_usage_error(runs, tmp_path):
     """A byte that is not UTF-8 (Python keeps it as a lone surrogate) made DuckDB's binding
-    raise inside `sql`: a traceback. Every command refuses such an argument first."""
-    for args in ([b"sql", b"select '\xff'"], [b"replay", b"r\xff"], [b"paths", b"rounds", b"--tree", b"T\xff"]):
+    raise inside `sql`, and a `--task` so named a traceback: every command refuses such a
+    text argument first (a path keeps its own message where it is used)."""
+    roots = ROOT / "data" / "student_run" / "all_snapshots"
+    for args in ([b"sql", b"select '\xff'"], [b"replay", b"r\xff"], [b"paths", b"rounds", b"--tree", b"T\xff"],
+                 [b"select-snapshots", str(roots).encode(), str(tmp_path / "o").encode(), b"--task", b"t\xff"]):
         r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(runs), *args],
-                           capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)  # fmt: skip
+                           capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)  # fmt: skip
         err = r.stderr.decode()
         assert r.returncode == 2 and "is not UTF-8 text" in err and "Traceback" not in err, (args, err)
+    assert not (tmp_path / "o").exists()
+    from engine.catalog import QueryError
+    from engine.collection import open_runs
+
+    with pytest.raises(QueryError, match="the query is not UTF-8 text"):
+        open_runs(runs, ["rounds"]).sql("select '\udcff'")

@@ -18,6 +18,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 from conftest import REPORT, SNAPSHOTS, copy_run
@@ -29,7 +30,7 @@ from engine.config import load_config
 from engine.teachers import make_teacher
 from ingest.coral_eval import EVAL_BLOCK, from_attempt, from_printed
 from ingest.errors import InputError
-from ingest.events import EvalFinished, Event, from_row, to_arrow
+from ingest.events import JSON_FIELDS, EvalFinished, Event, from_row, to_arrow
 from ingest.integrity import verify_log
 from ingest.log import EventLog
 from ingest.opencode_stream import KNOWN_TYPES, ShellCall, StreamParser
@@ -56,11 +57,20 @@ def report():
         REPORT["fuzz"] = f"fuzzing: {sum(CASES.values())} cases ({shown}): no traceback, every fact storable"
 
 
+DUCKDB = duckdb.connect()
+
+
 def storable(facts: list[Event]) -> None:
-    """The facts go into the log's Arrow form and come back as stored (text made UTF-8)."""
+    """The facts go into the log's Arrow form, come back as stored (text made UTF-8), and
+    DuckDB - which the views read them with - takes their JSON columns as JSON."""
     table = to_arrow(facts, "fuzz", 1, datetime.now(UTC))
     again = to_arrow([from_row(r) for r in table.to_pylist()], "fuzz", 1, datetime.now(UTC))
     assert again.drop_columns(["recorded_at"]).equals(table.drop_columns(["recorded_at"]))
+    json_columns = [c for c in table.column_names if c in JSON_FIELDS]
+    if json_columns:
+        DUCKDB.register("facts", table)
+        DUCKDB.execute("select " + ", ".join(f'json("{c}")' for c in json_columns) + " from facts").fetchall()
+        DUCKDB.unregister("facts")
 
 
 # ------------------------------------------------------------------ strategies
