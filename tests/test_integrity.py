@@ -151,6 +151,7 @@ def test_verify_finds_a_part_written_wrong_whose_footer_and_checksum_agree(run):
     assert out["intact_to"] == 0
 
 
+@pytest.mark.slow  # resumes an exploration
 def test_quarantine_moves_the_damage_aside_and_resume_grows_the_same_trees(runs, run):
     part = middle_part(run)
     zero_bytes(part, part.stat().st_size // 2)
