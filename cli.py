@@ -747,6 +747,7 @@ def verify(run_id: str, as_json: bool) -> None:
     if as_json:
         _echo_json({"run_id": run_id, "ok": found.ok, "intact_to": found.intact_to, "tail": found.tail,
                     "problem": found.problem, "first_bad": found.first_bad and found.first_bad.name,
+                    "first_bad_path": found.first_bad and str(found.first_bad.path),
                     "parts": [_part_row(c) for c in found.parts],
                     "superseded": [c.name for c in found.superseded], "temporary": found.temporary})  # fmt: skip
     else:
@@ -773,6 +774,7 @@ def _render_verification(found: Any) -> None:
         return
     click.echo(f"verify: the log is intact up to seq {found.intact_to} of {found.tail}; {found.problem}")
     if found.first_bad is not None:
+        click.echo(f"first bad part: {found.first_bad.path} ({found.first_bad.seqs})")
         click.echo(f"nothing is appended to the run until that part and the ones after it are moved aside: "
                    f"python cli.py quarantine {found.run_id} {found.first_bad.name}")  # fmt: skip
 

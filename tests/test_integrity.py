@@ -126,9 +126,11 @@ def test_verify_reports_the_first_damaged_part_its_seqs_and_the_intact_prefix(ru
     assert damaged == [first.name, second.name]
     assert (f"verify: the log is intact up to seq {parts[1].first - 1} of {tail}; {first.name} "
             f"(seqs {parts[1].first}..{parts[1].last}) is damaged: {CHECKSUM}") in r.stdout  # fmt: skip
+    assert f"first bad part: {first} (seqs {parts[1].first}..{parts[1].last})" in r.stdout
     assert f"python cli.py quarantine rounds {first.name}" in r.stdout
     out = json.loads(invoke(run, "verify", "rounds", "--json").stdout)
     assert out["ok"] is False and out["intact_to"] == parts[1].first - 1 and out["first_bad"] == first.name
+    assert out["first_bad_path"] == str(first)
     assert [p["part"] for p in out["parts"] if p["problem"]] == [first.name, second.name]
 
 
