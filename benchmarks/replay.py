@@ -7,7 +7,9 @@ and ending it as an exploration ends: the Top-k selection over all its trees, th
 RunFinished.
 For each: the median replay time (load the log, rebuild every tree, re-derive every
 decision) and the median time DuckDB takes to scan the same columns of the same
-Parquet files. Target: replay <= 5x the floor.
+Parquet files. Target: replay <= 5x the floor. Loading the events includes checking
+every part against the checksum its name records (every byte read once); that
+check alone is timed too.
 
     python benchmarks/replay.py [--repeat 3] [--copies 10]
 """
@@ -35,7 +37,7 @@ from engine.exploration import new_run  # noqa: E402
 from engine.replay import PHASES, replay_run  # noqa: E402
 from engine.selections import default_parameters, selection_decision  # noqa: E402
 from ingest.events import LIGHT_SCHEMA, RunFinished  # noqa: E402
-from ingest.log import EventLog, LogWriter, run_dir, write_part  # noqa: E402
+from ingest.log import EventLog, LogWriter, check_part, encode_part, part_name, run_dir  # noqa: E402
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
 ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected", "content_recorded"}
@@ -54,6 +56,15 @@ def floor_seconds(data: Path, run_id: str) -> float:
     start = time.perf_counter()
     con.execute(sql, [files]).fetchall()
     return time.perf_counter() - start
+
+
+def checksum_seconds(data: Path, run_id: str) -> tuple[float, int]:
+    """Wall time of checking every part of the run as a reader does, and the bytes read."""
+    parts = EventLog(data, run_id).parts()
+    start = time.perf_counter()
+    for part in parts:
+        check_part(part)
+    return time.perf_counter() - start, sum(p.path.stat().st_size for p in parts)
 
 
 def replay_seconds(data: Path, run_id: str) -> tuple[float, dict[str, float], int]:
@@ -105,8 +116,8 @@ def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True
     step = 100_000
     for first in range(0, table.num_rows, step):
         part = table.slice(first, step)
-        name = f"part-{first + 1:012d}-{first + part.num_rows:012d}-L3.parquet"
-        write_part(part, str(log_dir / name), level=3)
+        encoded, digest = encode_part(part, level=3)
+        (log_dir / part_name(first + 1, first + part.num_rows, 3, digest)).write_bytes(encoded.to_pybytes())
     with LogWriter.open(data, dst) as writer:  # opening checks the parts form a gapless log
         catalog = Catalog.for_log(EventLog(data, dst))
         weights, top_k = default_parameters(catalog)
@@ -137,6 +148,10 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
           f"scan floor {floor:.3f} s, ratio {replay / floor:.1f}x (target <= 5x)")
     phases = {name: statistics.median(r[1][name] for r in replays) for name in PHASES}
     print("  phases (median, x floor): " + ", ".join(f"{n} {s:.2f} s ({s / floor:.1f}x)" for n, s in phases.items()))
+    checks = [checksum_seconds(data, run_id) for _ in range(repeat)]
+    check, size = statistics.median(c[0] for c in checks), checks[0][1]
+    print(f"  of which the parts' checksums (median): {check:.3f} s for {size / 1e6:.1f} MB "
+          f"({check / replay:.0%} of the replay, {check / floor:.1f}x the floor)")
 
 
 def main() -> None:
