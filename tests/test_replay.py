@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, SMALL
 
+from benchmarks.logs import tile
 from cli import cli
 from engine.catalog import Catalog
 from engine.selections import default_parameters, top_paths
@@ -202,20 +203,10 @@ def test_a_forged_snapshot_pick_and_path_selection_are_found(runs):
     assert kinds == {"snapshots_picked", "paths_selected"}
 
 
-def _replay_benchmark():
-    """benchmarks/replay.py as a module (its ``tile`` makes long runs from short ones)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "benchmarks" / "replay.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_a_path_selection_that_tree_facts_follow_is_re_derived_at_its_watermark(runs):
     """Two copies of a run back to back (the benchmark's tiling), keeping the first copy's
     path selection: it sits between them and saw only the first copy's trees."""
-    _replay_benchmark().tile(runs, "rounds", "twice", 2, select_at_end=False)
+    tile(runs, "rounds", "twice", 2, select_at_end=False)
     out = json.loads(invoke(runs, "replay", "twice", "--json").stdout)
     assert out["differ"] == 0, out["differences"][:3]
     assert len(out["trees"]) == 8
@@ -231,7 +222,7 @@ def test_a_path_selection_that_tree_facts_follow_is_re_derived_at_its_watermark(
 
 def test_the_benchmark_tiling_ends_as_an_exploration_does(runs):
     """By default the tiled run ends with one selection over every tree, then RunFinished."""
-    _replay_benchmark().tile(runs, "rounds", "tiled", 3)
+    tile(runs, "rounds", "tiled", 3)
     rows = EventLog(runs, "tiled").read_table(["seq", "kind", "watermark", "paths"]).to_pylist()
     assert [r["kind"] for r in rows[-2:]] == ["paths_selected", "run_finished"]
     assert sum(r["kind"] == "paths_selected" for r in rows) == 1
