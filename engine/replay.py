@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from engine.catalog import Catalog
 from engine.runs import recorded_config
@@ -60,9 +63,38 @@ def at_decisions(catalog: Catalog) -> Catalog:
 def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     """Rebuild a run from its log and re-derive every recorded decision."""
     log = EventLog(data_dir, run_id).require()
-    marks = [time.perf_counter()]
-    catalog = Catalog.empty()
-    marks.append(time.perf_counter())
+    start = time.perf_counter()
+    return _replay(log, Catalog.empty(), start)
+
+
+def replay_runs(data_dir: Path, run_ids: list[str]) -> Iterator[ReplayResult]:
+    """Replay each of these runs in turn, as :func:`replay_run` does, in one DuckDB instance.
+
+    Every run is checked to exist first. Each run's catalog is a database of its
+    own, its definitions copied from the instance's template (the views are created
+    once, not once a run), and dropped before the next run is loaded; a result
+    keeps no catalog.
+    """
+    logs = [EventLog(data_dir, run_id).require() for run_id in dict.fromkeys(run_ids)]
+    con = duckdb.connect()
+    try:
+        for i, log in enumerate(logs, start=1):
+            start = time.perf_counter()
+            catalog = Catalog.inside(con, f"run_{i}")
+            try:
+                result = _replay(log, catalog, start)
+            finally:
+                catalog.con.close()
+                con.execute(f"detach run_{i}")
+            result.catalog = None
+            yield result
+    finally:
+        con.close()
+
+
+def _replay(log: EventLog, catalog: Catalog, start: float) -> ReplayResult:
+    """Load ``log`` into the empty ``catalog``, evaluate the views at every decision, read the audits."""
+    marks = [start, time.perf_counter()]
     catalog.load(log)
     recorded_config(catalog, log)
     at_decisions(catalog)
@@ -80,4 +112,4 @@ def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     count = catalog.query(f"select count(*) as n from events where kind in ({kinds})")[0]["n"]
     marks.append(time.perf_counter())
     seconds = dict(zip(PHASES, (b - a for a, b in itertools.pairwise(marks)), strict=True))
-    return ReplayResult(run_id, count, trees, differences, catalog, seconds)
+    return ReplayResult(log.run_id, count, trees, differences, catalog, seconds)

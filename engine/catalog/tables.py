@@ -40,15 +40,17 @@ Arrivals = dict[str, set[str | None]]
 class LogTables:
     """The per-kind event tables of one connection, and how events get into them."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, created: bool = False) -> None:
+        """The tables of ``con``'s current database (``created``: they exist already, empty)."""
         self.con = con
-        for kind, names in KIND_COLUMNS.items():
-            empty = pa.schema([LIGHT_SCHEMA.field(n) for n in names]).empty_table()  # noqa: F841
-            con.execute(f"create table log_{kind} as select * from empty")
-        union = "\nunion all by name\n".join(f"select * from log_{k}" for k in KIND_COLUMNS)
-        con.execute(f"create view event_log as\n{union}")
-        # The largest seq held, kept up to date as events arrive (so "now" costs no scan).
-        con.execute("create table log_tail as select cast(0 as bigint) as seq")
+        if not created:
+            for kind, names in KIND_COLUMNS.items():
+                empty = pa.schema([LIGHT_SCHEMA.field(n) for n in names]).empty_table()  # noqa: F841
+                con.execute(f"create table log_{kind} as select * from empty")
+            union = "\nunion all by name\n".join(f"select * from log_{k}" for k in KIND_COLUMNS)
+            con.execute(f"create view event_log as\n{union}")
+            # The largest seq held, kept up to date as events arrive (so "now" costs no scan).
+            con.execute("create table log_tail as select cast(0 as bigint) as seq")
         self._incoming: list[pa.Table] = []
 
     def insert(self, table: pa.Table) -> None:
