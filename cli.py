@@ -841,11 +841,10 @@ def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, 
         python cli.py audit demo --by task,stage,depth
     """
     from engine.audit import audit
-    from engine.collection import open_runs
 
     if as_json and as_csv:
         raise click.UsageError("--json cannot be used with --csv")
-    report = audit(open_runs(_data_dir(), list(run_ids) or None), by)
+    report = audit(_data_dir(), list(run_ids) or None, by)
     if as_json:
         _echo_json({"runs": report.runs, **report.tables()})
     elif as_csv:

@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from engine.catalog import Catalog
-from engine.runs import recorded_config
+from engine.runs import each_run, recorded_config
 from ingest.events import DECISION_KINDS
 from ingest.log import EventLog
 
@@ -60,6 +58,13 @@ def at_decisions(catalog: Catalog) -> Catalog:
     return catalog
 
 
+def loaded_at_decisions(catalog: Catalog, log: EventLog) -> Catalog:
+    """``catalog`` holding the published prefix of ``log`` (a run whose config is valid), evaluated at its decisions."""
+    catalog.load(log)
+    recorded_config(catalog, log)
+    return at_decisions(catalog)
+
+
 def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     """Rebuild a run from its log and re-derive every recorded decision."""
     log = EventLog(data_dir, run_id).require()
@@ -70,34 +75,25 @@ def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
 def replay_runs(data_dir: Path, run_ids: list[str]) -> Iterator[ReplayResult]:
     """Replay each of these runs in turn, as :func:`replay_run` does, in one DuckDB instance.
 
-    Every run is checked to exist first. Each run's catalog is a database of its
-    own, its definitions copied from the instance's template (the views are created
-    once, not once a run), and dropped before the next run is loaded; a result
-    keeps no catalog.
+    The runs' catalogs come from :func:`~engine.runs.each_run` (views created once,
+    one run held at a time); a result keeps no catalog.
     """
-    logs = [EventLog(data_dir, run_id).require() for run_id in dict.fromkeys(run_ids)]
-    con = duckdb.connect()
-    try:
-        for i, log in enumerate(logs, start=1):
-            start = time.perf_counter()
-            catalog = Catalog.inside(con, f"run_{i}")
-            try:
-                result = _replay(log, catalog, start)
-            finally:
-                catalog.con.close()
-                con.execute(f"detach run_{i}")
-            result.catalog = None
-            yield result
-    finally:
-        con.close()
+    runs = each_run(data_dir, run_ids)
+    while True:
+        start = time.perf_counter()
+        try:
+            log, catalog = next(runs)
+        except StopIteration:
+            return
+        result = _replay(log, catalog, start)
+        result.catalog = None
+        yield result
 
 
 def _replay(log: EventLog, catalog: Catalog, start: float) -> ReplayResult:
     """Load ``log`` into the empty ``catalog``, evaluate the views at every decision, read the audits."""
     marks = [start, time.perf_counter()]
-    catalog.load(log)
-    recorded_config(catalog, log)
-    at_decisions(catalog)
+    loaded_at_decisions(catalog, log)
     marks.append(time.perf_counter())
     catalog.refresh()  # every tree table, at every decision point
     marks.append(time.perf_counter())

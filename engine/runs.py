@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 from pydantic import ValidationError
 
 from engine.catalog import Catalog
@@ -24,6 +26,28 @@ def open_run(data_dir: Path, run_id: str, threads: int | None = None) -> Catalog
     catalog = Catalog.for_log(log, threads=threads)
     recorded_config(catalog, log)
     return catalog
+
+
+def each_run(data_dir: Path, run_ids: list[str]) -> Iterator[tuple[EventLog, Catalog]]:
+    """Each run's log and an empty catalog for it, one run at a time, in one DuckDB instance.
+
+    Every run is checked to exist first. A catalog is a database of its own, its
+    definitions copied from the instance's template (the views are created once, not
+    once a run), and is dropped when the caller asks for the next one: a collection
+    of any size is held one run at a time.
+    """
+    logs = [EventLog(data_dir, run_id).require() for run_id in dict.fromkeys(run_ids)]
+    con = duckdb.connect()
+    try:
+        for i, log in enumerate(logs, start=1):
+            catalog = Catalog.inside(con, f"run_{i}")
+            try:
+                yield log, catalog
+            finally:
+                catalog.con.close()
+                con.execute(f"detach run_{i}")
+    finally:
+        con.close()
 
 
 def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:

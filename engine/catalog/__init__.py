@@ -20,8 +20,7 @@ import pyarrow as pa
 from engine.catalog.definitions import (
     VIEWS_DIR,
     ViewDef,
-    ViewGraph,
-    read_macros,
+    load_graph,
     read_views,
     referenced_relations,
     relations_read,
@@ -51,17 +50,16 @@ class Catalog:
         """The catalog of ``con``'s current database; ``created``: it holds the definitions already (a copy)."""
         self.con = con
         self.log = LogTables(con, created)
-        macros_path, macros_sql, macros = read_macros(views_dir)
-        if macros_sql and not created:
-            self._execute(macros_path, macros_sql)
-        self.graph = ViewGraph(read_views(views_dir))
+        self.graph = load_graph(views_dir)
+        if self.graph.macros_sql and not created:
+            self._execute(self.graph.macros_path, self.graph.macros_sql)
         self.views = self.graph.views
         self.tables = self.graph.tables
         if not created:
             for name in self.graph.order:
                 self._create(self.views[name])
         self.plan = RefreshPlan(con, self.graph, self._execute)
-        self.variables = Variables(con, self.graph, macros, self.plan.invalidate)
+        self.variables = Variables(con, self.graph, self.plan.invalidate)
         self._defaults = {n: v for n, v in self.views.items() if v.defaults}
         self._needs: dict[str, list[str]] = {}  # sql -> the tables it reads (cache)
 

@@ -27,7 +27,7 @@ from engine.catalog import Catalog
 from engine.export.conversations import Contents, Placeholder, TurnConversations, join_turns
 from engine.export.formats import atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
-from engine.runs import open_run, recorded_config
+from engine.runs import each_run, recorded_config
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
@@ -72,8 +72,8 @@ def export_runs(
     runs = list(dict.fromkeys(run_ids)) or _runs_with_selections(data_dir)
     target = ExportDir(Path(out), overwrite)
     try:
-        records = [_export_run(target, data_dir, run_id, selection, fmt, task, stage, workspace, reasoning)
-                   for run_id in runs]  # fmt: skip
+        records = [_export_run(target, log, catalog, selection, fmt, task, stage, workspace, reasoning)
+                   for log, catalog in each_run(data_dir, runs)]  # fmt: skip
         if not any(r["samples"] for r in records):
             wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
             raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}")
@@ -99,11 +99,12 @@ def _runs_with_selections(data_dir: Path) -> list[str]:
     return found
 
 
-def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str | None, fmt: str,
+def _export_run(target: ExportDir, log: EventLog, catalog: Catalog, selection: str | None, fmt: str,
                 task: str | None, stage: str | None, workspace: str, reasoning: bool) -> dict[str, Any]:  # fmt: skip
-    """Write one run's samples; return what the manifest says of it."""
-    log = EventLog(data_dir, run_id)
-    catalog = open_run(data_dir, run_id)
+    """Write one run's samples (``catalog``: empty, for it); return what the manifest says of it."""
+    run_id = log.run_id
+    catalog.load(log)
+    recorded_config(catalog, log)
     chosen = recorded_selection(catalog, run_id, selection)
     tail = catalog.tail_seq()
     paths = catalog.query(
@@ -113,12 +114,13 @@ def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str |
     )  # fmt: skip
     walks = _walks(catalog, chosen["selection_id"], run_id, {(p["tree_id"], p["leaf_id"]) for p in paths})
     needed = {(t["edge_id"], t["turn"]) for walk in walks.values() for t in walk if t["turn"]}
-    conversations = TurnConversations.read(log, tail, needed)
-    contents = Contents.read(log, tail, {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i})
     placeholder = Placeholder(
         [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")],
         workspace,
     )  # fmt: skip
+    conversations = TurnConversations.read(log, tail, needed, placeholder)
+    ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
+    contents = Contents.read(log, tail, ids, placeholder)
     extras = _turn_facts(catalog, chosen["selection_id"]) if fmt == "atif" else None
     agent = _agent(catalog, log)
     name = f"{run_id}.{fmt}.jsonl"
@@ -127,9 +129,7 @@ def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str |
     for path in paths:
         walk = walks[(path["tree_id"], path["leaf_id"])]
         turns = [conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
-        conv = join_turns(turns, contents)
-        conv.system, conv.tools = placeholder.apply(conv.system), placeholder.apply(conv.tools)
-        conv.messages = placeholder.apply(conv.messages)
+        conv = join_turns(turns, contents)  # the workspaces already replaced in each turn's messages
         metadata = _metadata(run_id, chosen["selection_id"], path, walk, conv.interrupted, workspace)
         if fmt == "chat":
             target.write(chat_sample(conv, metadata, reasoning))
