@@ -27,6 +27,7 @@ import click
 
 from engine import __version__
 from ingest.errors import ProjectError, os_problem
+from ingest.events import as_utf8
 from ingest.log import DATA_ENV, default_data_dir
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -70,8 +71,29 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
             signal.signal(s, old)
 
 
+class _Command(click.Command):
+    """A command whose text arguments must be UTF-8 (paths are checked where they are used)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Refuse a text argument that is not UTF-8 (exit 2) before the command runs.
+
+        The log and DuckDB hold text as UTF-8; a byte that is not (Python keeps it as
+        a lone surrogate) made DuckDB's binding raise inside ``sql`` (a traceback),
+        and a ``--task`` so named a run that could not be read back.
+        """
+        for param in self.params:
+            value = ctx.params.get(param.name)
+            for text in value if isinstance(value, tuple) else (value,):
+                if isinstance(text, str) and as_utf8(text) != text:
+                    msg = f"{as_utf8(text)!r} is not UTF-8 text (shown with U+FFFD for its other bytes)"
+                    raise click.BadParameter(msg, ctx=ctx, param=param)
+        return super().invoke(ctx)
+
+
 class _Group(click.Group):
     """Turns ProjectError into a clean ``Error: ...`` message and exit code 1."""
+
+    command_class = _Command
 
     def invoke(self, ctx: click.Context) -> Any:
         received: list[int] = []
@@ -927,6 +949,114 @@ def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str,
         click.echo(f"run {run['run_id']}: selection {run['selection_id']}, {run['samples']} samples -> {run['file']}")
     counts = ", ".join(f"{t} {s} {n}" for t, stages in m["counts"].items() for s, n in stages.items())
     click.echo(f"{m['samples']} {m['format']} samples ({counts}) in {result.out}")
+
+
+# ------------------------------------------------------- verify, quarantine
+
+
+def _part_row(c: Any) -> dict[str, Any]:
+    return {"part": c.name, "first": c.first, "last": c.last, "level": c.level, "checksum": c.checksum,
+            "problem": c.problem}  # fmt: skip
+
+
+@cli.command()
+@click.argument("run_id")
+@json_option
+def verify(run_id: str, as_json: bool) -> None:
+    """Read every byte of every part of a run's log and report the first damaged one.
+
+    Each part must match the checksum its name records, have a footer that agrees
+    with the log, decode page by page, and hold exactly the seqs its name says; the
+    parts must cover 1..tail without a gap. Exit 1 when anything is wrong: the
+    report names the part, its seq range and the intact prefix. Nothing is changed.
+
+    \b
+    Example:
+        python cli.py verify demo
+    """
+    from ingest.integrity import verify_log
+    from ingest.log import EventLog
+
+    found = verify_log(EventLog(_data_dir(), run_id))
+    if as_json:
+        _echo_json({"run_id": run_id, "ok": found.ok, "intact_to": found.intact_to, "tail": found.tail,
+                    "problem": found.problem, "first_bad": found.first_bad and found.first_bad.name,
+                    "first_bad_path": found.first_bad and str(found.first_bad.path),
+                    "parts": [_part_row(c) for c in found.parts],
+                    "superseded": [c.name for c in found.superseded], "temporary": found.temporary})  # fmt: skip
+    else:
+        _render_verification(found)
+    if not found.ok:
+        sys.exit(1)
+
+
+def _render_verification(found: Any) -> None:
+    rows = [{"status": "DAMAGED" if c.problem else "ok", "seqs": f"{c.first}..{c.last}", **_part_row(c)}
+            for c in found.parts]  # fmt: skip
+    click.echo(f"run {found.run_id}: {len(found.parts)} parts, seqs 1..{found.tail}")
+    click.echo(_table(rows, ["status", "part", "seqs", "level", "problem"]))
+    if found.unchecksummed:
+        click.echo(f"{found.unchecksummed} part(s) carry no checksum (written before checksums): their pages "
+                   "decode and their seqs are whole, a changed value cannot be seen; the writer gives them "
+                   "one when it next opens the run")  # fmt: skip
+    if found.superseded or found.temporary:
+        click.echo(f"a crash left {len(found.superseded)} superseded part(s) and {len(found.temporary)} temp "
+                   "file(s); the writer removes them when it next opens the run")  # fmt: skip
+    if found.ok:
+        click.echo(f"verify: {len(found.parts)} parts, {found.tail} events: every checksum matches, every page "
+                   "decodes, every seq is there once")  # fmt: skip
+        return
+    click.echo(f"verify: the log is intact up to seq {found.intact_to} of {found.tail}; {found.problem}")
+    if found.first_bad is not None:
+        click.echo(f"first bad part: {found.first_bad.path} ({found.first_bad.seqs})")
+        click.echo(f"nothing is appended to the run until that part and the ones after it are moved aside: "
+                   f"python cli.py quarantine {found.run_id} {found.first_bad.name}")  # fmt: skip
+
+
+@cli.command()
+@click.argument("run_id")
+@click.argument("part")
+@json_option
+def quarantine(run_id: str, part: str, as_json: bool) -> None:
+    """Move the first damaged part of a run's log, and every part after it, aside (never deleting).
+
+    PART is the part `verify` names (its file name or path); any other part is
+    refused. The parts and the run's spool of finished turns go to
+    <run>/quarantine/. What is left is the intact prefix, a state the run really
+    had: replay, paths and sql read it, and an exploration continues from it with
+    `explore --resume`, which runs again the turns the moved events recorded.
+
+    \b
+    Example:
+        python cli.py verify demo
+        python cli.py quarantine demo part-000000000484-000000001037-L1-0f1245d5fa0aba4904b06b91c43bb35a.parquet
+    """
+    from ingest.integrity import quarantine as run
+    from ingest.log import EventLog
+
+    done = run(EventLog(_data_dir(), run_id), part)
+    if as_json:
+        _echo_json({"run_id": run_id, "moved": [_part_row(c) for c in done.moved],
+                    "destination": str(done.destination), "intact_to": done.intact_to,
+                    "events_moved": done.events_moved, "turns_moved": done.turns_moved,
+                    "finished_moved": done.finished_moved,
+                    "spool_moved": done.spool_moved and str(done.spool_moved)})  # fmt: skip
+        return
+    click.echo(f"run {run_id}: moved {len(done.moved)} part(s) to {done.destination}:")
+    for c in done.moved:
+        click.echo(f"  {c.name} (seqs {c.first}..{c.last})" + (f": {c.problem}" if c.problem else ""))
+    if done.spool_moved:
+        click.echo(f"  and the spool of finished turns (they followed the old tail): {done.spool_moved}")
+    if done.intact_to == 0:
+        click.echo("the log holds no event now (its first part was damaged): nothing can be resumed - "
+                   "start the run again")  # fmt: skip
+        return
+    turns = "an unknown number of" if done.turns_moved is None else str(done.turns_moved)
+    ended = ", and the run's RunFinished" if done.finished_moved else ""
+    click.echo(f"the log now holds seqs 1..{done.intact_to}, intact ({done.events_moved} events moved: "
+               f"{turns} finished turns{ended})")  # fmt: skip
+    click.echo(f"an exploration continues with: python cli.py explore --resume {run_id} "
+               f"(it runs those turns again)")  # fmt: skip
 
 
 def _open_standard_streams() -> None:

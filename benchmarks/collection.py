@@ -60,7 +60,7 @@ from ingest.log import EventLog, run_ids  # noqa: E402
 SIZES = {"1M": 10, "5M": 50, "10M": 100}  # tasks (runs of 30 trees) per collection
 SEEDS = (5, 6, 7)
 MARKER = "collection.json"
-MADE_BY = "benchmarks/collection.py v1"
+MADE_BY = "benchmarks/collection.py v2"  # v2: part names carry checksums
 COMMANDS = ("replay", "audit", "export")
 EXPORT_COLUMNS = ["messages", "body"]  # what export reads beside the light columns
 

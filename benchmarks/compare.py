@@ -4,8 +4,8 @@ The machine is shared and its speed drifts over minutes, so figures are only
 comparable when taken side by side. This script checks REV out into a temporary git
 worktree and alternates, ``--repeat`` times, the engine benchmark (each tree count)
 and a replay of two logs (the bundled pipeline and a tiled ~300-tree run, written
-once by this checkout) in both trees, then prints the medians and the ratios. Each
-tree's own engine benchmark measures it.
+once by each tree, the same events) in both trees, then prints the medians and the
+ratios. The engine benchmark of this checkout measures both trees.
 
     python benchmarks/compare.py REV [--trees 30 300] [--repeat 3] [--no-replay]
 """
@@ -70,9 +70,12 @@ def main() -> None:
             # methods, which change); both print the same figures.
             trees = {"base": base, "this": ROOT}
             figures: dict[tuple[str, str], list[tuple[float, ...]]] = {}
-            data = Path(tmp) / "data"
+            # Each tree writes the two logs itself (the same events: the sim is seeded),
+            # since the part files' names may differ between versions (checksums).
+            data = {name: Path(tmp) / f"data-{name}" for name in trees}
             if not args.no_replay:
-                run([sys.executable, "-c", WRITE_RUNS.format(root=str(ROOT), data=str(data))], ROOT)
+                for name, tree in trees.items():
+                    run([sys.executable, "-c", WRITE_RUNS.format(root=str(tree), data=str(data[name]))], tree)
             for _ in range(args.repeat):
                 for name, tree in trees.items():
                     for n in args.trees:
@@ -82,7 +85,7 @@ def main() -> None:
                             tuple(float(x) for x in m.groups())
                         )
                     for log in [] if args.no_replay else ["bundled", "big"]:
-                        code = REPLAY.format(root=str(tree), data=str(data), run=log)
+                        code = REPLAY.format(root=str(tree), data=str(data[name]), run=log)
                         out = run([sys.executable, "-c", code], tree)
                         figures.setdefault((name, f"replay {log}"), []).append(
                             tuple(float(x) for x in out.split())

@@ -23,7 +23,7 @@ from engine.catalog import Catalog
 from engine.config import RunConfig, TreeConfig
 from engine.selections import default_parameters, selection_decision
 from ingest.events import LIGHT_SCHEMA, RunFinished
-from ingest.log import EventLog, LogWriter, run_dir, write_part
+from ingest.log import EventLog, LogWriter, encode_part, part_name, run_dir
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "data" / "student_run" / "all_snapshots"
 ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected", "content_recorded"}
@@ -80,8 +80,8 @@ def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True
     step = 100_000
     for first in range(0, table.num_rows, step):
         part = table.slice(first, step)
-        name = f"part-{first + 1:012d}-{first + part.num_rows:012d}-L3.parquet"
-        write_part(part, str(log_dir / name), level=3)
+        encoded, digest = encode_part(part, level=3)
+        (log_dir / part_name(first + 1, first + part.num_rows, 3, digest)).write_bytes(encoded.to_pybytes())
     with LogWriter.open(data, dst) as writer:  # opening checks the parts form a gapless log
         catalog = Catalog.for_log(EventLog(data, dst))
         weights, top_k = default_parameters(catalog)
@@ -110,7 +110,8 @@ def copy_run(src_data: Path, src: str, data: Path, dst: str, task: str) -> None:
             at = table.column_names.index("config")
             configs = [_retasked(c, task) for c in table.column(at).to_pylist()]
             table = table.set_column(at, "config", pa.array(configs, pa.string()))
-        write_part(table, str(log_dir / part.path.name), part.level)
+        encoded, digest = encode_part(table, part.level)
+        (log_dir / part_name(part.first, part.last, part.level, digest)).write_bytes(encoded.to_pybytes())
     LogWriter.open(data, dst).close()  # opening checks the parts form a gapless log
 
 

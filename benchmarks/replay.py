@@ -7,7 +7,9 @@ and ending it as an exploration ends: the Top-k selection over all its trees, th
 RunFinished.
 For each: the median replay time (load the log, rebuild every tree, re-derive every
 decision) and the median time DuckDB takes to scan the same columns of the same
-Parquet files. Target: replay <= 5x the floor.
+Parquet files. Target: replay <= 5x the floor. Loading the events includes checking
+every part against the checksum its name records (every byte read once); that
+check alone is timed too.
 
     python benchmarks/replay.py [--repeat 3] [--copies 10]
 """
@@ -28,9 +30,18 @@ from benchmarks.logs import SNAPSHOTS, floor_seconds, long_turns, tile  # noqa: 
 from engine.config import RunConfig  # noqa: E402
 from engine.exploration import new_run  # noqa: E402
 from engine.replay import PHASES, replay_run  # noqa: E402
-from ingest.log import EventLog  # noqa: E402
+from ingest.log import EventLog, check_part  # noqa: E402
 
 __all__ = ["floor_seconds", "tile", "write_runs"]  # benchmarks/audit.py and compare.py import them from here
+
+
+def checksum_seconds(data: Path, run_id: str) -> tuple[float, int]:
+    """Wall time of checking every part of the run as a reader does, and the bytes read."""
+    parts = EventLog(data, run_id).parts()
+    start = time.perf_counter()
+    for part in parts:
+        check_part(part)
+    return time.perf_counter() - start, sum(p.path.stat().st_size for p in parts)
 
 
 def replay_seconds(data: Path, run_id: str) -> tuple[float, dict[str, float], int]:
@@ -63,6 +74,10 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
           f"scan floor {floor:.3f} s, ratio {replay / floor:.1f}x (target <= 5x)")
     phases = {name: statistics.median(r[1][name] for r in replays) for name in PHASES}
     print("  phases (median, x floor): " + ", ".join(f"{n} {s:.2f} s ({s / floor:.1f}x)" for n, s in phases.items()))
+    checks = [checksum_seconds(data, run_id) for _ in range(repeat)]
+    check, size = statistics.median(c[0] for c in checks), checks[0][1]
+    print(f"  of which the parts' checksums (median): {check:.3f} s for {size / 1e6:.1f} MB "
+          f"({check / replay:.0%} of the replay, {check / floor:.1f}x the floor)")
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from engine.catalog import Catalog, QueryError
 from engine.catalog.definitions import read_macros, relations_read
 from engine.replay import loaded_at_decisions
 from ingest.errors import InputError, LogError
+from ingest.events import as_utf8
 from ingest.log import EventLog, run_ids
 
 READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
@@ -106,6 +107,8 @@ class Collection:
 
     def _run(self, query: str, fetch):
         """``fetch`` the result of one read-only query; RefusedQueryError or QueryError otherwise."""
+        if as_utf8(query) != query:  # DuckDB's binding raises TypeError on a lone surrogate
+            raise QueryError(f"the query is not UTF-8 text: {as_utf8(query)!r} (U+FFFD for its other bytes)")
         try:
             statements = self.con.extract_statements(query)
         except duckdb.Error as err:

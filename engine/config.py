@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -157,6 +157,10 @@ class RunConfig(_Strict):
     # (a slot never waits for the slowest turn of a batch); replay audits either.
     schedule: Literal["rounds", "async"] = "rounds"
     parallel: int = Field(4, ge=1)
+    # async: edges started beyond the free slots, their turn 1s queued, so that a slot
+    # freed while the engine decides takes a turn at once; "auto": as many as the slots
+    # finish in two of the engine's passes, measured as it runs (rounds: none).
+    lookahead: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     # Turns in a row that end with a backend error before the run stops (resumable).
     backend_error_limit: int = Field(3, ge=1)
     selection: SelectionConfig = SelectionConfig()

@@ -12,6 +12,7 @@ from engine import __version__
 from engine.catalog import Catalog
 from engine.config import RunConfig
 from engine.mcts.explorer import Explorer
+from engine.mcts.spool import Spool
 from engine.roots import copy_snapshots, default_run_id, is_attempt, picked_detail, plan_selection
 from engine.runs import open_run, recorded_config
 from engine.teachers import make_teacher
@@ -208,6 +209,8 @@ def resume_run(
             on_start(catalog.query("select * from run_progress")[0] | {"task": config.task, "finished": finished})
         if not finished:
             _explore(writer, catalog, config, on_progress, resumed=True)
+        else:  # killed after its last part was published, before the spool was removed
+            Spool(log.dir).clear()
     return run_summary(data_dir, run_id, resumed=not finished)
 
 

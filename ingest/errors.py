@@ -26,6 +26,10 @@ class WriterLockedError(LogError):
     """Another process is already writing this run."""
 
 
+class PartDamagedError(LogError):
+    """A part of the log is not what was published: its checksum, pages or seqs disagree."""
+
+
 class ViewBuildError(ProjectError):
     """A view in views/ could not be created."""
 

@@ -380,8 +380,16 @@ def fits_int64(value: int) -> bool:
 
 
 def as_utf8(text: str) -> str:
-    """A file name or path as the log holds text (UTF-8): other bytes become U+FFFD."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    """``text`` as the log holds text (UTF-8): bytes that are not UTF-8 become U+FFFD.
+
+    A file name holds them as the surrogates Python decodes such bytes to; JSON text
+    (a model's output in OpenCode's stream) can hold any lone surrogate as a
+    ``\\ud800`` escape, which has no UTF-8 form at all.
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate beyond escaped bytes: pairs joined, lone ones U+FFFD
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
@@ -434,9 +442,27 @@ def to_row_values(event: Event) -> dict[str, Any]:
             continue
         value = getattr(event, name)
         if name in JSON_FIELDS and value is not None:
-            value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+            value = _json(value)
         values[name] = value
     return values
+
+
+def _json(value: Any) -> str:
+    """JSON text of a field's value; a lone surrogate in it (which DuckDB's JSON refuses) as U+FFFD."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if "\\ud" in text:  # a surrogate escaped: a valid pair (an emoji), or a lone one
+        text = json.dumps(_utf8_values(value), sort_keys=True, separators=(",", ":"))
+    return text
+
+
+def _utf8_values(value: Any) -> Any:
+    if isinstance(value, str):
+        return as_utf8(value)
+    if isinstance(value, dict):
+        return {as_utf8(str(k)): _utf8_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_utf8_values(v) for v in value]
+    return value
 
 
 def to_arrow(events: list[Event], run_id: str, first_seq: int, recorded_at: datetime) -> pa.Table:
@@ -458,8 +484,16 @@ def to_arrow(events: list[Event], run_id: str, first_seq: int, recorded_at: date
         pa.array([e.schema_version for e in events], pa.int32()),
         pa.array([recorded_at] * n, pa.timestamp("us", tz="UTC")),
     ]
-    arrays += [pa.array(columns[name], FIELD_TYPES[name]) for name in names]
+    arrays += [_array(columns[name], FIELD_TYPES[name]) for name in names]
     return pa.Table.from_arrays(arrays, schema=pa.schema(list(ENVELOPE) + [SCHEMA.field(x) for x in names]))
+
+
+def _array(values: list[Any], type_: pa.DataType) -> pa.Array:
+    """One column; text without a UTF-8 form (a lone surrogate) is stored as :func:`as_utf8` gives it."""
+    try:
+        return pa.array(values, type_)
+    except UnicodeEncodeError:  # rare: the check costs nothing until it happens
+        return pa.array([as_utf8(v) if isinstance(v, str) else v for v in values], type_)
 
 
 def from_row(row: dict[str, Any]) -> Event:

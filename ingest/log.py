@@ -4,12 +4,19 @@ Layout of a run::
 
     <data>/runs/<run_id>/
         writer.lock                      held (flock) by the one process that appends
-        log/part-<first>-<last>-L<k>.parquet   published parts, never modified
+        log/part-<first>-<last>-L<k>-<sha>.parquet   published parts, never modified
         log/.tmp-*                        unpublished writes (ignored, cleaned up)
         spool/                            finished turns not yet appended (engine)
+        quarantine/                       parts moved aside by ``quarantine`` (integrity)
 
 A part is published by writing a temp file, fsyncing it, renaming it into place
-and fsyncing the directory, so a reader never sees a partial file. A merged part
+and fsyncing the directory, so a reader never sees a partial file. Its name
+records the seqs it holds and a checksum of its bytes (``<sha>``: the first 128
+bits of their SHA-256), which every reader checks before using the part: a
+damaged page, a changed value or a truncated file cannot also change the name
+that was published with it. A part named without a checksum was written before
+checksums existed; readers check only its footer, and the writer gives it one
+once every page decodes. A merged part
 writes the rows of each kind holding at least 1/``GROUP_SHARE`` of them as a row
 group of their own, the other rows as one more (seq order within each): a load of
 one kind then skips the row groups whose ``kind`` statistics exclude it. Sequence
@@ -22,8 +29,10 @@ published before the parts it replaces are removed, and readers pick a cover of
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import time
@@ -37,8 +46,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ingest.errors import InputError, LogError, SeqConflictError, WriterLockedError
+from ingest.errors import (
+    InputError,
+    LogError,
+    PartDamagedError,
+    SeqConflictError,
+    WriterLockedError,
+)
 from ingest.events import ENVELOPE, SCHEMA, Event, as_utf8, to_arrow
+from ingest.faults import crash_point
 
 FANOUT = 8
 # A kind with at least 1/GROUP_SHARE of a merged part's rows gets a row group of its own
@@ -46,7 +62,8 @@ FANOUT = 8
 # it. A flushed part, small, stays one row group. Measured: docs/DECISIONS.md.
 GROUP_SHARE = 8
 CACHED_LEVELS = 3  # the writer keeps its small parts in memory for merging
-PART_RE = re.compile(r"^part-(\d{12})-(\d{12})-L(\d+)\.parquet$")
+DIGEST_CHARS = 32  # hex digits of a part's SHA-256 its name records (128 bits)
+PART_RE = re.compile(rf"^part-(\d{{12}})-(\d{{12}})-L(\d+)(?:-([0-9a-f]{{{DIGEST_CHARS}}}))?\.parquet$")
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 DATA_ENV = "TEACHER_MCTS_DATA"
 
@@ -59,10 +76,26 @@ class Part:
     last: int
     level: int
     path: Path
+    digest: str | None = None  # the checksum its name records (None: written before checksums)
 
     @property
     def rows(self) -> int:
         return self.last - self.first + 1
+
+    @property
+    def seqs(self) -> str:
+        return f"seqs {self.first}..{self.last}"
+
+
+def part_name(first: int, last: int, level: int, digest: str) -> str:
+    """The file name of a published part."""
+    return f"part-{first:012d}-{last:012d}-L{level}-{digest}.parquet"
+
+
+def content_digest(data: bytes | memoryview | BinaryIO) -> str:
+    """The checksum a part's name records: SHA-256 of its bytes (or an open file's), shortened."""
+    full = hashlib.sha256(data) if isinstance(data, bytes | memoryview) else hashlib.file_digest(data, "sha256")
+    return full.hexdigest()[:DIGEST_CHARS]
 
 
 def default_data_dir() -> Path:
@@ -109,8 +142,8 @@ def _list_parts(log_dir: Path) -> list[Part]:
     for name in names:
         m = PART_RE.match(name)
         if m:
-            parts.append(Part(int(m[1]), int(m[2]), int(m[3]), log_dir / name))
-    return sorted(parts, key=lambda p: (p.first, -p.last))
+            parts.append(Part(int(m[1]), int(m[2]), int(m[3]), log_dir / name, m[4]))
+    return sorted(parts, key=lambda p: (p.first, -p.last, p.path.name))
 
 
 def _cover(parts: list[Part]) -> tuple[list[Part], str | None]:
@@ -180,7 +213,11 @@ class EventLog:
         return parts[-1].last if parts else 0
 
     def read_table(self, columns: list[str] | None = None) -> pa.Table:
-        """All published events as one Arrow table in seq order."""
+        """All published events as one Arrow table in seq order.
+
+        Each part is read whole once, checked against its checksum and footer
+        (:func:`check_part`), and parsed from those bytes.
+        """
         parts, handles = self._open_parts()
         try:
             tables = [_read_part(fh, columns, part) for fh, part in zip(handles, parts, strict=True)]
@@ -235,8 +272,7 @@ def _scan_part(source: BinaryIO, part: Part, kind: str, columns: list[str], upto
                batch_rows: int) -> Iterator[pa.Table]:  # fmt: skip
     """One part's rows of ``kind`` (seq <= ``upto``) with ``columns``, batch by batch."""
     try:
-        present = set(part_schema(part, source).names)
-        source.seek(0)
+        present = set(check_part(part, source).names)
         file = pq.ParquetFile(source)
         kind_at = next(i for i in range(file.metadata.num_columns) if file.metadata.schema.column(i).path == "kind")
         groups = [g for g in range(file.num_row_groups) if _may_hold(file.metadata.row_group(g), kind_at, kind)]
@@ -285,7 +321,46 @@ def unreadable_part(path: Path | str, err: Exception) -> LogError:
     return LogError(f"{path}: not a readable Parquet part of the log ({err})")
 
 
-def part_schema(part: Part, source: BinaryIO | None = None) -> pa.Schema:
+def damaged_part(part: Part, problem: str) -> PartDamagedError:
+    """The error for a part whose bytes are not what was published, with what to do next."""
+    run = part.path.parent.parent.name
+    return PartDamagedError(
+        f"{part.path}: damaged ({problem}); it holds {part.seqs} - 'verify {run}' checks every "
+        f"part, 'quarantine {run} {part.path.name}' moves it (and the parts after it) aside"
+    )
+
+
+CHECKSUM_MISMATCH = "its content does not match the checksum its name records"
+
+
+def check_part(part: Part, source: bytes | BinaryIO | None = None) -> pa.Schema:
+    """The columns of a published part, once its content and footer agree with the log.
+
+    What every reader checks before it uses a part: the checksum its name records,
+    over every byte (PartDamagedError: a damaged page, a changed value, a truncated
+    or rewritten file), then the footer (:func:`part_schema`). ``source`` is the
+    part's bytes when the caller read them, or a handle the caller opened (read
+    once, streaming, then left at its start); otherwise the file is read once,
+    streaming. A part removed meanwhile raises FileNotFoundError (readers list again).
+    """
+    if isinstance(source, bytes):
+        if part.digest is not None and content_digest(source) != part.digest:
+            raise damaged_part(part, CHECKSUM_MISMATCH)
+        return part_schema(part, pa.BufferReader(source))
+    try:
+        with open(part.path, "rb") if source is None else contextlib.nullcontext(source) as fh:
+            if part.digest is not None and content_digest(fh) != part.digest:
+                raise damaged_part(part, CHECKSUM_MISMATCH)
+            schema = part_schema(part, fh)
+            fh.seek(0)
+            return schema
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # an I/O error of the disk
+        raise unreadable_part(part.path, err) from err
+
+
+def part_schema(part: Part, source: BinaryIO | pa.BufferReader | None = None) -> pa.Schema:
     """The columns of a published part, once its footer agrees with the log.
 
     Reads only the Parquet footer (of ``source``, an open handle, or the file).
@@ -323,11 +398,48 @@ def _part_problem(part: Part, meta: pq.FileMetaData, schema: pa.Schema) -> str |
     return None
 
 
-def _read_whole(part: Part) -> pa.Table:
-    """One part file as written."""
+def content_problem(part: Part, data: bytes) -> str | None:
+    """Everything wrong with a part's bytes, read whole (``verify``): None when intact.
+
+    Beyond what readers check (checksum, footer), every page of every row group is
+    decoded and the seqs must be exactly ``first..last``, each once, with a kind:
+    this also catches a part written wrong (a checksum only proves it unchanged).
+    """
+    if part.digest is not None and content_digest(data) != part.digest:
+        return CHECKSUM_MISMATCH
     try:
-        part_schema(part)
-        return pq.read_table(part.path)
+        part_schema(part, pa.BufferReader(data))
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        seqs = []
+        for group in range(parquet.num_row_groups):  # one row group in memory at a time
+            rows = parquet.read_row_group(group)
+            if rows.column("kind").null_count:
+                return f"row group {group} has an event without a kind"
+            seqs.append(rows.column("seq").combine_chunks())
+    except LogError as err:
+        return str(err).removeprefix(f"{part.path}: ")
+    except (pa.ArrowInvalid, OSError) as err:
+        return f"a page does not decode ({err})"
+    found = pa.concat_arrays(seqs) if seqs else pa.array([], pa.int64())
+    if found.null_count:
+        return "an event has no seq"
+    ordered = found.take(pc.sort_indices(found))
+    wanted = pa.array(range(part.first, part.last + 1), pa.int64())
+    if len(ordered) != len(wanted):  # the footer's row count agreed with the name: pages lied
+        return f"{len(ordered)} events decode, its name says {part.seqs}"
+    wrong = pc.indices_nonzero(pc.not_equal(ordered, wanted))
+    if len(wrong):
+        i = wrong[0].as_py()
+        return f"its seqs are not {part.first}..{part.last} each once (seq {wanted[i]} is {ordered[i]})"
+    return None
+
+
+def _read_whole(part: Part) -> pa.Table:
+    """One part file as written, checked as every reader checks it."""
+    try:
+        data = part.path.read_bytes()
+        check_part(part, data)
+        return pq.read_table(pa.BufferReader(data))
     except (pa.ArrowInvalid, OSError) as err:
         raise unreadable_part(part.path, err) from err
 
@@ -354,7 +466,7 @@ def _row_groups(table: pa.Table) -> list[pa.Table]:
     return groups
 
 
-def write_part(table: pa.Table, sink: BinaryIO | str, level: int) -> None:
+def write_part(table: pa.Table, sink: BinaryIO | str | pa.NativeFile, level: int) -> None:
     """Write the rows of a part at its level: flushed (0, in seq order) or merged."""
     if level == 0:
         pq.write_table(table, sink, compression="zstd", compression_level=1)
@@ -364,18 +476,28 @@ def write_part(table: pa.Table, sink: BinaryIO | str, level: int) -> None:
             writer.write_table(group)
 
 
+def encode_part(table: pa.Table, level: int) -> tuple[pa.Buffer, str]:
+    """The bytes of a part holding ``table`` at ``level``, and their checksum."""
+    sink = pa.BufferOutputStream()
+    write_part(table, sink, level)
+    data = sink.getvalue()
+    return data, content_digest(memoryview(data))
+
+
 def _read_part(source: BinaryIO, columns: list[str] | None, part: Part) -> pa.Table:
     """One part with the columns of SCHEMA (or those asked for), absent fields as nulls."""
     try:
-        present = set(part_schema(part, source).names)
+        data = source.read()
+        present = set(check_part(part, data).names)
+        buffer = pa.BufferReader(data)
         if columns is None:
-            table = pq.read_table(source)
+            table = pq.read_table(buffer)
             columns = SCHEMA.names + [c for c in table.column_names if c not in SCHEMA.names]
         else:  # only the columns asked for are decoded
             wanted = [c for c in columns if c in present]
             if part.level and "seq" not in wanted:
                 wanted.append("seq")  # to sort by, below
-            table = pq.read_table(source, columns=wanted)
+            table = pq.read_table(buffer, columns=wanted)
     except (pa.ArrowInvalid, OSError) as err:
         raise unreadable_part(part.path, err) from err
     if part.level:  # a merged part holds its rows grouped by kind; a flushed one is in seq order
@@ -389,13 +511,54 @@ def _read_part(source: BinaryIO, columns: list[str] | None, part: Part) -> pa.Ta
     return pa.Table.from_arrays(arrays, names=columns)
 
 
+class WriterLock:
+    """The exclusive right to change one run's log: ``flock`` on ``writer.lock``, the holder's pid inside.
+
+    The lock dies with its process (``kill -9`` included), so a crash never leaves
+    a run locked.
+    """
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise WriterLockedError naming the process that holds it."""
+        fd = os.open(self.log.dir / "writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                msg = (
+                    f"run {self.log.run_id!r} is being written by another process "
+                    f"(pid {holder}); wait for it to finish or stop it first"
+                )
+                raise WriterLockedError(msg) from err
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
 class LogWriter:
     """The single appender of one run (holds an exclusive lock until closed)."""
 
     def __init__(self, log: EventLog, fanout: int = FANOUT) -> None:
         self.log = log
         self.fanout = fanout
-        self._lock_fd: int | None = None
+        self._lock = WriterLock(log)
         self._parts: list[Part] = []
         self._pending: list[pa.Table] = []
         self._cache: dict[Path, pa.Table] = {}
@@ -418,58 +581,68 @@ class LogWriter:
 
     @classmethod
     def open(cls, data_dir: Path | str, run_id: str) -> LogWriter:
-        """Open an existing run for appending."""
+        """Open an existing run for appending, once every part checks (see :meth:`_recover`)."""
         writer = cls(EventLog(data_dir, run_id).require())
         writer._acquire()
         return writer
 
     def _acquire(self) -> None:
-        lock_path = self.log.dir / "writer.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock.acquire()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                msg = (
-                    f"run {self.log.run_id!r} is being written by another process "
-                    f"(pid {holder}); wait for it to finish or stop it first"
-                )
-                raise WriterLockedError(msg) from err
+            self._recover()
+        except BaseException:
+            self._lock.release()
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
-        self._recover()
 
     def _recover(self) -> None:
-        """Remove unpublished temp files and parts a crash left behind a merge."""
+        """Remove what a crash left behind, and refuse a log whose parts do not check.
+
+        Unpublished temp files and the parts a merge superseded are removed. Every
+        part is then checked as a reader checks it (checksum and footer): nothing is
+        appended after a damaged part until ``quarantine`` moved it aside. A part
+        written before checksums gets one once every page decodes (it is renamed).
+        """
         for name in os.listdir(self.log.log_dir):
             if name.startswith(".tmp-"):
                 (self.log.log_dir / name).unlink(missing_ok=True)
         listed = _list_parts(self.log.log_dir)
         chosen, problem = _cover(listed)
         if problem is not None:
-            msg = f"{self.log.log_dir}: {problem} - the log is inconsistent"
+            msg = (f"{self.log.log_dir}: {problem} - the log is inconsistent; nothing was appended "
+                   f"('verify {self.log.run_id}' says what is intact)")  # fmt: skip
             raise LogError(msg)
         for part in set(listed) - set(chosen):
             part.path.unlink()
-        self._parts = chosen
+        try:
+            self._parts = [self._adopt(p) if p.digest is None else self._checked(p) for p in chosen]
+        except PartDamagedError as err:
+            raise PartDamagedError(f"run {self.log.run_id!r} does not verify, nothing was appended: {err}") from err
+
+    @staticmethod
+    def _checked(part: Part) -> Part:
+        check_part(part)
+        return part
+
+    def _adopt(self, part: Part) -> Part:
+        """A part written before checksums, renamed with its checksum once its content is whole."""
+        data = part.path.read_bytes()
+        problem = content_problem(part, data)
+        if problem is not None:
+            raise damaged_part(part, problem)
+        adopted = Part(part.first, part.last, part.level,
+                       part.path.with_name(part_name(part.first, part.last, part.level, content_digest(data))),
+                       content_digest(data))  # fmt: skip
+        os.rename(part.path, adopted.path)
+        _fsync_dir(self.log.log_dir)
+        return adopted
 
     def close(self) -> None:
         """Flush staged events and release the writer lock."""
-        if self._lock_fd is not None:
+        if self._lock.held:
             try:
                 self.flush()
             finally:
-                self._release()
-
-    def _release(self) -> None:
-        if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+                self._lock.release()
 
     def __enter__(self) -> LogWriter:
         return self
@@ -479,7 +652,7 @@ class LogWriter:
             self.close()
         else:  # do not publish what an error interrupted
             self._pending = []
-            self._release()
+            self._lock.release()
 
     # -- appending
 
@@ -497,7 +670,7 @@ class LogWriter:
         Staged events are invisible to readers and lost if the process dies before
         the flush; the log stays a gapless prefix either way. Returns their rows.
         """
-        if self._lock_fd is None:
+        if not self._lock.held:
             raise LogError(f"run {self.log.run_id!r}: the writer is closed")
         if not events:
             return SCHEMA.empty_table()
@@ -534,13 +707,17 @@ class LogWriter:
     def _publish(self, table: pa.Table, first: int, last: int, level: int) -> Part:
         self._tmp_counter += 1
         tmp = self.log.log_dir / f".tmp-{os.getpid()}-{self._tmp_counter}.parquet"
-        final = self.log.log_dir / f"part-{first:012d}-{last:012d}-L{level}.parquet"
+        final = self.log.log_dir / f"part-{first:012d}-{last:012d}-L{level}.parquet"  # named in errors
         try:
+            data, digest = encode_part(table, level)
+            final = final.with_name(part_name(first, last, level, digest))
             with open(tmp, "wb") as fh:
-                write_part(table, fh, level)
+                fh.write(memoryview(data))
                 fh.flush()
                 os.fsync(fh.fileno())
+            crash_point("publish.written")
             os.rename(tmp, final)
+            crash_point("publish.renamed")
             _fsync_dir(self.log.log_dir)
         except OSError as err:  # a full disk, a quota: what is published stays intact
             tmp.unlink(missing_ok=True)
@@ -548,13 +725,17 @@ class LogWriter:
             kept = f"the log is intact up to seq {tail}" if tail else "nothing of the run was published"
             msg = f"{final}: cannot write this part of the log ({err.strerror or err}); {kept}"
             raise LogError(msg) from err
-        part = Part(first, last, level, final)
+        part = Part(first, last, level, final, digest)
         if level < CACHED_LEVELS:
             self._cache[final] = table
         return part
 
     def _compact(self) -> None:
-        """Merge the newest FANOUT parts while they share one level."""
+        """Merge the newest FANOUT parts while they share one level.
+
+        The parts it merges come from the writer's cache, or from disk checked as
+        every reader checks them; the merged part is published before they are removed.
+        """
         while len(self._parts) >= self.fanout:
             tail = self._parts[-self.fanout :]
             level = tail[0].level
@@ -564,12 +745,14 @@ class LogWriter:
             tables = [t if t is not None else _read_whole(p) for t, p in zip(tables, tail, strict=True)]
             merged = _canonical(pa.concat_tables(tables, promote_options="default"))
             part = self._publish(merged, tail[0].first, tail[-1].last, level + 1)
-            for old in tail:
+            crash_point("compact.published")
+            for i, old in enumerate(tail):
                 old.path.unlink()
+                if i == 0:
+                    crash_point("compact.removing")
             _fsync_dir(self.log.log_dir)
             self._parts[-self.fanout :] = [part]
 
     def file_count(self) -> int:
         """Number of published part files."""
         return len(self._parts)
-

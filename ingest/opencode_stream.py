@@ -114,7 +114,7 @@ class StreamParser:
         if not isinstance(obj, dict):
             return self.finish() + [self._skip(line_no, "not a JSON object", text)]
         kind = obj.get("type")
-        if kind not in KNOWN_TYPES:
+        if not isinstance(kind, str) or kind not in KNOWN_TYPES:  # a list is not even hashable
             return self.finish() + [self._skip(line_no, f"unknown event type {kind!r}", text)]
         if self.summary.session_id is None and isinstance(obj.get("sessionID"), str):
             self.summary.session_id = obj["sessionID"]

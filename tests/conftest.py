@@ -21,6 +21,16 @@ from engine.catalog import Catalog  # noqa: E402
 from engine.config import RunConfig  # noqa: E402
 from ingest.events import Event, RunStarted, to_arrow  # noqa: E402
 
+# Counts that reliability tests (the kill -9 soak, the fuzzing) report, printed at the end.
+REPORT: dict[str, str] = {}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if REPORT:
+        terminalreporter.section("reliability counts")
+        for name in sorted(REPORT):
+            terminalreporter.write_line(REPORT[name])
+
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
@@ -74,6 +84,19 @@ SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
 SMALL = """
 [tree]
 target_good_leaves = 4
+"""
+# A run that does not end on its own (its trees have no limit a run reaches) and whose
+# turns take ~0.2 s each, so it hardly uses the CPU: tests that read a run while it is
+# written stop it when they are done, so no speed of the machine makes it end first.
+ENDLESS = """
+[tree]
+max_depth = 1000
+hard_token_limit = 1000000000000
+target_good_leaves = 1000000
+max_valid_edges = 1000000
+max_failed_expansions = 1000000
+[backend_options]
+latency_s = 0.2
 """
 
 

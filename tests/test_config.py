@@ -37,3 +37,10 @@ def test_the_backend_error_limit_is_at_least_one():
     assert RunConfig().backend_error_limit == 3
     with pytest.raises(InputError, match="backend_error_limit"):
         load_config(None, {"backend_error_limit": 0})
+
+
+def test_lookahead_is_auto_or_a_count_of_at_least_zero():
+    assert RunConfig().lookahead == "auto" and RunConfig(lookahead=0).lookahead == 0
+    for bad in (-1, "some"):
+        with pytest.raises(InputError, match="lookahead"):
+            load_config(None, {"lookahead": bad})

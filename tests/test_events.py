@@ -93,3 +93,19 @@ def test_the_edge_id_format_is_the_same_in_python_and_sql():
                                     [parent, slot, attempt] * 2).fetchone()  # fmt: skip
         assert sql_id == edge_id(parent, slot, attempt)
         assert parts == {"parent_id": parent, "slot": slot, "attempt": attempt}
+
+
+def test_text_without_a_utf8_form_is_stored_with_u_fffd_json_included():
+    """A lone surrogate (a non-UTF-8 byte Python kept, or a JSON "\\ud800" escape) has no
+    UTF-8 form: Arrow refused the text, and DuckDB's JSON refused it escaped."""
+    import json
+
+    import duckdb
+
+    from ingest.events import RunStarted
+
+    event = RunStarted(command="explore", task="t\udcff", config={"task": "t\udcff", "notes": ["\ud800", "😀"]})
+    table = to_arrow([event], "r", 1, datetime.now(UTC))  # noqa: F841 - read by DuckDB
+    task, config = duckdb.connect().execute("select task, json(config) from \"table\"").fetchone()
+    assert task == "t\ufffd"
+    assert json.loads(config) == {"task": "t\ufffd", "notes": ["\ufffd", "😀"]}

@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, copy_run, make_snapshot
+from soundness import assert_log_is_sound, logical_log, tree_shape
 
 from cli import cli
 from engine.catalog import Catalog
-from ingest.events import WALL_CLOCK_COLUMNS
 from ingest.log import EventLog
 
 SMALL = """
@@ -56,27 +56,6 @@ def explore(data_dir: Path, *args: object):
     return r
 
 
-def logical_log(data_dir: Path, run_id: str) -> list[dict]:
-    """Every event of a run without its wall-clock columns and run id."""
-    table = EventLog(data_dir, run_id).read_table()
-    drop = [c for c in table.column_names if c in WALL_CLOCK_COLUMNS or c == "run_id"]
-    return table.drop_columns(drop).to_pylist()
-
-
-def tree_shape(data_dir: Path, run_id: str) -> dict:
-    """What a run grew: nodes, edge verdicts and tree stops (ids included)."""
-    cat = Catalog.for_log(EventLog(data_dir, run_id))
-    return {
-        "nodes": cat.query(
-            "select node_id, parent_id, depth, score, tok, leaf_reason from nodes order by node_id"
-        ),
-        "edges": cat.query(
-            "select edge_id, parent_id, child_id, verdict, s1, s2 from edges order by edge_id"
-        ),
-        "trees": cat.query("select tree_id, stop_reason from trees order by tree_id"),
-    }
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", [1, 8])
 def test_rounds_mode_is_reproducible(tmp_path, roots, small_config, parallel):
@@ -91,23 +70,6 @@ def test_rounds_mode_is_reproducible(tmp_path, roots, small_config, parallel):
     explore(data, roots, "--run-id", "c", "--parallel", parallel, "--seed", 8,
             "--config", small_config)  # fmt: skip
     assert tree_shape(data, "c") != tree_shape(data, "a")
-
-
-def assert_log_is_sound(data_dir: Path, run_id: str) -> None:
-    cat = Catalog.for_log(EventLog(data_dir, run_id))
-    dup = cat.query(
-        "select edge_id, turn, count(*) as n from stg_turn_finished group by all having n > 1"
-    )
-    assert dup == [], "a finished turn was recorded twice"
-    unjudged = cat.query(
-        "select edge_id from stg_edge_started where edge_id not in (select edge_id from stg_edge_judged)"
-    )
-    assert unjudged == []
-    twice = cat.query("select edge_id from stg_edge_judged group by all having count(*) > 1")
-    assert twice == []
-    lost = cat.query("select edge_id from edges where completed_seq is null")
-    assert lost == [], "an edge never finished"
-    assert cat.query("select count(*) as n from stg_run_finished")[0]["n"] == 1
 
 
 def run_until_killed(
@@ -208,9 +170,30 @@ spool.put("T1/e1-2", 1, calls[:1])
 print(spool.take("T1/e1-1", 1) is None, len(spool.take("T1/e1-2", 1)), sorted(p.name for p in spool.dir.iterdir()))
 """
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)  # fmt: skip
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split(" ", 2) == ["True", "1", "['T1~e1-2--t1.arrow']\n"]
+    kept, taken, names = proc.stdout.split(" ", 2)
+    assert (kept, taken) == ("True", "1") and re.fullmatch(r"\['T1~e1-2--t1-[0-9a-f]{32}\.arrow'\]\n", names), names
+
+
+def test_a_spool_file_damaged_or_torn_is_dropped_and_its_turn_runs_again(tmp_path):
+    from engine.mcts.spool import Spool
+    from ingest.events import ToolCalled
+
+    spool = Spool(tmp_path)
+    calls = [ToolCalled(tree_id="T1", edge_id="T1/e1-1", turn=1, step=1, call_id=f"c{i}", tool="bash",
+                        status="ok", target=f"echo {i}") for i in range(20)]  # fmt: skip
+    spool.put("T1/e1-1", 1, calls)
+    assert spool.take("T1/e1-1", 1) == calls
+    (path,) = spool.dir.iterdir()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x20  # a value changed: the file still parses as Arrow
+    path.write_bytes(bytes(raw))
+    assert spool.take("T1/e1-1", 1) is None and not path.exists()
+    spool.put("T1/e1-1", 1, calls)
+    (path,) = spool.dir.iterdir()
+    path.write_bytes(path.read_bytes()[:100])  # torn
+    assert spool.take("T1/e1-1", 1) is None and not list(spool.dir.iterdir())
 
 
 def test_async_mode_completes_with_every_edge_judged(runs):
@@ -294,9 +277,13 @@ def test_resume_of_a_finished_run_only_reports(tmp_path, runs):
     data = tmp_path / "data"
     copy_run(runs, "rounds", data, "done")
     before = EventLog(data, "done").tail_seq()
+    spool = EventLog(data, "done").dir / "spool"  # as a kill after the last part, before its removal, leaves it
+    spool.mkdir()
+    (spool / "T001~e1-1--t1.arrow").write_bytes(b"a turn the log holds")
     r = explore(data, "--resume", "done")
     assert "4/4 trees done" in r.stdout and r.stderr.startswith("run done: finished already (4/4 trees done)")
     assert EventLog(data, "done").tail_seq() == before
+    assert not spool.exists()
 
 
 def test_the_summary_names_each_quantity_once_and_its_counts_agree(tmp_path, runs):

@@ -1,7 +1,7 @@
 """The export of a real OpenCode run: what the model received in its last request, message for message.
 
 Real opencode, real git, the scripted model server of tests/fake_model.py (which logs
-every request), the stand-in coral of tests/fixtures/bin. The requests pass through
+every request), the stand-in coral of tests/fixtures/bin (a CORAL run per edge, --coral-dir). The requests pass through
 the backend's recorder; the exported conversation of the path must be exactly the
 last request of the path's last turn, then the model's answer to it, with every
 worktree directory replaced by the workspace placeholder.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fake_model import FakeModel
-from test_opencode_e2e import coral_on_path, explore_opencode, roots, script  # noqa: F401 - fixtures
+from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, student  # noqa: F401 - fixtures
 
 from cli import cli
 from engine.catalog import Catalog
@@ -24,14 +24,15 @@ from ingest.log import EventLog
 
 
 @pytest.mark.slow
-def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, coral_on_path, monkeypatch):  # noqa: F811
+def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, student, coral_on_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("FAKE_MODEL_KEY", "secret-4242")
     model = FakeModel(script).start()
     config = tmp_path / "run.toml"
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
     data = tmp_path / "data"
     try:
-        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY")
+        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY",
+                             "--coral-dir", str(student))  # fmt: skip
     finally:
         model.stop()
     assert r.exit_code == 0, r.output

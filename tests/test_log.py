@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT
 
-from ingest.errors import LogError, SeqConflictError, WriterLockedError
+from ingest.errors import LogError, PartDamagedError, SeqConflictError, WriterLockedError
 from ingest.events import SCHEMA, RunResumed, RunStarted, SnapshotSeen, ToolCalled, from_row
 from ingest.log import EventLog, LogWriter
 
@@ -44,7 +44,7 @@ def child(script: str, data_dir: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def wait_for(path: Path, timeout: float = 20.0) -> None:
+def wait_for(path: Path, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if time.monotonic() > deadline:
@@ -145,8 +145,14 @@ def test_kill_before_publish_leaves_no_partial_file(data_dir):
 
 
 def test_random_kills_never_corrupt_the_log(data_dir):
+    """Each kill lands while the writer appends: once its log grew by a random number of
+    appends (a condition, whatever the machine's speed), after a random short delay."""
+    import random
+
     _created(data_dir).close()
-    for trial in range(4):
+    rng = random.Random()
+    for _trial in range(4):
+        start = EventLog(data_dir, "r").tail_seq()
         writer = child(
             """
             import sys
@@ -159,9 +165,15 @@ def test_random_kills_never_corrupt_the_log(data_dir):
             """,
             data_dir,
         )
-        time.sleep(0.4 + 0.3 * trial)
+        grown = start + 200 * rng.randint(1, 40)
+        deadline = time.monotonic() + 300
+        while EventLog(data_dir, "r").tail_seq() < grown and writer.poll() is None:
+            assert time.monotonic() < deadline, "the writer did not append"
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.02))
         writer.send_signal(signal.SIGKILL)
         writer.wait()
+        assert writer.returncode == -signal.SIGKILL, writer.stderr.read()
         seqs = EventLog(data_dir, "r").read_table(["seq"]).column("seq").to_pylist()
         assert seqs == list(range(1, len(seqs) + 1))
         for part in EventLog(data_dir, "r").parts():
@@ -282,17 +294,27 @@ def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
     assert len(os.listdir(log.log_dir)) == 3
 
 
-def test_compaction_names_a_damaged_part_and_keeps_the_log(data_dir):
+@pytest.mark.parametrize("damage", ["footer", "page"])
+def test_compaction_names_a_part_damaged_while_the_writer_is_open(data_dir, damage):
+    """A writer checks every part when it opens; one damaged later is caught by the merge reading it."""
     with _created(data_dir) as w:
         for k in range(6):
             w.append(facts(1, start=k))
     log = EventLog(data_dir, "r")
-    damaged = log.parts()[3].path
-    damaged.write_bytes(damaged.read_bytes()[:-4] + b"XXXX")  # the footer magic
-    before = sorted(os.listdir(log.log_dir))
-    with LogWriter.open(data_dir, "r") as w, pytest.raises(LogError, match=re.escape(str(damaged))):
-        w.append(facts(1, start=6))  # the eighth part: merging reads the other seven
+    with LogWriter.open(data_dir, "r") as w:  # the parts check; this writer has none in its cache
+        damaged = log.parts()[3].path
+        raw = bytearray(damaged.read_bytes())
+        if damage == "footer":
+            raw[-4:] = b"XXXX"  # the footer magic
+        else:
+            raw[len(raw) // 2] ^= 0xFF  # one byte of a page no footer check reads
+        damaged.write_bytes(bytes(raw))
+        before = sorted(os.listdir(log.log_dir))
+        with pytest.raises(PartDamagedError, match=re.escape(f"{damaged}: damaged (its content does not match")):
+            w.append(facts(1, start=6))  # the eighth part: merging reads the other seven
     assert set(before) <= set(os.listdir(log.log_dir))  # nothing merged away
+    with pytest.raises(PartDamagedError, match="run 'r' does not verify, nothing was appended"):
+        LogWriter.open(data_dir, "r")
 
 
 def test_a_gap_in_the_log_is_reported(data_dir):

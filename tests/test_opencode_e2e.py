@@ -337,33 +337,40 @@ def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots, student):
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "term"]).exit_code == 0
 
 
+def wait_until_gone(pids: set[int], deadline_s: float = 120) -> list[int]:
+    """The pids still alive once they are all gone or the deadline passed."""
+    deadline = time.monotonic() + deadline_s
+    while (alive := sorted(p for p in pids if Path(f"/proc/{p}").exists())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
 @pytest.mark.slow
-def test_resume_stops_the_sessions_a_killed_run_left_running(tmp_path, roots, student, coral_on_path):
-    """kill -9 skips every cleanup; the resumed run must stop those sessions (and their grader
-    daemons) before re-running their turns in the same worktrees."""
+def test_kill_9_of_explore_stops_its_sessions_at_once_and_resume_completes(tmp_path, roots, student, coral_on_path):
+    """kill -9 skips every cleanup: the watchdog must stop the sessions and grader daemons
+    (no more edits, commits or grading on the run's behalf), without waiting for a resume."""
     model = FakeModel(script, stall=True).start()
     data = tmp_path / "data"
-    home = EventLog(data, "k9").dir / "opencode" / "data"
+    run_dir = EventLog(data, "k9").dir
     proc, seen = start_explore_until_sessions_run(data, roots, model, "k9", student)
     try:
         assert len(model.requests) >= 2 and seen, "the two turns did not start"
+        running = seen | set(marked_processes(run_dir))
+        assert any(b"coral.grader.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in running
+                   if Path(f"/proc/{pid}").exists())  # fmt: skip
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        time.sleep(0.5)
-        orphans = {pid for pid in seen if Path(f"/proc/{pid}").exists()}
-        assert orphans, "kill -9 left no session running: nothing to check"
-        assert any(b"coral.grader.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in orphans)
+        still = wait_until_gone(running)
         model.stall = False
         r = CliRunner().invoke(cli, ["--data", str(data), "explore", "--resume", "k9"])
-        still = [pid for pid in orphans if Path(f"/proc/{pid}").exists()]
     finally:
         if proc.poll() is None:
             proc.kill()
         model.stop()
-        alive = survivors(seen, home)
+        alive = survivors(seen, run_dir / "opencode" / "data")
+    assert still == [], f"processes of the killed run kept running: {still}"
     assert r.exit_code == 0, r.output
-    assert still == [], f"sessions of the killed process survived the resume: {still}"
-    assert alive == []
+    assert alive == [] and marked_processes(run_dir) == []
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "k9"]).exit_code == 0
 
 

@@ -177,3 +177,21 @@ def test_parallel_calls_come_in_the_order_the_model_made_them():
     held = [parser.feed(x) for x in stream]
     assert held[1:4] == [[], [], []]  # held until a line of another kind
     assert [f.call_id for f in parser.finish()] == ["call_d", "call_e"]
+
+
+def test_a_line_a_fuzzer_found_is_a_recorded_skip_or_a_storable_fact():
+    """`{"type": []}` raised TypeError (a list is not hashable); a lone surrogate escape
+    (a model's half emoji) made a fact the log could not store (UnicodeEncodeError)."""
+    from datetime import UTC, datetime
+
+    from ingest.events import to_arrow
+
+    parser = StreamParser("T1", "T1/e1-1", 1)
+    (skip,) = parser.feed('{"type": []}')
+    assert isinstance(skip, StreamLineSkipped) and skip.problem == "unknown event type []"
+    facts = parser.feed(line("text", {"type": "text", "text": "half \ud83d"})) + parser.feed(
+        line("tool_use", {"tool": "bash", "state": {"status": "completed", "input": {"command": "echo \ud800"}}}))
+    facts += parser.finish()  # a tool call is held until a line of another kind
+    table = to_arrow(facts, "r", 1, datetime.now(UTC))
+    assert table.column("text").to_pylist() == ["half \ufffd", None]
+    assert table.column("target").to_pylist() == [None, "echo \ufffd"]

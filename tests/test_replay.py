@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, SMALL
+from conftest import ENDLESS, ROOT
 
 from benchmarks.logs import tile
 from cli import cli
@@ -234,9 +234,11 @@ def test_the_benchmark_tiling_ends_as_an_exploration_does(runs):
 
 @pytest.mark.slow
 def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
+    """Replays while the run goes on (one that never ends on its own: the test stops it
+    after three replays, so no speed of the machine makes it end first)."""
     data = tmp_path / "data"
-    config = tmp_path / "small.toml"
-    config.write_text(SMALL)
+    config = tmp_path / "endless.toml"
+    config.write_text(ENDLESS)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore",
@@ -245,17 +247,19 @@ def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     checked = []
+    deadline = time.monotonic() + 600
     try:
-        while proc.poll() is None:
+        while len(checked) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
             if EventLog(data, "live").exists():
                 r = invoke(data, "replay", "live", "--json")
                 assert r.exit_code == 0, r.output
                 checked.append(json.loads(r.stdout)["decisions"])
-            time.sleep(0.5)
+            time.sleep(0.2)
     finally:
         proc.kill()
         proc.wait()
-    assert len(checked) >= 2 and checked == sorted(checked)
+    assert checked == sorted(checked) and checked[0] < checked[-1]
 
 
 def test_paths_command_prints_the_default_selection(runs):
@@ -350,10 +354,16 @@ def test_equal_recorded_and_derived_scores_never_differ_infinities_included():
 def test_a_part_with_damaged_pages_is_named_however_the_scan_fails(runs, tmp_path):
     """DuckDB reports damaged pages at different points of a scan, depending on its
     threads' timing (CI once saw the error without the part's name); each of many
-    loads must name the part."""
+    loads must name the part. The parts are renamed as before checksums (whose
+    damage only the scan finds: with a checksum the check before it names the part)."""
     data = tmp_path / "data"
     shutil.copytree(run_dir(runs, "rounds"), run_dir(data, "rounds"))
     log = EventLog(data, "rounds")
+    originals = {}
+    for p in log.parts():
+        legacy = p.path.with_name(re.sub(r"-[0-9a-f]{32}\.parquet$", ".parquet", p.path.name))
+        p.path.rename(legacy)
+        originals[legacy] = run_dir(runs, "rounds").joinpath("log", p.path.name)
     catalog = Catalog.empty()
     merged = [p.path for p in log.parts() if p.level > 0][:3]
     assert merged, "the run has no merged part (several row groups) to damage"
@@ -364,19 +374,24 @@ def test_a_part_with_damaged_pages_is_named_however_the_scan_fails(runs, tmp_pat
         for _ in range(20):
             with pytest.raises(LogError, match=re.escape(f"{part}: cannot read the log")):
                 catalog.load(log)
-        part.write_bytes(run_dir(runs, "rounds").joinpath("log", part.name).read_bytes())
+        part.write_bytes(originals[part].read_bytes())
     catalog.load(log)  # restored: the failed loads left nothing behind
     assert catalog.query("select count(*) as n from event_log")[0]["n"] == EventLog(runs, "rounds").tail_seq()
 
 
+@pytest.mark.parametrize("named", ["checksummed", "before_checksums"])
 @pytest.mark.parametrize(
     "damage", ["not_parquet", "bad_pages", "foreign", "seq_as_text", "other_seqs", "row_dropped"]
 )
-def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage):
+def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage, named):
+    """A part named with a checksum fails it; one named without (written before checksums)
+    is still checked: its footer, and the pages DuckDB's scan decodes."""
     data = tmp_path / "data"
     shutil.copytree(run_dir(runs, "rounds"), run_dir(data, "rounds"))
     parts = sorted(run_dir(data, "rounds").glob("log/*.parquet"))
     part = parts[len(parts) // 2]
+    if named == "before_checksums":
+        part = part.rename(part.with_name(re.sub(r"-[0-9a-f]{32}\.parquet$", ".parquet", part.name)))
     raw = bytearray(part.read_bytes())
     table = pq.read_table(part)
     seq = table.column_names.index("seq")

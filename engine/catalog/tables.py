@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from ingest.errors import LogError
 from ingest.events import ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
-from ingest.log import GROUP_SHARE, EventLog, part_schema
+from ingest.log import GROUP_SHARE, EventLog, check_part
 
 
 def _kind_columns() -> dict[str, list[str]]:
@@ -81,18 +81,24 @@ class LogTables:
         """Insert the published events of ``log`` after seq ``after``, read by DuckDB from its parts.
 
         Each kind's table reads only its columns (no Arrow copy of the whole log in
-        between). The parts are read in one transaction: when compaction replaced a
-        part meanwhile, the load is rolled back and taken again from a new listing.
-        ``scoped`` sets session variables for a block (the catalog's). Returns what
-        arrived. Buffered events must have been applied first.
+        between). Every part is first checked against the checksum its name records
+        and its footer (``check_part``: every byte read once), so a damaged page of a
+        column no view reads is still found. The parts are read in one transaction:
+        when compaction replaced a part meanwhile, the load is rolled back and taken
+        again from a new listing. ``scoped`` sets session variables for a block (the
+        catalog's). Returns what arrived. Buffered events must have been applied first.
         """
+        checked: dict[Path, set[str]] = {}  # parts checked by an earlier attempt
         for attempt in range(attempts):
             parts = [p for p in log.parts() if p.last > after]
             files = [str(p.path) for p in parts]
             if not files:
                 return {}
             try:
-                present = set().union(*(part_schema(p).names for p in parts))
+                for p in parts:
+                    if p.path not in checked:
+                        checked[p.path] = set(check_part(p).names)
+                present = set().union(*(checked[p.path] for p in parts))
                 with scoped(load_files=files, load_after=after):
                     return self._load_files(present)
             except (OSError, duckdb.Error) as err:

@@ -19,8 +19,10 @@ Scheduling. ``parallel`` slots (the Teacher endpoint's concurrency) are shared b
 all trees. ``rounds``: start a batch for every free slot, run all its turn 1s
 concurrently and record them in start order, then all its turn 2s; the log is a
 function of the seed and settings (and the spool keeps finished turns of a batch
-across a kill). ``async``: a freed slot is refilled at once, and one pass of the
-loop serves every turn that finished while the last pass ran.
+across a kill). ``async``: one pass of the loop serves every turn that finished
+while the last pass ran, and starts edges for the free slots plus ``lookahead``
+more, whose turns wait in the pool's queue (turn 2s first): a slot freed while the
+engine decides takes a queued turn at once instead of waiting for the pass.
 
 Backend errors. A turn whose Teacher process failed (``int_turns__failing``) is not
 a rollout result worth keeping until another turn shows the backend works: while
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +44,7 @@ from engine.catalog import Catalog
 from engine.config import RunConfig
 from engine.mcts import decisions
 from engine.mcts.spool import Spool
-from engine.mcts.turns import TeacherFailedError, TurnPool
+from engine.mcts.turns import TeacherFailedError, TurnPool, moving_average
 from engine.selections import default_parameters, selection_decision
 from engine.teachers import RootInfo, Teacher, TurnRequest
 from ingest.events import ContentRecorded, Event, RunFinished, RunResumed
@@ -49,6 +53,21 @@ from ingest.log import LogWriter
 Row = dict[str, Any]
 TURN_STEPS = {"turn_1": 1, "turn_2": 2}
 OPEN_EDGES = "select * from int_edges__open order by started_seq"
+
+
+def lookahead(setting: int | str, parallel: int, turn_seconds: float | None, pass_seconds: float | None) -> int:
+    """The edges an async pass starts beyond the free slots (``RunConfig.lookahead``).
+
+    "auto": the turns ``parallel`` slots finish in two passes of the engine, at the
+    moving averages of a turn's and a pass's time (none until both were timed), at
+    most ``parallel``. With turns of minutes that is one; with turns about as short
+    as a pass, up to a queued turn for every slot.
+    """
+    if setting != "auto":
+        return int(setting)
+    if not turn_seconds or pass_seconds is None:
+        return 0
+    return min(parallel, math.ceil(2 * parallel * pass_seconds / turn_seconds))
 
 
 class BackendFailingError(TeacherFailedError):
@@ -86,6 +105,7 @@ class Explorer:
         self._root_states: dict[str, dict[str, Any]] = {}  # memo of the backend's root_state
         self._unpublished: list[tuple[str, int]] = []  # spooled turns staged, not yet published
         self._held = False  # a streak of backend errors is open: publishing waits
+        self._pass_seconds: float | None = None  # async: a moving average of the passes' times
 
     # ------------------------------------------------------------------ run
 
@@ -146,18 +166,25 @@ class Explorer:
         skips and verdicts (which need only the edge tables), new edges after the fill
         (which refreshes the tree state), and publishes while those turns run.
         """
+        woke = None
         while True:
             edges = self._decide()
             self._submit(edges)
-            if self._fill(free=self.config.parallel - len(edges)):
+            if self._fill(free=self.config.parallel + self._lookahead() - len(edges)):
                 self._submit(self._open())
             self._publish()
             self._report()
             if not self.pool.running:
                 return
-            for _request, facts in self.pool.wait():
-                self._stage_turns(facts)
+            if woke is not None:
+                self._pass_seconds = moving_average(self._pass_seconds, time.monotonic() - woke)
+            finished = self.pool.wait()
+            woke = time.monotonic()
+            self._stage_turns([fact for _request, facts in finished for fact in facts])
             self._check_backend()
+
+    def _lookahead(self) -> int:
+        return lookahead(self.config.lookahead, self.config.parallel, self.pool.turn_seconds, self._pass_seconds)
 
     def _submit(self, edges: list[Row]) -> None:
         """Start the turn each open edge needs, unless it runs already (async)."""

@@ -1,17 +1,25 @@
-"""The turn pool: Teacher turns running on worker threads, one per Teacher slot.
+"""The turn pool: Teacher turns running in ``slots`` worker threads, turn 2s first.
 
-The pool knows only what is running; what each edge needs next is the log's
-(the view ``int_edges__open``). A finished turn's facts are checked (they end with
-an ``EvalFinished`` and a ``TurnFinished``) and, in ``rounds`` mode, kept in the
-spool until the log holds them.
+The pool knows only what is submitted and not yet handed back; what each edge needs
+next is the log's (the view ``int_edges__open``). Submitted turns wait in a queue
+until a slot is free: a turn 2 (its edge holds a place already) before a turn 1,
+each in submission order. A finished turn's facts are checked (they end with an
+``EvalFinished`` and a ``TurnFinished``) and, in ``rounds`` mode, kept in the spool
+until the log holds them.
+
+Where a turn runs is the ``runner``'s business: by default the Teacher's
+``run_turn`` on the slot's thread; the Ray executor (``engine.mcts.cluster``) runs it
+on a worker of a cluster while the slot's thread waits for it.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 from engine.mcts.spool import Spool
 from engine.teachers import Teacher, TurnCancelled, TurnRequest
@@ -24,23 +32,36 @@ class TeacherFailedError(ProjectError):
 
 
 Finished = tuple[TurnRequest, list[Event]]
+Runner = Callable[[TurnRequest, threading.Event], list[Event]]
+_STOP = (0, -1, None, None)  # sorts after every turn: a slot's thread ends
+
+
+def moving_average(average: float | None, value: float, weight: float = 0.1) -> float:
+    """An exponential moving average (the first value starts it)."""
+    return value if average is None else (1 - weight) * average + weight * value
 
 
 class TurnPool:
-    """Runs turns concurrently; ``spool`` (rounds mode) keeps finished ones on disk."""
+    """Runs turns concurrently in ``slots`` threads; ``spool`` (rounds mode) keeps finished ones on disk."""
 
-    def __init__(self, teacher: Teacher, slots: int, spool: Spool | None = None) -> None:
+    def __init__(self, teacher: Teacher, slots: int, spool: Spool | None = None,
+                 runner: Runner | None = None) -> None:  # fmt: skip
         self.teacher = teacher
         self.spool = spool
+        self.runner = runner or teacher.run_turn
         self.cancel = threading.Event()
-        self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="teacher")
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()
         self._finished: queue.Queue[tuple[TurnRequest, Future]] = queue.Queue()
-        self.running: dict[tuple[str, int], TurnRequest] = {}
+        self.running: dict[tuple[str, int], TurnRequest] = {}  # submitted, not yet handed back
+        self.slots = slots
+        self.turn_seconds: float | None = None  # a moving average of the turns' run times
+        self._threads: list[threading.Thread] = []  # started with the first turn
 
     def submit(self, request: TurnRequest) -> None:
-        """Start a turn; :meth:`wait` hands back its facts."""
+        """Queue a turn; :meth:`wait` hands back its facts."""
         self.running[(request.edge_id, request.turn)] = request
-        future = self._executor.submit(self._run, request)
+        future = self._enqueue(request)
         future.add_done_callback(lambda f: self._finished.put((request, f)))
 
     def wait(self) -> list[Finished]:
@@ -65,12 +86,36 @@ class TurnPool:
         pending: list[list[Event] | Future] = []
         for request in requests:
             spooled = self.spool.take(request.edge_id, request.turn) if self.spool else None
-            pending.append(spooled if spooled is not None else self._executor.submit(self._run, request))
+            pending.append(spooled if spooled is not None else self._enqueue(request))
         for item in pending:
             yield item if isinstance(item, list) else self._result(item)
 
+    def _enqueue(self, request: TurnRequest) -> Future:
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._slot, name=f"teacher-{i}", daemon=True)
+                             for i in range(self.slots)]  # fmt: skip
+            for thread in self._threads:
+                thread.start()
+        future: Future = Future()
+        self._queue.put((-request.turn, next(self._order), request, future))
+        return future
+
+    def _slot(self) -> None:
+        while True:
+            _, _, request, future = self._queue.get()
+            if request is None:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._run(request))
+            except BaseException as err:  # handed to whoever waits for the turn
+                future.set_exception(err)
+
     def _run(self, request: TurnRequest) -> list[Event]:
-        facts = self.teacher.run_turn(request, self.cancel)
+        start = time.monotonic()
+        facts = self.runner(request, self.cancel)
+        self.turn_seconds = moving_average(self.turn_seconds, time.monotonic() - start)
         where = f"{request.edge_id} turn {request.turn}"
         if not facts or not isinstance(facts[-1], TurnFinished):
             raise TeacherFailedError(f"{where}: the backend returned no TurnFinished")
@@ -91,7 +136,17 @@ class TurnPool:
             raise TeacherFailedError(f"the {self.teacher.name} backend failed: {err!r}") from err
 
     def close(self, cancel: bool = False) -> None:
-        """Wait for the workers; with ``cancel``, stop the turns in flight first."""
+        """Wait for the slots' threads; with ``cancel``, stop the turns in flight and drop the queued ones."""
         if cancel:
             self.cancel.set()
-        self._executor.shutdown(wait=True, cancel_futures=cancel)
+            while True:
+                try:
+                    _, _, _, future = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if future is not None:
+                    future.cancel()
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for thread in self._threads:
+            thread.join()

@@ -84,8 +84,12 @@ class Teacher(Protocol):
         ...
 
 
-def make_teacher(config: Any, run_dir: Path) -> Teacher:
-    """The Teacher backend a run config names (``config``: an engine.config.RunConfig)."""
+def make_teacher(config: Any, run_dir: Path, node: str | None = None) -> Teacher:
+    """The Teacher backend a run config names (``config``: an engine.config.RunConfig).
+
+    ``node``: the Teacher runs turns on that node of a cluster, beside the run's
+    writer and other nodes' Teachers (see ``engine.mcts.cluster``).
+    """
     if config.backend == "sim":
         from engine.teachers.sim import SimTeacher
 
@@ -93,5 +97,5 @@ def make_teacher(config: Any, run_dir: Path) -> Teacher:
     if config.backend == "opencode":
         from engine.teachers.opencode import OpenCodeTeacher
 
-        return OpenCodeTeacher(config, run_dir)
+        return OpenCodeTeacher(config, run_dir, node)
     raise InputError(f"unknown backend {config.backend!r} (use {' or '.join(BACKENDS)})")

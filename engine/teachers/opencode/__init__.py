@@ -6,7 +6,7 @@ A turn, in the rooms of this package:
    the same worktree to turn 1's end), and a copy of the parent's shared-knowledge
    dir at ``.opencode/`` (where CORAL exposes it to OpenCode agents; never committed);
 2. ``sessions``: the session it forks is pointed at that worktree (a fresh session
-   from a root);
+   from a root), or brought in from another node's store (a cluster);
 3. ``processes``: ``opencode run --format json [--session S --fork]`` runs with the
    prompt on stdin, in the ``environment`` of the run, until it ends, its timeout
    or a cancel, and no process it started outlives it;
@@ -22,6 +22,11 @@ the turn's OpenCode process, so that the real ``coral eval`` grades there.
 Every recorded state - commit, session, shared-dir snapshot - stays immutable and
 can be forked again: by the edge's turn 2, by the node's children, or by a resumed
 run. Every path given to git and OpenCode is absolute.
+
+On a cluster node (``node``: ``explore --executor ray``) the run directory is shared
+by every node, and OpenCode's store is the node's own (``environment.node_store``):
+each turn's session is exported next to its worktree (``session_file`` in its state),
+and a turn whose source session another node made imports it first.
 """
 
 from __future__ import annotations
@@ -44,10 +49,15 @@ from engine.teachers.opencode.coral import (
     coral_python,
     student_coral_dir,
 )
-from engine.teachers.opencode.environment import Environment
+from engine.teachers.opencode.environment import Environment, node_store
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
 from engine.teachers.opencode.recorder import Recorder, conversation_facts
-from engine.teachers.opencode.sessions import move_session
+from engine.teachers.opencode.sessions import (
+    export_session,
+    has_session,
+    import_session,
+    move_session,
+)
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
 from ingest.errors import InputError
@@ -90,6 +100,8 @@ class OpenCodeOptions(BaseModel):
     coral_dir: str | None = Field(None, description="the Student run's .coral: grade in a CORAL run per edge")
     coral_agent_id: str = Field("teacher", pattern=r"^[A-Za-z0-9_.-]+$")
     coral_python: str | None = Field(None, description="the Python CORAL is installed in (default: coral's)")
+    node_store: str | None = Field(None, description="cluster nodes: where each keeps OpenCode's store "
+                                   "(a local disk; default: the temporary directory)")
 
 
 def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -139,11 +151,14 @@ class OpenCodeTeacher:
 
     name = "opencode"
 
-    def __init__(self, config: Any, run_dir: Path) -> None:
+    def __init__(self, config: Any, run_dir: Path, node: str | None = None) -> None:
         self.opts = OpenCodeOptions.model_validate(resolve_options(dict(config.backend_options)))
         self.task = config.task or "task"
+        self.node = node
         check_eval_command(self.opts.eval_command)  # before anything is created
-        self.environment = Environment(run_dir, self.opts)
+        self.run_store = Environment(run_dir, self.opts)
+        self.environment = Environment(run_dir, self.opts, node_store(self.opts.node_store, run_dir, node)) \
+            if node else self.run_store  # fmt: skip
         self.worktrees = Worktrees(
             Path(self.opts.worktree_root) if self.opts.worktree_root else self.environment.run_dir / "worktrees",
             self.opts.shared_dir,
@@ -151,8 +166,10 @@ class OpenCodeTeacher:
         self.processes = Supervisor()
         # Sessions a killed process of this run left running (kill -9 skips every
         # cleanup) would go on writing into worktrees its turns are re-run in. Only
-        # this run's writer starts them, so whatever carries the run's mark is left over.
-        kill_marked(str(self.environment.run_dir), RUN_ENV)
+        # this run's writer starts them, so whatever carries the run's mark is left over
+        # (a cluster node's Teacher runs beside others of the run: it leaves them).
+        if node is None:
+            kill_marked(str(self.environment.run_dir), RUN_ENV)
         self.environment.init_database()
         self.coral = None
         if self.opts.coral_dir:
@@ -189,7 +206,7 @@ class OpenCodeTeacher:
         copy_dir(Path(start["shared"]) if start.get("shared") else None, shared)
         source = start.get("session")
         if source:
-            move_session(self.environment.database, source, worktree)
+            self._bring_session(source, start.get("session_file"), worktree, edge_dir)
         before = git("rev-parse", "HEAD", cwd=worktree)
         prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
             task=self.task, edge_id=request.edge_id, turn=request.turn, eval_command=self.opts.eval_command,
@@ -225,18 +242,40 @@ class OpenCodeTeacher:
         facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
                                   source=result.source, feedback=result.feedback,
                                   grader_log=_tail(grader_log) if self.coral else None))  # fmt: skip
+        state = {"repo": str(repo), "worktree": str(worktree), "commit": after,
+                 "session": parser.summary.session_id or source, "shared": str(snapshot),
+                 "conversation": conversation}  # fmt: skip
+        if self.node:  # where it ran, and its session for the other nodes
+            state["node"] = self.node
+            state["session_file"] = start.get("session_file")
+            if parser.summary.session_id:
+                state["session_file"] = str(edge_dir / f"session-t{request.turn}.json")
+                export_session(self.environment.bin, self.environment.env, parser.summary.session_id,
+                               Path(state["session_file"]))  # fmt: skip
         facts.append(TurnFinished(
             **ids, session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
-            outcome=outcome, error=error,
-            state={"repo": str(repo), "worktree": str(worktree), "commit": after,
-                   "session": parser.summary.session_id or source, "shared": str(snapshot),
-                   "conversation": conversation},
+            outcome=outcome, error=error, state=state,
             started_at=started_at.isoformat(), wall_seconds=round(wall, 3),
             prompt=prompt, transcript="".join(lines),
         ))  # fmt: skip
         return facts
 
     # -- the turn
+
+    def _bring_session(self, source: str, file: str | None, worktree: Path, edge_dir: Path) -> None:
+        """Point ``source`` at ``worktree`` in this store, importing it when another store made it.
+
+        A session with no exported file was made in the run's own store (a run started
+        without a cluster): it is exported from there first.
+        """
+        env = self.environment
+        if has_session(env.database, source):
+            move_session(env.database, source, worktree)
+            return
+        if file is None:
+            file = str(edge_dir / f"session-{source}.json")
+            export_session(self.run_store.bin, self.run_store.env, source, Path(file))
+        import_session(env.bin, env.env, Path(file), worktree)
 
     def _run(self, request: TurnRequest, edge_dir: Path, worktree: Path, source: str | None,
              prompt: str, cancel: threading.Event, companions: tuple[Companion, ...],

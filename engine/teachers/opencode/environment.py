@@ -1,7 +1,8 @@
-"""The environment OpenCode runs in: its own HOME and XDG dirs under the run, and its config.
+"""The environment OpenCode runs in: its own HOME and XDG dirs, and its config.
 
 Everything OpenCode keeps (its session database, logs, snapshot repos) lives under
-``<run>/opencode/`` (its HOME: a git identity is set for the commits of the
+its store, ``<run>/opencode/`` (on a cluster node, a directory of that node's: see
+``node_store``). The store is OpenCode's HOME (a git identity is set for the commits of the
 Teacher's eval unless the environment has one); its config comes through
 ``OPENCODE_CONFIG_CONTENT``: the
 model, and for an endpoint an OpenAI-compatible provider whose key is read from the
@@ -10,10 +11,13 @@ variable named by ``api_key_env`` (the key is never recorded).
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +64,21 @@ def opencode_config(opts: Any, base_url: str | None = None) -> dict[str, Any]:
     return config
 
 
-class Environment:
-    """OpenCode's home under ``<run>/opencode`` and the variables every turn runs with."""
+def node_store(root: str | None, run_dir: Path, node: str) -> Path:
+    """The store of a cluster node's turns: on the node's own disk (SQLite wants a local
+    file), under ``root`` (default: the temporary directory), one per run and node."""
+    run_dir = Path(run_dir).resolve()
+    run_key = f"{run_dir.name}-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:8]}"
+    return Path(root or tempfile.gettempdir()) / "teacher-mcts-nodes" / run_key / node[:16]
 
-    def __init__(self, run_dir: Path, opts: Any) -> None:
+
+class Environment:
+    """OpenCode's store (``home``, default ``<run>/opencode``) and the variables every turn runs with."""
+
+    def __init__(self, run_dir: Path, opts: Any, home: Path | None = None) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.opts = opts
-        self.home = self.run_dir / "opencode"
+        self.home = Path(home) if home else self.run_dir / "opencode"
         self.bin = find_binary(opts.opencode_bin)
         for sub in ("data", "config", "cache", "state"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
@@ -94,10 +106,12 @@ class Environment:
         here: a turn with no tool calls, or with no eval, only when two fresh runs
         started together), so one command creates it first.
         """
-        if self.database.exists():
-            return
-        done = subprocess.run([self.bin, "session", "list"], env=self.env, cwd=self.home,
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=120)  # fmt: skip
+        with open(self.home / ".init.lock", "w") as lock:  # the Teachers of a node share its store
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.database.exists():
+                return
+            done = subprocess.run([self.bin, "session", "list"], env=self.env, cwd=self.home,
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=120)  # fmt: skip
         if done.returncode != 0:
             msg = done.stderr.decode(errors="replace").strip()[-500:]
             raise ProjectError(f"{self.bin} could not start: {msg}")

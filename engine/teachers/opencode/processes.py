@@ -5,6 +5,13 @@ session leader), so a turn's processes are found by a marker in their
 environment: ``TEACHER_MCTS_TURN`` names the turn, ``TEACHER_MCTS_RUN`` the run
 (a resumed run stops what a killed process of the run left running). Companions
 of a turn (CORAL's grader daemon) carry the turn's marker too, so they end with it.
+
+A process that dies without its cleanup (``kill -9``, the OOM killer, a Ray worker
+lost) cannot stop what it started, so each supervisor has a watchdog: a small
+process of its own session (this file run as a script) holding the read end of a
+pipe only the supervisor's process writes. When that process ends, however it
+ends, the kernel closes the pipe, and the watchdog kills everything carrying the
+supervisor's marker ``TEACHER_MCTS_OWNER`` (every process of its turns), then exits.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,6 +30,7 @@ from pathlib import Path
 
 MARKER_ENV = "TEACHER_MCTS_TURN"
 RUN_ENV = "TEACHER_MCTS_RUN"  # every process of a run's turns: its run directory
+OWNER_ENV = "TEACHER_MCTS_OWNER"  # every process of one supervisor's turns (its watchdog's mark)
 
 
 def kill_marked(marker: str, name: str = MARKER_ENV) -> list[int]:
@@ -72,6 +81,16 @@ class Supervisor:
     def __init__(self) -> None:
         self._markers: set[str] = set()
         self._lock = threading.Lock()
+        self.owner = uuid.uuid4().hex
+        self._watchdog: subprocess.Popen | None = None
+
+    def _watch(self) -> None:
+        """Start the watchdog (once) before the first process it guards."""
+        with self._lock:
+            if self._watchdog is None:
+                self._watchdog = subprocess.Popen([sys.executable, __file__, self.owner], stdin=subprocess.PIPE,
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                  start_new_session=True)  # fmt: skip
 
     def run(
         self,
@@ -94,17 +113,19 @@ class Supervisor:
         whatever carries the marker once the process has exited (the companions).
         """
         marker = f"{label}#{uuid.uuid4().hex[:8]}"
+        self._watch()
         with self._lock:
             self._markers.add(marker)
+        marks = {MARKER_ENV: marker, OWNER_ENV: self.owner}
         started: list[subprocess.Popen] = []
         try:
             for c in companions:
                 with open(c.output, "wb") as out:
-                    started.append(subprocess.Popen(c.args, cwd=c.cwd, env=dict(c.env or env, **{MARKER_ENV: marker}),
+                    started.append(subprocess.Popen(c.args, cwd=c.cwd, env=dict(c.env or env, **marks),
                                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                                     start_new_session=True))  # fmt: skip
             with open(stdin, "rb") as fin, open(stderr, "wb") as ferr:
-                proc = subprocess.Popen(args, cwd=cwd, env=dict(env, **{MARKER_ENV: marker}),
+                proc = subprocess.Popen(args, cwd=cwd, env=dict(env, **marks),
                                         stdin=fin, stdout=subprocess.PIPE, stderr=ferr,
                                         start_new_session=True)  # fmt: skip
                 reader = threading.Thread(target=self._read, args=(proc, on_line), daemon=True)
@@ -145,8 +166,33 @@ class Supervisor:
         proc.wait(timeout=30)
 
     def stop_all(self) -> None:
-        """Kill every process of every turn still running."""
+        """Kill every process of every turn still running, and end the watchdog."""
         with self._lock:
             markers = list(self._markers)
+            watchdog, self._watchdog = self._watchdog, None
         for marker in markers:
             kill_marked(marker)
+        if watchdog is not None:
+            watchdog.stdin.close()  # type: ignore[union-attr]  # it kills what is left, and exits
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                watchdog.wait(timeout=30)
+
+
+def watch(owner: str) -> None:
+    """The watchdog: wait for the supervisor's process to end, then kill what carries its mark.
+
+    It ignores the signals a terminal or ``timeout`` sends (it is in a session of its
+    own anyway), and kills until a pass finds nothing (a process may fork meanwhile).
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    while sys.stdin.buffer.read(65536):
+        pass
+    for _ in range(50):
+        if not kill_marked(owner, OWNER_ENV):
+            return
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    watch(sys.argv[1])

@@ -1,17 +1,25 @@
-"""OpenCode's session store: pointing a recorded session at the worktree that forks it.
+"""OpenCode's session store: pointing a recorded session at the worktree that forks it,
+and carrying sessions between stores (the nodes of a cluster).
 
 OpenCode binds a session to the directory it was created in: a run of it from
-another directory hangs, its tools acting in the old one. Before a fork, the source session's
-``directory`` in OpenCode's own SQLite database is set to the new worktree, so the
-fork and its tools run there.
+another directory hangs, its tools acting in the old one. Before a fork, the source
+session's ``directory`` in OpenCode's own SQLite database is set to the new
+worktree, so the fork and its tools run there.
+
+A session made in another store (on another node of a cluster) is brought in from
+the JSON ``opencode export`` wrote of it: ``opencode import`` run from the new
+worktree binds it to that worktree (and its git project) as it upserts it.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 from pathlib import Path
 
 from ingest.errors import ProjectError
+
+COMMAND_TIMEOUT_S = 300  # an export or import takes 1-2 s
 
 
 def move_session(database: Path, session: str, directory: Path) -> None:
@@ -23,3 +31,33 @@ def move_session(database: Path, session: str, directory: Path) -> None:
                               (str(Path(directory).resolve()), session)).rowcount  # fmt: skip
     if updated != 1:
         raise ProjectError(f"OpenCode session {session} not found in {database}")
+
+
+def has_session(database: Path, session: str) -> bool:
+    """Whether the store of ``database`` holds ``session``."""
+    if not database.exists():
+        return False
+    with sqlite3.connect(database, timeout=30) as con:
+        return con.execute("select count(*) from session where id = ?", (session,)).fetchone()[0] == 1
+
+
+def export_session(binary: str, env: dict[str, str], session: str, dest: Path) -> None:
+    """Write ``session`` as ``opencode export`` prints it to ``dest`` (atomically)."""
+    partial = dest.with_name(dest.name + ".partial")
+    with open(partial, "wb") as out:
+        done = subprocess.run([binary, "export", session], env=env, cwd=dest.parent, stdin=subprocess.DEVNULL,
+                              stdout=out, stderr=subprocess.PIPE, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        msg = done.stderr.decode(errors="replace").strip()[-300:]
+        raise ProjectError(f"opencode could not export session {session}: {msg}")
+    partial.replace(dest)
+
+
+def import_session(binary: str, env: dict[str, str], file: Path, worktree: Path) -> None:
+    """Bring the session exported to ``file`` into the store of ``env``, bound to ``worktree``."""
+    done = subprocess.run([binary, "import", str(file)], env=dict(env, PWD=str(worktree)), cwd=worktree,
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
+    if done.returncode != 0:
+        msg = done.stderr.decode(errors="replace").strip()[-300:]
+        raise ProjectError(f"opencode could not import the session in {file}: {msg}")

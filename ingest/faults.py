@@ -1,0 +1,61 @@
+"""Named moments at which a test can kill this process with SIGKILL (the kill -9 soak).
+
+Nothing happens unless ``TEACHER_MCTS_CRASH_AT=<point>:<n>`` is set: the process
+then kills itself (``kill -9``: no handler, no cleanup) the n-th time it reaches
+``<point>``. The points are the moments between two steps of a write, where a
+kill from outside would have to land by luck:
+
+    publish.written    a part's temp file is written and fsynced, not yet renamed
+    publish.renamed    a part is renamed into place, its directory not yet fsynced
+    compact.published  a merged part is published; the parts it replaces are all still there
+    compact.removing   the first of the parts a merge replaces is removed, the others not
+    spool.written      a finished turn's spool file is written under its temp name
+    spool.renamed      a finished turn is in the spool, not yet in the log
+
+Each point counts how often it is reached (:func:`reached`), so a test can run a
+job once without the variable and then pick a moment of each kind within it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+
+from ingest.errors import InputError
+
+CRASH_ENV = "TEACHER_MCTS_CRASH_AT"
+POINTS = ("publish.written", "publish.renamed", "compact.published", "compact.removing",
+          "spool.written", "spool.renamed")  # fmt: skip
+
+_reached: Counter[str] = Counter()
+_lock = threading.Lock()
+
+
+def _plan() -> tuple[str, int] | None:
+    """The point and count ``$TEACHER_MCTS_CRASH_AT`` names (InputError when malformed)."""
+    value = os.environ.get(CRASH_ENV)
+    if not value:
+        return None
+    point, _, count = value.rpartition(":")
+    if point not in POINTS or not count.isdigit() or int(count) < 1:
+        msg = f"${CRASH_ENV}={value!r}: expected <point>:<n> with n >= 1 and a point among {', '.join(POINTS)}"
+        raise InputError(msg)
+    return point, int(count)
+
+
+def crash_point(point: str) -> None:
+    """Count one arrival at ``point``; SIGKILL this process if it is the planned one."""
+    with _lock:
+        _reached[point] += 1
+        arrival = _reached[point]
+    plan = _plan()
+    if plan is not None and plan == (point, arrival):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def reached() -> dict[str, int]:
+    """How often each point was reached in this process so far."""
+    with _lock:
+        return dict(_reached)

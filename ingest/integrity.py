@@ -1,0 +1,216 @@
+"""The integrity of a run's log: check every byte of every part (``verify``), move damage aside (``quarantine``).
+
+Readers check each part they use against the checksum its name records and its
+footer (``ingest.log.check_part``). ``verify`` goes further, over the whole log:
+every part's checksum, footer, every page of every row group decoded, its seqs
+exactly the range its name gives, and the parts forming a gapless ``1..tail``. It
+reports each part with its problem and the intact prefix: the seqs before the first
+problem.
+
+Nothing is appended after a problem (the writer refuses) until ``quarantine`` moves
+the first bad part, and every part after it, into ``<run>/quarantine/`` (never
+deleting anything): events after a damaged one cannot stay in a gapless log, and the
+intact prefix is a state the run really had, since each part is one whole step of
+the engine. The spool of finished turns goes with them (its turns followed the
+old tail). An exploration then continues from the prefix with ``explore --resume``,
+which runs again the turns the moved events recorded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ingest.errors import InputError, LogError
+from ingest.log import EventLog, Part, WriterLock, _cover, _fsync_dir, _list_parts, content_problem
+
+QUARANTINE_DIR = "quarantine"
+
+
+@dataclass(frozen=True)
+class PartCheck:
+    """One part of the log and what ``verify`` found wrong with it (``problem`` None: intact)."""
+
+    name: str
+    path: Path
+    first: int
+    last: int
+    level: int
+    checksum: bool  # whether its name records a checksum (parts written before checksums do not)
+    problem: str | None = None
+
+    @property
+    def seqs(self) -> str:
+        return f"seqs {self.first}..{self.last}"
+
+
+@dataclass
+class Verification:
+    """What ``verify`` found: every part in seq order, the intact prefix, the first problem."""
+
+    run_id: str
+    log_dir: Path
+    parts: list[PartCheck]
+    intact_to: int  # the last seq of the intact prefix (0: nothing intact)
+    tail: int  # the last seq any part names
+    problem: str | None = None  # the first problem, in words (None: the log verifies)
+    first_bad: PartCheck | None = None  # the first part at or after that problem
+    # What a crash left, which the writer removes when it opens the run: parts a merge
+    # superseded (their events are in the merged part) and unpublished temp files.
+    superseded: list[PartCheck] = field(default_factory=list)
+    temporary: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    @property
+    def unchecksummed(self) -> int:
+        return sum(not p.checksum for p in self.parts)
+
+
+def _check(part: Part) -> PartCheck:
+    try:
+        data = part.path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        return _part_check(part, f"unreadable ({err.strerror or err})")
+    return _part_check(part, content_problem(part, data))
+
+
+def verify_log(log: EventLog) -> Verification:
+    """Check every byte of every part of ``log`` (see the module docstring).
+
+    A part that compaction removes while it is checked makes the whole check start
+    again from a new listing (the log it describes stays the same events).
+    """
+    log.require()
+    for _attempt in range(20):
+        try:
+            return _verify(log)
+        except FileNotFoundError:
+            continue
+    raise LogError(f"{log.log_dir}: parts kept disappearing while verifying - try again")
+
+
+def _verify(log: EventLog) -> Verification:
+    listed = _list_parts(log.log_dir)
+    chosen, gap = _cover(listed)
+    end = chosen[-1].last if chosen else 0
+    # Parts past the gapless cover (after a gap, or overlapping it), and parts a merge
+    # superseded (a crash between publishing a merge and removing what it replaced).
+    after = [p for p in listed if p not in chosen and p.last > end]
+    superseded = [p for p in listed if p not in chosen and p.last <= end]
+    checks = [_check(p) for p in chosen + after]
+    result = Verification(
+        log.run_id, log.log_dir, checks, intact_to=end, tail=max((p.last for p in listed), default=0),
+        superseded=[_part_check(p, "superseded") for p in superseded],
+        temporary=sorted(n for n in os.listdir(log.log_dir) if n.startswith(".tmp-")),
+    )  # fmt: skip
+    bad = next((c for c in checks[: len(chosen)] if c.problem), None)
+    if bad is not None:
+        result.intact_to, result.first_bad = bad.first - 1, bad
+        result.problem = f"{bad.name} ({bad.seqs}) is damaged: {bad.problem}"
+    elif gap is not None:
+        result.first_bad = checks[len(chosen)] if after else None
+        result.problem = gap
+    return result
+
+
+def _part_check(part: Part, problem: str | None) -> PartCheck:
+    return PartCheck(part.path.name, part.path, part.first, part.last, part.level, part.digest is not None, problem)
+
+
+@dataclass
+class Quarantined:
+    """What ``quarantine`` moved aside, and the log that is left."""
+
+    run_id: str
+    moved: list[PartCheck]  # the first bad part, then every part after it
+    destination: Path
+    intact_to: int  # the log now holds seqs 1..intact_to
+    events_moved: int  # seqs intact_to+1 .. the old tail
+    turns_moved: int | None  # TurnFinished events among them (None: a moved part is unreadable)
+    finished_moved: bool  # the run's RunFinished was among them
+    spool_moved: Path | None  # where the spool of finished turns went, if there was one
+
+
+def quarantine(log: EventLog, part: str) -> Quarantined:
+    """Move the first bad part of ``log`` and every part after it aside (never deleting).
+
+    ``part`` names that part (its file name or path); any other part is refused, so
+    nothing intact is moved by a typo. Holds the writer's lock while it moves, so
+    a run being written is refused.
+    """
+    lock = WriterLock(log.require())
+    lock.acquire()
+    try:
+        found = verify_log(log)
+        target = _target(found, part)
+        moving = [target] + [p for p in found.parts + found.superseded if p.first > found.intact_to and p != target]
+        moving.sort(key=lambda c: (c.first, -c.last, c.name))
+        turns, finished = _turns_in(moving)
+        destination = log.dir / QUARANTINE_DIR
+        destination.mkdir(exist_ok=True)
+        for p in reversed(moving):  # the newest first: what is left is always a prefix and the rest
+            os.rename(p.path, _free_name(destination, p.name))
+        spool = log.dir / "spool"
+        spool_moved = None
+        if spool.is_dir():
+            spool_moved = _free_name(destination, "spool")
+            os.rename(spool, spool_moved)
+        _fsync_dir(destination)
+        _fsync_dir(log.log_dir)
+    finally:
+        lock.release()
+    return Quarantined(log.run_id, moving, destination, found.intact_to, found.tail - found.intact_to,
+                       turns, finished, spool_moved)  # fmt: skip
+
+
+def _target(found: Verification, part: str) -> PartCheck:
+    """The part ``quarantine`` may move first: the first bad one, named as the user named it."""
+    name = Path(part).name
+    if found.ok:
+        raise InputError(f"run {found.run_id!r}: the log verifies - nothing to quarantine")
+    bad = found.first_bad
+    if bad is None:  # the log just ends early: nothing after the problem to move
+        raise InputError(f"run {found.run_id!r}: {found.problem}, and no part follows it - nothing to move")
+    if name == bad.name:
+        return bad
+    named = next((p for p in found.parts + found.superseded if p.name == name), None)
+    if named is None:
+        raise InputError(f"{found.log_dir}: no part named {name!r} - 'verify {found.run_id}' lists them")
+    where = "intact" if named.last <= found.intact_to and not named.problem else "after the first bad part"
+    msg = (f"{name} is {where}; quarantine starts at the first bad part, {bad.name} ({bad.seqs}), "
+           "and moves every part after it too - nothing was moved")  # fmt: skip
+    raise InputError(msg)
+
+
+def _turns_in(parts: list[PartCheck]) -> tuple[int | None, bool]:
+    """TurnFinished events among these parts (None if one cannot be read), and whether RunFinished is."""
+    turns, finished = 0, False
+    for p in parts:
+        if p.problem == "superseded":
+            continue
+        try:
+            kinds = pq.read_table(p.path, columns=["kind"]).column("kind")
+        except (pa.ArrowInvalid, OSError):
+            return None, finished
+        turns += pc.sum(pc.equal(kinds, "turn_finished")).as_py() or 0
+        finished = finished or pc.any(pc.equal(kinds, "run_finished")).as_py()
+    return turns, bool(finished)
+
+
+def _free_name(directory: Path, name: str) -> Path:
+    """``directory/name``, or ``name.1``, ``name.2``... if taken (an earlier quarantine's)."""
+    path, n = directory / name, 0
+    while path.exists():
+        n += 1
+        path = directory / f"{name}.{n}"
+    return path
