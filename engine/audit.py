@@ -4,9 +4,9 @@ Every figure is a row of a view (``coverage``, ``learnability``, ``tool_error_ra
 ``tool_error_messages``, ``knowledge_usage``, ``knowledge_improvement``, ``cost_tasks``
 and every ``audit_*`` view); this module only chooses which rows to show. Every view
 of a collection is per run (the union of the runs' rows, ``run_id`` first), so the
-audit reads the runs one at a time (:func:`~engine.runs.each_run`): each run's
-catalog is loaded, evaluated at its decisions, queried and dropped, and a collection
-of any size is audited in the memory its largest run takes.
+audit reads the runs a few at a time (:func:`~engine.runs.over_runs`, one per core):
+each run's catalog is loaded, evaluated at its decisions, queried and dropped, and a
+collection of any size is audited in the memory its largest runs take.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.catalog import Catalog
 from engine.replay import loaded_at_decisions
-from engine.runs import each_run
+from engine.runs import over_runs
 from ingest.errors import InputError, LogError
+from ingest.log import EventLog
 from ingest.log import run_ids as runs_under
 
 STRATA = ("task", "stage", "depth", "lineage", "root")
@@ -62,15 +64,23 @@ def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] 
     runs = list(dict.fromkeys(run_ids)) if run_ids else runs_under(data_dir)
     if not runs:
         raise LogError(f"no runs under {Path(data_dir) / 'runs'}")
-    tables: dict[str, Rows] = {name: [] for name in _queries(by)}
-    violations: dict[str, Rows] = {}  # audit view -> its rows, listed view by view
-    for log, catalog in each_run(data_dir, sorted(runs)):
+    queries = _queries(by)
+
+    def work(log: EventLog, catalog: Catalog, _started: float) -> tuple[dict[str, Rows], dict[str, Rows]]:
         loaded_at_decisions(catalog, log)
-        for name, sql in _queries(by).items():
-            tables[name] += [{"run_id": log.run_id, **row} for row in catalog.query(sql)]
-        for view in sorted(v for v in catalog.views if v.startswith("audit_")):
-            rows = catalog.query(f"select * from {view} order by seq nulls last, subject")
-            violations.setdefault(view, []).extend({"run_id": log.run_id, **row} for row in rows)
+        found = {name: [{"run_id": log.run_id, **row} for row in catalog.query(sql)] for name, sql in queries.items()}
+        audits = {view: [{"run_id": log.run_id, **row}
+                         for row in catalog.query(f"select * from {view} order by seq nulls last, subject")]
+                  for view in sorted(v for v in catalog.views if v.startswith("audit_"))}  # fmt: skip
+        return found, audits
+
+    tables: dict[str, Rows] = {name: [] for name in queries}
+    violations: dict[str, Rows] = {}  # audit view -> its rows, listed view by view
+    for found, audits in over_runs(data_dir, sorted(runs), work):
+        for name, rows in found.items():
+            tables[name] += rows
+        for view, rows in audits.items():
+            violations.setdefault(view, []).extend(rows)
     return AuditReport(runs=runs, **tables, violations=[r for view in sorted(violations) for r in violations[view]])
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.runs import each_run, recorded_config
+from engine.runs import over_runs, recorded_config
 from ingest.events import DECISION_KINDS
 from ingest.log import EventLog
 
@@ -72,22 +72,19 @@ def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     return _replay(log, Catalog.empty(), start)
 
 
-def replay_runs(data_dir: Path, run_ids: list[str]) -> Iterator[ReplayResult]:
-    """Replay each of these runs in turn, as :func:`replay_run` does, in one DuckDB instance.
+def replay_runs(data_dir: Path, run_ids: list[str], workers: int | None = None) -> Iterator[ReplayResult]:
+    """Replay each of these runs as :func:`replay_run` does, in one DuckDB instance; results in run order.
 
-    The runs' catalogs come from :func:`~engine.runs.each_run` (views created once,
-    one run held at a time); a result keeps no catalog.
+    The runs' catalogs come from :func:`~engine.runs.over_runs` (views created once,
+    ``workers`` runs at a time); a result keeps no catalog.
     """
-    runs = each_run(data_dir, run_ids)
-    while True:
-        start = time.perf_counter()
-        try:
-            log, catalog = next(runs)
-        except StopIteration:
-            return
-        result = _replay(log, catalog, start)
+
+    def work(log: EventLog, catalog: Catalog, started: float) -> ReplayResult:
+        result = _replay(log, catalog, started)
         result.catalog = None
-        yield result
+        return result
+
+    yield from over_runs(data_dir, run_ids, work, workers)
 
 
 def _replay(log: EventLog, catalog: Catalog, start: float) -> ReplayResult:

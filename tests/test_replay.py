@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ENDLESS, ROOT
+from conftest import ENDLESS, ROOT, copy_run
 
 from benchmarks.logs import tile
 from cli import cli
@@ -416,3 +416,34 @@ def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage, named):
         assert not isinstance(r.exception, Exception)  # a clean exit 1, not a crash
     with pytest.raises(LogError, match=re.escape(str(part))):
         EventLog(data, "rounds").read_table()
+
+
+def test_runs_replayed_side_by_side_each_give_their_own_result_in_run_order(runs, tmp_path):
+    """A collection's runs are replayed two at a time in one DuckDB instance; each result
+    is its run's alone (a forged run's differences stay its own) and they come in run order."""
+    from engine.replay import replay_runs
+
+    data = tmp_path / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+
+    def change(rows):
+        kept = first(rows, "edge_judged", verdict="kept")
+        kept["verdict"], kept["child_id"] = "pruned", None
+        change.edge = kept["edge_id"]
+
+    forge(data, "rounds", "forged", change)
+    order = ["rounds", "forged", "async"]
+
+    def results(workers):
+        return [(r.run_id, r.decisions, r.trees, [(d.kind, d.subject, d.problem) for d in r.differences])
+                for r in replay_runs(data, order, workers=workers)]  # fmt: skip
+
+    alone, side_by_side = results(1), results(2)
+    assert [r[0] for r in side_by_side] == order
+    assert side_by_side == alone
+    differences = {run: found for run, _, _, found in side_by_side}
+    assert differences["rounds"] == differences["async"] == []
+    assert ("edge_judged", change.edge, "verdict differs") in differences["forged"]
+    with pytest.raises(LogError, match="nope"):
+        next(replay_runs(data, ["rounds", "nope"], workers=2))  # every run is checked to exist first

@@ -107,6 +107,11 @@ class Catalog:
         cursor.execute(f'use "{database}"')
         return cls(cursor, views_dir, created=True)
 
+    @staticmethod
+    def template(con: duckdb.DuckDBPyConnection, views_dir: Path = VIEWS_DIR) -> str:
+        """The database of ``con``'s instance holding the empty catalog :meth:`inside` copies (made on first use)."""
+        return _template(con, views_dir)
+
     @classmethod
     def for_log(cls, log: EventLog, views_dir: Path = VIEWS_DIR, threads: int | None = None) -> Catalog:
         """A catalog holding the published prefix of ``log``."""
