@@ -35,32 +35,14 @@ def open_run(data_dir: Path, run_id: str, threads: int | None = None) -> Catalog
     return catalog
 
 
-def each_run(data_dir: Path, run_ids: list[str]) -> Iterator[tuple[EventLog, Catalog]]:
-    """Each run's log and an empty catalog for it, one run at a time, in one DuckDB instance.
-
-    Every run is checked to exist first. A catalog is a database of its own, its
-    definitions copied from the instance's template (the views are created once, not
-    once a run), and is dropped when the caller asks for the next one: a collection
-    of any size is held one run at a time.
-    """
-    logs = [EventLog(data_dir, run_id).require() for run_id in dict.fromkeys(run_ids)]
-    con = duckdb.connect()
-    try:
-        for i, log in enumerate(logs, start=1):
-            catalog = Catalog.inside(con, f"run_{i}")
-            try:
-                yield log, catalog
-            finally:
-                catalog.con.close()
-                con.execute(f"detach run_{i}")
-    finally:
-        con.close()
-
-
 def over_runs(data_dir: Path, run_ids: list[str], work: Callable[[EventLog, Catalog, float], T],
               workers: int | None = None) -> Iterator[T]:  # fmt: skip
-    """``work(log, catalog, started)`` of each run, in run order: ``catalog`` empty (as :func:`each_run`
-    gives it), ``started`` the ``time.perf_counter()`` before it was made.
+    """``work(log, catalog, started)`` of each run, in run order: ``catalog`` an empty catalog of the
+    run's own, ``started`` the ``time.perf_counter()`` before it was made.
+
+    A catalog is a database of its own, its definitions copied from the instance's
+    template (the views are created once, not once a run), and is detached once its
+    work returns: a collection of any size is held a few runs at a time.
 
     Up to ``workers`` runs (default: the machine's cores) are worked on at once, each
     in a thread with its own catalog in one DuckDB instance: a run of a collection is
