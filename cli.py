@@ -31,6 +31,9 @@ from ingest.events import as_utf8
 from ingest.log import DATA_ENV, default_data_dir
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+# How long the unwinding after a signal may take (stopping the turns in flight, releasing
+# the log) before the process ends at once; a test sets it low through the environment.
+CLEANUP_DEADLINE_S = float(os.environ.get("TEACHER_MCTS_CLEANUP_DEADLINE_S") or 120)
 
 
 class Terminated(BaseException):
@@ -46,7 +49,9 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
     groups of their own) kept running with nobody to stop them. Raised in the main
     thread, the exception unwinds: the Teacher's processes are stopped, staged
     events are dropped (their turns are re-run by --resume), the lock is released.
-    The signals received are appended to ``received``: raised inside a callback
+    The unwinding has CLEANUP_DEADLINE_S, and a second signal ends it: either way the
+    process ends at once with the first signal's message (``_exit_now``). The
+    signals received are appended to ``received``: raised inside a callback
     from DuckDB (a scan of an Arrow table runs Python code), the exception comes out
     as a DuckDB error, and the caller must still report the signal.
     """
@@ -54,9 +59,15 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
         yield
         return
 
+    deadline: list[threading.Timer] = []  # the unwinding's, once a signal arrived
+
     def handler(signum: int, _frame: object) -> None:
+        if received:  # a second signal while unwinding: stop now (the watchdog kills what is left)
+            _exit_now(received[0])
         received.append(signum)
-        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        deadline.append(threading.Timer(CLEANUP_DEADLINE_S, _exit_now, [signum, "the cleanup did not end in time"]))
+        deadline[0].daemon = True
+        deadline[0].start()
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
     # A signal the process was started ignoring stays ignored (nohup: SIGHUP; a
@@ -66,7 +77,9 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
     previous = {s: signal.signal(s, handler) for s in handled}
     try:
         yield
-    finally:
+    finally:  # the command has unwound: what is left is reporting the signal
+        for timer in deadline:
+            timer.cancel()
         for s, old in previous.items():
             signal.signal(s, old)
 
@@ -112,11 +125,23 @@ class _Group(click.Group):
             _exit_signalled(received[0] if received else signal.SIGINT)
 
 
+def _signal_message(signum: int) -> str:
+    return "Interrupted." if signum == signal.SIGINT else f"Terminated by {signal.Signals(signum).name}."
+
+
+def _exit_now(signum: int, why: str | None = None) -> None:
+    """End the process at once, with the message of the first signal (from any thread).
+
+    A Teacher's processes do not outlive it: its supervisor's watchdog kills them when
+    this process is gone. Staged events are not published (--resume runs their turns again).
+    """
+    note = f"{why}: stopped at once; continue with --resume\n" if why else ""
+    os.write(2, f"{note}{_signal_message(signum)}\n".encode())
+    os._exit(128 + signum)
+
+
 def _exit_signalled(signum: int) -> None:
-    if signum == signal.SIGINT:
-        click.echo("Interrupted.", err=True)
-    else:
-        click.echo(f"Terminated by {signal.Signals(signum).name}.", err=True)
+    click.echo(_signal_message(signum), err=True)
     sys.exit(128 + signum)
 
 
@@ -361,9 +386,13 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--coral-dir", default=None,
               help="opencode: the Student run's .coral; every edge gets a CORAL run of its own, graded by "
                    "CORAL's daemon (the Student run is only read).")  # fmt: skip
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where turns run: this machine, or the workers of a Ray cluster.")  # fmt: skip
+@click.option("--ray-address", default=None,
+              help="With --executor ray: the cluster to join (default $RAY_ADDRESS, else a local one).")  # fmt: skip
 @json_option
 def explore(roots: Path | None, run_id: str | None, resume_id: str | None, config_file: Path | None,
-            select: bool, as_json: bool, **options: Any) -> None:  # fmt: skip
+            select: bool, executor: str, ray_address: str | None, as_json: bool, **options: Any) -> None:  # fmt: skip
     """Grow the token-aware MCTS trees of every root (docs/ALGORITHM.md, "Trees").
 
     ROOTS is the output of select-snapshots (or, with --select, a task's
@@ -382,16 +411,20 @@ def explore(roots: Path | None, run_id: str | None, resume_id: str | None, confi
         python cli.py explore --resume demo
         python cli.py explore data/out/speedup --backend opencode --model sglang/qwen \\
             --endpoint http://127.0.0.1:30000/v1 --coral-dir results/speedup/latest/.coral
+        python cli.py explore data/out/roots --run-id big --executor ray --ray-address auto
     """
     from engine.config import load_config
     from engine.exploration import new_run, resume_run
 
+    if ray_address and executor != "ray":
+        raise click.UsageError("--ray-address needs --executor ray")
     progress = ProgressLine()
     try:
         if resume_id:
             if roots is not None or run_id or select:
                 raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
-            result = resume_run(_data_dir(), resume_id, progress, lambda p: _resuming(resume_id, p))
+            result = resume_run(_data_dir(), resume_id, progress, lambda p: _resuming(resume_id, p),
+                                executor, ray_address)  # fmt: skip
         else:
             if roots is None:
                 raise click.UsageError("ROOTS is required (or --resume RUN_ID)")
@@ -403,7 +436,7 @@ def explore(roots: Path | None, run_id: str | None, resume_id: str | None, confi
                 click.echo(f"run {rid}: exploring (interrupt and continue with: "
                            f"python cli.py explore --resume {rid})", err=True)  # fmt: skip
 
-            result = new_run(_data_dir(), roots, config, run_id, select, progress, started)
+            result = new_run(_data_dir(), roots, config, run_id, select, progress, started, executor, ray_address)
     finally:
         progress.close()
     _render_explore(result, as_json)

@@ -115,14 +115,18 @@ def new_run(
     select: bool = False,
     on_progress: Progress | None = None,
     on_start: Callable[[str], None] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ExploreResult:
     """Create an exploration run over the roots in ``source`` and run it to the end.
 
     ``on_start`` is called with the run id once the run exists; ``on_progress`` as
-    the engine goes (see Explorer). With ``select``, ``source`` is a task's
-    ``all_snapshots`` dir or a CORAL run: the selection is recorded in this run
-    (ALGORITHM §1) and its picks become the roots (a CORAL run's attempts are first
-    written out as snapshot folders in the run's ``roots/``).
+    the engine goes (see Explorer). ``executor``: where turns run (``local``: this
+    machine; ``ray``: the Ray cluster at ``ray_address``, see engine.mcts.cluster).
+    With ``select``, ``source`` is a task's ``all_snapshots`` dir or a CORAL run: the
+    selection is recorded in this run (ALGORITHM §1) and its picks become the roots
+    (a CORAL run's attempts are first written out as snapshot folders in the run's
+    ``roots/``).
     """
     written_to = None
     if select:
@@ -168,7 +172,7 @@ def new_run(
         writer.flush()
         if on_start:
             on_start(run_id)
-        _explore(writer, catalog, config, on_progress, resumed=False)
+        _explore(writer, catalog, config, on_progress, False, executor, ray_address)
     return run_summary(data_dir, run_id, resumed=False)
 
 
@@ -177,12 +181,26 @@ def _refuse_existing(data_dir: Path, run_id: str) -> None:
         raise InputError(f"run {run_id!r} already exists - choose another --run-id or --resume it")
 
 
+EXECUTORS = ("local", "ray")
+
+
 def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, on_progress: Progress | None,
-             resumed: bool) -> None:  # fmt: skip
+             resumed: bool, executor: str, ray_address: str | None) -> None:  # fmt: skip
+    """Run the engine; the Teacher here forks roots and discards states, the executor runs the turns."""
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
     teacher = make_teacher(config, writer.log.dir)
+    cluster = None
     try:
-        Explorer(writer, catalog, config, teacher, on_progress).run(resumed=resumed)
+        if executor == "ray":
+            from engine.mcts.cluster import RayExecutor
+
+            cluster = RayExecutor(config, writer.log.dir, ray_address)
+        runner = cluster.run_turn if cluster else None
+        Explorer(writer, catalog, config, teacher, on_progress, runner).run(resumed=resumed)
     finally:
+        if cluster is not None:
+            cluster.close()
         teacher.close()
 
 
@@ -191,11 +209,14 @@ def resume_run(
     run_id: str,
     on_progress: Progress | None = None,
     on_start: Callable[[dict[str, Any]], None] | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ExploreResult:
     """Continue an interrupted exploration run from its log.
 
     ``on_start`` is called with the run's progress (``run_progress``) and task before
-    anything runs; a finished run is only summarized.
+    anything runs; a finished run is only summarized. ``executor``, ``ray_address``:
+    as for :func:`new_run` (a run may resume on another executor than it started on).
     """
     log = EventLog(data_dir, run_id).require()
     with LogWriter.open(data_dir, run_id) as writer:
@@ -208,7 +229,7 @@ def resume_run(
         if on_start:
             on_start(catalog.query("select * from run_progress")[0] | {"task": config.task, "finished": finished})
         if not finished:
-            _explore(writer, catalog, config, on_progress, resumed=True)
+            _explore(writer, catalog, config, on_progress, True, executor, ray_address)
         else:  # killed after its last part was published, before the spool was removed
             Spool(log.dir).clear()
     return run_summary(data_dir, run_id, resumed=not finished)

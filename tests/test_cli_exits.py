@@ -155,3 +155,82 @@ def test_a_text_argument_that_is_not_utf8_is_a_usage_error(runs, tmp_path):
 
     with pytest.raises(QueryError, match="the query is not UTF-8 text"):
         open_runs(runs, ["rounds"]).sql("select '\udcff'")
+
+
+STUCK_CLEANUP = """
+import threading, time
+import click
+from cli import _Group
+def body():
+    try:
+        print("started", flush=True)
+        threading.Event().wait(600)
+    finally:  # a cleanup that never ends (a turn that does not stop)
+        print("unwinding", flush=True)
+        threading.Event().wait(600)
+group = _Group(name="t")
+group.add_command(click.Command("go", callback=body))
+group(["go"])
+"""
+
+
+def start_stuck(**env: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_CLEANUP], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT), **env))  # fmt: skip
+    assert proc.stdout.readline() == "started\n"
+    return proc
+
+
+def test_a_second_signal_while_unwinding_ends_the_process_with_the_first_ones_message():
+    """`timeout` sends SIGTERM, then SIGINT: the second one must not cut the cleanup into a
+    traceback or an exit without a message (the Teacher's processes die with the watchdog)."""
+    proc = start_stuck()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline() == "unwinding\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and err == "Terminated by SIGTERM.\n", err
+
+
+def test_a_cleanup_past_its_deadline_ends_the_process():
+    proc = start_stuck(TEACHER_MCTS_CLEANUP_DEADLINE_S="1")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    assert err == "the cleanup did not end in time: stopped at once; continue with --resume\nTerminated by SIGTERM.\n"
+
+
+def test_a_signal_the_kernel_hands_to_a_turns_thread_still_stops_the_engine():
+    """A process-directed signal goes to any thread; Python runs the handler only in the main
+    thread, when it next runs Python code. The engine waiting for turns must notice (under
+    load, SIGTERM used to wait for the next finished turn: a stalled model, forever)."""
+    code = """
+import signal, threading
+import click
+from cli import _Group
+from engine.mcts.turns import TurnPool
+from engine.teachers import TurnCancelled, TurnRequest
+
+def runner(request, cancel):
+    print("running", flush=True)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # delivered to this thread
+    cancel.wait()
+    raise TurnCancelled("stopped")
+
+def body():
+    pool = TurnPool(None, 1, runner=runner)
+    pool.submit(TurnRequest("T1", "T1/e1-1", "T1", 1, 1, 1, {}, True, "maximize"))
+    try:
+        pool.wait()
+    finally:
+        pool.close(cancel=True)
+        print("closed", flush=True)
+
+group = _Group(name="t")
+group.add_command(click.Command("go", callback=body))
+group(["go"])
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    assert proc.returncode == 143 and proc.stdout == "running\nclosed\n", (proc.stdout, proc.stderr)
+    assert proc.stderr == "Terminated by SIGTERM.\n"

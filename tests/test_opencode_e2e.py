@@ -316,21 +316,25 @@ def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, 
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots, student):
-    """A scheduler's SIGTERM (preemption, ``timeout``) must not orphan OpenCode sessions or daemons."""
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGTERM, signal.SIGINT]], ids=["TERM", "TERM+INT"])
+def test_sigterm_stops_the_teacher_sessions_in_flight(tmp_path, roots, student, signals):
+    """A scheduler's SIGTERM (preemption, ``timeout``), and ``timeout``'s SIGINT after it while
+    the first unwinds, must not orphan OpenCode sessions or daemons nor lose the message."""
     model = FakeModel(script, stall=True).start()
     data = tmp_path / "data"
     proc, seen = start_explore_until_sessions_run(data, roots, model, "term", student)
     try:
         assert len(model.requests) >= 2 and seen, "the two turns did not start"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        seen |= set(marked_processes(EventLog(data, "term").dir))
+        for sig in signals:
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
         model.stop()
-        time.sleep(0.5)
-        alive = survivors(seen, EventLog(data, "term").dir / "opencode" / "data")
+    alive = wait_until_gone(seen | set(marked_processes(EventLog(data, "term").dir)))
+    survivors(set(alive), EventLog(data, "term").dir / "opencode" / "data")  # so that no other test meets them
     assert alive == [], f"processes survived: {alive}"
     assert proc.returncode == 143 and err.rstrip().endswith("Terminated by SIGTERM."), err
     assert "Traceback" not in err
@@ -463,3 +467,43 @@ def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after
     assert edges["T001/e2-1"] == "kept"  # no failed turn of the broken endpoint made it a retry
     assert cat.query("select count(*) as n from turns where outcome = 'error'")[0]["n"] == 0
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "down"]).exit_code == 0
+
+
+@pytest.mark.slow
+def test_a_session_continues_on_another_nodes_store(tmp_path, roots, coral_on_path):
+    """Two Teachers of one run on two cluster nodes (two OpenCode stores): turn 1 on one,
+    turn 2 and the child's fork on the other, then back; the model receives the whole
+    conversation each time, and the nodes' stores are gone once their Teachers close."""
+    from engine.config import RunConfig
+    from engine.teachers import RootInfo, TurnRequest
+    from engine.teachers.opencode import OpenCodeTeacher
+    from ingest.events import ConversationRecorded
+
+    model = FakeModel(local_script).start()
+    config = RunConfig(task="speedup", backend="opencode", backend_options={
+        "model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m",
+        "node_store": str(tmp_path / "nodes")})  # fmt: skip
+    run_dir = tmp_path / "run"
+    a, b = OpenCodeTeacher(config, run_dir, "node-a"), OpenCodeTeacher(config, run_dir, "node-b")
+    try:
+        start = a.root_state(RootInfo("T001", str(next(roots.iterdir())), 1.0, None))
+        ids = {"tree_id": "T001", "slot": 1, "attempt": 1, "direction": "maximize"}
+        edge = {**ids, "edge_id": "T001/e1-1", "parent_id": "T001"}
+        one = a.run_turn(TurnRequest(**edge, turn=1, start_state=start, fork=True), threading.Event())
+        two = b.run_turn(TurnRequest(**edge, turn=2, start_state=one[-1].state, fork=False), threading.Event())
+        child = {**ids, "edge_id": "T001.1/e1-1", "parent_id": "T001.1"}
+        three = a.run_turn(TurnRequest(**child, turn=1, start_state=two[-1].state, fork=True), threading.Event())
+        stores = [a.environment.home, b.environment.home]
+    finally:
+        a.close()
+        b.close()
+        model.stop()
+    assert [f[-1].outcome for f in (one, two, three)] == ["completed"] * 3
+    assert [f[-1].state["node"] for f in (one, two, three)] == ["node-a", "node-b", "node-a"]
+    assert stores[0] != stores[1] and stores[0].is_relative_to(tmp_path / "nodes")
+    assert all(f[-1].session_id for f in (one, two, three))
+    sent = [next(f for f in facts if isinstance(f, ConversationRecorded)) for facts in (one, two, three)]
+    assert sent[1].base == len(sent[0].messages) and sent[2].base == sent[1].base + len(sent[1].messages)
+    assert [f.messages[-1]["content"] for f in sent] == [f"Done with {e} turn {t}." for e, t in
+                                                         [("T001/e1-1", 1), ("T001/e1-1", 2), ("T001.1/e1-1", 1)]]
+    assert not any(s.exists() for s in stores)

@@ -44,7 +44,7 @@ from engine.catalog import Catalog
 from engine.config import RunConfig
 from engine.mcts import decisions
 from engine.mcts.spool import Spool
-from engine.mcts.turns import TeacherFailedError, TurnPool, moving_average
+from engine.mcts.turns import Runner, TeacherFailedError, TurnPool, moving_average
 from engine.selections import default_parameters, selection_decision
 from engine.teachers import RootInfo, Teacher, TurnRequest
 from ingest.events import ContentRecorded, Event, RunFinished, RunResumed
@@ -79,7 +79,9 @@ class Explorer:
 
     ``on_progress`` is called after every step with a function returning the run's
     progress (the ``run_progress`` and ``run_pace`` rows); it reads the views only when
-    called, so a renderer decides how often that costs a query.
+    called, so a renderer decides how often that costs a query. ``runner`` runs a
+    turn (default: ``teacher.run_turn`` on a slot's thread; engine.mcts.cluster runs
+    it on a Ray worker); ``teacher`` forks the roots and discards states either way.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class Explorer:
         config: RunConfig,
         teacher: Teacher,
         on_progress: Callable[[Callable[[], Row]], None] | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.writer = writer
         self.catalog = catalog
@@ -96,7 +99,7 @@ class Explorer:
         self.teacher = teacher
         self.on_progress = on_progress
         self.spool = Spool(writer.log.dir) if config.schedule == "rounds" else None
-        self.pool = TurnPool(teacher, config.parallel, self.spool)
+        self.pool = TurnPool(teacher, config.parallel, self.spool, runner)
         self.roots = {
             r["tree_id"]: RootInfo(r["tree_id"], r["path"], r["score"], r["commit_hash"])
             for r in catalog.query("select * from stg_root_added order by tree_id")

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future
 
 from engine.mcts.spool import Spool
@@ -34,6 +35,10 @@ class TeacherFailedError(ProjectError):
 Finished = tuple[TurnRequest, list[Event]]
 Runner = Callable[[TurnRequest, threading.Event], list[Event]]
 _STOP = (0, -1, None, None)  # sorts after every turn: a slot's thread ends
+# The engine's thread waits in slices: a signal the kernel hands to another thread only
+# sets a flag, and Python runs its handler in the main thread when that thread next runs
+# Python code, so a wait without an end would hold off SIGTERM until a turn finished.
+WAIT_SLICE_S = 0.2
 
 
 def moving_average(average: float | None, value: float, weight: float = 0.1) -> float:
@@ -66,7 +71,12 @@ class TurnPool:
 
     def wait(self) -> list[Finished]:
         """Every turn finished so far, in the order they finished (at least one: blocks)."""
-        done = [self._finished.get()]
+        while True:
+            try:
+                done = [self._finished.get(timeout=WAIT_SLICE_S)]
+                break
+            except queue.Empty:
+                continue
         while True:
             try:
                 done.append(self._finished.get_nowait())
@@ -129,6 +139,8 @@ class TurnPool:
 
     def _result(self, future: Future) -> list[Event]:
         try:
+            while not future.done():
+                futures.wait([future], timeout=WAIT_SLICE_S)
             return future.result()
         except (TurnCancelled, ProjectError):
             raise
@@ -149,4 +161,5 @@ class TurnPool:
         for _ in self._threads:
             self._queue.put(_STOP)
         for thread in self._threads:
-            thread.join()
+            while thread.is_alive():
+                thread.join(WAIT_SLICE_S)

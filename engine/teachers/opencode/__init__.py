@@ -192,9 +192,12 @@ class OpenCodeTeacher:
             self.worktrees.discard(Path(state["repo"]), Path(state["worktree"]))
 
     def close(self) -> None:
+        """Stop every process of the turns; a node's store goes too (each session is in its exported file)."""
         self.processes.stop_all()
         if self.recorder is not None:
             self.recorder.stop()
+        if self.node:
+            shutil.rmtree(self.environment.home, ignore_errors=True)
 
     def run_turn(self, request: TurnRequest, cancel: threading.Event) -> list[Event]:
         start = request.start_state

@@ -1,0 +1,217 @@
+"""Turns on a real Ray cluster: a head and a worker node started with `ray start` on this machine.
+
+Each node offers ``teacher_slot`` units (the resource a turn's worker takes), so the
+turns of a run are spread over two raylets as over two machines: two OpenCode
+stores, sessions carried between them as exported files. The cluster uses token
+authentication with a token of its own (Ray's default for new clusters), so a
+token another cluster left in ~/.ray does not interfere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT
+from fake_model import FakeModel
+from test_opencode_e2e import marked_processes, roots, script, student, wait_until_gone  # noqa: F401 - fixtures
+
+from cli import cli
+from ingest.log import EventLog
+
+pytestmark = pytest.mark.slow
+
+SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A head and one worker node, 2 teacher slots each; yields (address, env for its clients)."""
+    port = free_port()
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
+               PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")  # fmt: skip
+    env.pop("RAY_ADDRESS", None)
+    node = ["--num-cpus", "1", "--resources", json.dumps({"teacher_slot": 2}), "--object-store-memory", "100000000"]
+    address = f"127.0.0.1:{port}"
+    try:
+        subprocess.run(["ray", "start", "--head", "--port", str(port), "--include-dashboard", "false",
+                        "--disable-usage-stats", *node], env=env, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(["ray", "start", "--address", address, *node], env=env, check=True, capture_output=True)
+        yield address, env
+    finally:
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+
+
+def explore(data: Path, run_id: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", *args,
+                           "--run-id", run_id], env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+
+
+def sim_args(config: Path) -> list[str]:
+    return [str(SNAPSHOTS), "--select", "--task", "kernel-speedup", "--num-roots", "6", "--config", str(config)]
+
+
+def query(data: Path, run_id: str, sql: str) -> list[dict]:
+    r = CliRunner().invoke(cli, ["--data", str(data), "sql", run_id, sql, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def trees(data: Path, run_id: str) -> list[dict]:
+    """What a run decided: its nodes and every decision event, without run ids, seqs or times."""
+    return (query(data, run_id, "select tree_id, node_id, parent_id, depth, q from nodes order by all")
+            + query(data, run_id, "select * exclude (run_id, seq, recorded_at, watermark) from events where kind in "
+                    "('edge_judged', 'node_selected', 'tree_stopped', 'paths_selected') order by seq"))  # fmt: skip
+
+
+def replays(data: Path, run_id: str) -> None:
+    r = CliRunner().invoke(cli, ["--data", str(data), "replay", run_id])
+    assert r.exit_code == 0 and ", 0 differ" in r.output, r.output
+
+
+def turns_once(data: Path, run_id: str) -> None:
+    twice = query(data, run_id, "select edge_id, turn, count(*) as n from events where kind = 'turn_finished' "
+                                "group by all having n > 1")  # fmt: skip
+    assert twice == []
+
+
+def turn_workers(busy: bool = False) -> set[int]:
+    """The pids of the cluster's TurnWorker actor processes (``busy``: those running a turn)."""
+    title = b"ray::TurnWorker.run_turn" if busy else b"ray::TurnWorker"
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/cmdline").read_bytes().startswith(title):
+                    found.add(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_rounds_sim_run_on_ray_has_the_trees_of_a_local_run(tmp_path, cluster):
+    address, env = cluster
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 4\n")
+    data = tmp_path / "data"
+    local = explore(data, "local", env, *sim_args(config))
+    assert local.returncode == 0, local.stderr
+    on_ray = explore(data, "ray", env, *sim_args(config), "--executor", "ray", "--ray-address", address)
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert "Traceback" not in on_ray.stderr
+    replays(data, "ray")
+    turns_once(data, "ray")
+    assert trees(data, "ray") == trees(data, "local")
+    assert len(query(data, "ray", "select * from nodes")) > 6  # the trees grew
+
+
+def test_a_worker_killed_mid_turn_costs_that_turn_only(tmp_path, cluster):
+    """kill -9 of a TurnWorker while turns are in flight: Ray restarts it, its turn runs again."""
+    address, env = cluster
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 4\n[backend_options]\nlatency_s = 0.4\n[tree]\nmax_depth = 2\n")
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", *sim_args(config),
+                             "--run-id", "killed", "--executor", "ray", "--ray-address", address],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        log = EventLog(data, "killed")
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                log.exists() and log.tail_seq() > 200 and turn_workers(busy=True)):  # fmt: skip
+            time.sleep(0.05)
+        busy = turn_workers(busy=True)
+        assert proc.poll() is None and busy, "the run did not get going"
+        victim = min(busy)  # a worker in the middle of a turn
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert victim not in turn_workers()
+    replays(data, "killed")
+    turns_once(data, "killed")
+    local = explore(data, "local", env, *sim_args(config))
+    assert local.returncode == 0, local.stderr
+    assert trees(data, "killed") == trees(data, "local")
+
+
+def test_an_opencode_run_on_two_nodes_forks_across_their_stores(tmp_path, cluster, roots, student):  # noqa: F811
+    """Real opencode on both nodes with the scripted model: turns of the run on each node,
+    a session continued on the other node's store, and no process left after the run."""
+    address, env = cluster
+    model = FakeModel(script).start()
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 4\n[tree]\nroot_children = 2\nmax_children = 1\nmax_depth = 2\n")
+    data = tmp_path / "data"
+    try:
+        r = explore(data, "oc", env, str(roots), "--task", "speedup", "--backend", "opencode", "--model",
+                    "fake/scripted", "--endpoint", model.base_url, "--config", str(config), "--coral-dir",
+                    str(student), "--executor", "ray", "--ray-address", address)  # fmt: skip
+    finally:
+        model.stop()
+    assert r.returncode == 0, r.stderr
+    replays(data, "oc")
+    turns_once(data, "oc")
+    states = query(data, "oc", "select edge_id, turn, json_extract_string(state, '$.node') as node "
+                               "from events where kind = 'turn_finished' order by seq")  # fmt: skip
+    assert len({s["node"] for s in states}) == 2, states  # both nodes ran turns
+    scores = query(data, "oc", "select count(*) as n from events where kind = 'eval_finished' and score is not null")
+    assert scores[0]["n"] > 0  # the per-edge CORAL runs graded on the workers
+    assert wait_until_gone(set(marked_processes(EventLog(data, "oc").dir))) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "kill -9"])
+def test_the_writer_stopped_or_killed_on_ray_resumes_to_the_trees_of_a_local_run(tmp_path, cluster, sig):
+    """The engine's process is the one that matters: stopped (its message, exit 143) or killed,
+    its workers end with it, and a resume on the cluster grows the trees a local run grows."""
+    address, env = cluster
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 4\n[backend_options]\nlatency_s = 0.3\n[tree]\nmax_depth = 2\n")
+    data = tmp_path / "data"
+    on_ray = ["--executor", "ray", "--ray-address", address]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", *sim_args(config),
+                             "--run-id", "stopped", *on_ray], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        log = EventLog(data, "stopped")
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                log.exists() and log.tail_seq() > 200 and turn_workers(busy=True)):  # fmt: skip
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143 and err.endswith("Terminated by SIGTERM.\n"), err
+    deadline = time.monotonic() + 300
+    while turn_workers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert turn_workers() == set(), "workers outlived the run's engine"
+    resumed = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", "--resume",
+                              "stopped", *on_ray], env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    replays(data, "stopped")
+    turns_once(data, "stopped")
+    local = explore(data, "local", env, *sim_args(config))
+    assert local.returncode == 0, local.stderr
+    assert trees(data, "stopped") == trees(data, "local")
