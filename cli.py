@@ -528,7 +528,7 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None
 
 
 def _replay_collection(run_ids: list[str], as_json: bool) -> None:
-    """Replay several runs (every run under --data when none is named), one after another."""
+    """Replay several runs (every run under --data when none is named), in run order, a run per core at once."""
     from engine.replay import replay_runs
     from ingest.errors import LogError
     from ingest.log import run_ids as runs_under
