@@ -479,12 +479,14 @@ REPLAY_COLUMNS = ["tree_id", "nodes", "kept_edges", "kept_exempt_edges", "pruned
 
 
 @cli.command()
-@click.argument("run_id")
-@click.option("--tree", "tree_id", default=None, help="Draw this tree (with --json: its lines).")
+@click.argument("run_ids", nargs=-1)
+@click.option("--tree", "tree_id", default=None, help="Draw this tree of the one run named (with --json: its lines).")
 @json_option
-def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
+def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None:
     """Rebuild every tree from the log and re-derive every recorded decision.
 
+    One run: its trees, the differences and a count. Several runs (default: every
+    run under --data): a line per run as it is checked, the differences, a total.
     Exit code 1 when any recorded decision differs from what the log prefix it saw
     implies; each difference is listed.
 
@@ -492,9 +494,16 @@ def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
     Example:
         python cli.py replay demo
         python cli.py replay demo --tree T003
+        python cli.py --data /data/collection replay
     """
     from engine.replay import replay_run
 
+    if len(run_ids) != 1:
+        if tree_id:
+            raise click.UsageError("--tree draws a tree of one run: name exactly one RUN_ID")
+        _replay_collection(list(run_ids), as_json)
+        return
+    run_id = run_ids[0]
     result = replay_run(_data_dir(), run_id)
     differ = len(result.differences)
     lines = draw_tree(result.catalog, tree_id) if tree_id else []
@@ -512,11 +521,46 @@ def replay(run_id: str, tree_id: str | None, as_json: bool) -> None:
             click.echo(f"\ntree {tree_id} (* = on a selected path, x = attempt without a node)")
             click.echo("\n".join(lines))
         for d in result.differences:
-            click.echo(f"decision {d.seq if d.seq is not None else '-'} {d.kind} {d.subject}: "
-                       f"{d.problem}; recorded: {d.recorded or '-'}; log implies: {d.derived or '-'}")  # fmt: skip
+            click.echo(_difference_line(d))
         click.echo(f"replay: {result.decisions} decisions re-derived, {differ} differ")
     if differ:
         sys.exit(1)
+
+
+def _replay_collection(run_ids: list[str], as_json: bool) -> None:
+    """Replay several runs (every run under --data when none is named), in run order, a run per core at once."""
+    from engine.replay import replay_runs
+    from ingest.errors import LogError
+    from ingest.log import run_ids as runs_under
+
+    data_dir = _data_dir()
+    run_ids = run_ids or runs_under(data_dir)
+    if not run_ids:
+        raise LogError(f"no runs under {data_dir / 'runs'}")
+    results, decisions, differ = [], 0, 0
+    for result in replay_runs(data_dir, run_ids):
+        decisions += result.decisions
+        differ += len(result.differences)
+        if as_json:
+            results.append({"run_id": result.run_id, "decisions": result.decisions,
+                            "differ": len(result.differences), "trees": result.trees,
+                            "differences": [vars(d) for d in result.differences]})  # fmt: skip
+            continue
+        click.echo(f"run {result.run_id}: {len(result.trees)} trees, {result.decisions} decisions re-derived, "
+                   f"{len(result.differences)} differ")  # fmt: skip
+        for d in result.differences:
+            click.echo("  " + _difference_line(d))
+    if as_json:
+        _echo_json({"runs": results, "decisions": decisions, "differ": differ})
+    else:
+        click.echo(f"replay: {len(run_ids)} runs, {decisions} decisions re-derived, {differ} differ")
+    if differ:
+        sys.exit(1)
+
+
+def _difference_line(d: Any) -> str:
+    return (f"decision {d.seq if d.seq is not None else '-'} {d.kind} {d.subject}: "
+            f"{d.problem}; recorded: {d.recorded or '-'}; log implies: {d.derived or '-'}")  # fmt: skip
 
 
 def draw_tree(catalog: Any, tree_id: str) -> list[str]:
@@ -852,11 +896,10 @@ def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, 
         python cli.py audit demo --by task,stage,depth
     """
     from engine.audit import audit
-    from engine.collection import open_runs
 
     if as_json and as_csv:
         raise click.UsageError("--json cannot be used with --csv")
-    report = audit(open_runs(_data_dir(), list(run_ids) or None), by)
+    report = audit(_data_dir(), list(run_ids) or None, by)
     if as_json:
         _echo_json({"runs": report.runs, **report.tables()})
     elif as_csv:

@@ -26,12 +26,9 @@ import pyarrow.compute as pc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.replay import tile  # noqa: E402
-from engine.config import RunConfig, TreeConfig  # noqa: E402
+from benchmarks.logs import SNAPSHOTS, long_turns, tile  # noqa: E402
 from engine.exploration import new_run  # noqa: E402
 from ingest.log import EventLog  # noqa: E402
-
-SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
 
 
 def timed_export(data: Path, run_id: str, out: Path, fmt: str) -> tuple[float, int]:
@@ -50,9 +47,7 @@ def timed_export(data: Path, run_id: str, out: Path, fmt: str) -> tuple[float, i
 
 def make_run(data: Path, copies: int) -> None:
     """Write the tiled run and print its size (run in a process of its own, see main)."""
-    long_turns = RunConfig(task="kernel-speedup", parallel=16, seed=5,
-                           backend_options={"calls_per_step": [11, 19]}, tree=TreeConfig())  # fmt: skip
-    new_run(data, SNAPSHOTS, long_turns, "base", select=True)
+    new_run(data, SNAPSHOTS, long_turns(), "base", select=True)
     tile(data, "base", "big", copies)
     log = EventLog(data, "big")
     heavy = log.read_table(["transcript", "messages"])

@@ -2,17 +2,25 @@
 
 Every figure is a row of a view (``coverage``, ``learnability``, ``tool_error_rates``,
 ``tool_error_messages``, ``knowledge_usage``, ``knowledge_improvement``, ``cost_tasks``
-and every ``audit_*`` view); this module only chooses which rows to show, over the
-runs of a :class:`~engine.collection.Collection`.
+and every ``audit_*`` view); this module only chooses which rows to show. Every view
+of a collection is per run (the union of the runs' rows, ``run_id`` first), so the
+audit reads the runs a few at a time (:func:`~engine.runs.over_runs`, one per core):
+each run's catalog is loaded, evaluated at its decisions, queried and dropped, and a
+collection of any size is audited in the memory its largest runs take.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from engine.collection import Collection
-from ingest.errors import InputError
+from engine.catalog import Catalog
+from engine.replay import loaded_at_decisions
+from engine.runs import over_runs
+from ingest.errors import InputError, LogError
+from ingest.log import EventLog
+from ingest.log import run_ids as runs_under
 
 STRATA = ("task", "stage", "depth", "lineage", "root")
 TOP_ERRORS = 5
@@ -47,26 +55,45 @@ def parse_by(text: str | None) -> tuple[str, ...]:
     return by
 
 
-def audit(collection: Collection, by: tuple[str, ...] = ("task", "stage")) -> AuditReport:
-    """The audit tables of every run of the collection, stratified by ``by``."""
+def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] = ("task", "stage")) -> AuditReport:
+    """The audit tables of these runs (default: every run under ``data_dir``), stratified by ``by``.
+
+    Rows are in run id order, then in each table's own order, as one query over the
+    collection's union views ordering by ``run_id`` first would give them.
+    """
+    runs = list(dict.fromkeys(run_ids)) if run_ids else runs_under(data_dir)
+    if not runs:
+        raise LogError(f"no runs under {Path(data_dir) / 'runs'}")
+    queries = _queries(by)
+
+    def work(log: EventLog, catalog: Catalog, _started: float) -> tuple[dict[str, Rows], dict[str, Rows]]:
+        loaded_at_decisions(catalog, log)
+        found = {name: [{"run_id": log.run_id, **row} for row in catalog.query(sql)] for name, sql in queries.items()}
+        audits = {view: [{"run_id": log.run_id, **row}
+                         for row in catalog.query(f"select * from {view} order by seq nulls last, subject")]
+                  for view in sorted(v for v in catalog.views if v.startswith("audit_"))}  # fmt: skip
+        return found, audits
+
+    tables: dict[str, Rows] = {name: [] for name in queries}
+    violations: dict[str, Rows] = {}  # audit view -> its rows, listed view by view
+    for found, audits in over_runs(data_dir, sorted(runs), work):
+        for name, rows in found.items():
+            tables[name] += rows
+        for view, rows in audits.items():
+            violations.setdefault(view, []).extend(rows)
+    return AuditReport(runs=runs, **tables, violations=[r for view in sorted(violations) for r in violations[view]])
+
+
+def _queries(by: tuple[str, ...]) -> dict[str, str]:
+    """The query of each table, over one run's views."""
     strata = ", ".join(f"'{s}'" for s in ("all", *by))
-    q = collection.query
-    violations = []
-    for name in sorted(v for v in collection.views if v.startswith("audit_")):
-        violations += q(f"select * from {name} order by run_id, seq nulls last, subject")
-    return AuditReport(
-        runs=collection.run_ids,
-        coverage=q(f"select * from coverage where stratum in ({strata}) "
-                   "order by run_id, list_position([" + strata + "], stratum), stratum_key"),  # fmt: skip
-        learnability=q("select * from learnability where flagged order by run_id, tree_id"),
-        tool_errors=q("select * from tool_error_messages qualify row_number() over (partition by run_id "
-                      f"order by errors desc, message) <= {TOP_ERRORS} "
-                      "order by run_id, errors desc, message"),  # fmt: skip
-        tool_error_rates=q("select * from tool_error_rates where dimension = 'tool' "
-                           "order by run_id, calls desc, key"),  # fmt: skip
-        knowledge=q("select * from knowledge_usage where dimension = 'all' order by run_id, area, access"),
-        knowledge_improvement=q("select * from knowledge_improvement order by run_id, task, measure, "
-                                "with_knowledge desc"),  # fmt: skip
-        cost=q("select * from cost_tasks order by run_id, task"),
-        violations=violations,
-    )
+    return {
+        "coverage": f"select * from coverage where stratum in ({strata}) "
+                    f"order by list_position([{strata}], stratum), stratum_key",
+        "learnability": "select * from learnability where flagged order by tree_id",
+        "tool_errors": f"select * from tool_error_messages order by errors desc, message limit {TOP_ERRORS}",
+        "tool_error_rates": "select * from tool_error_rates where dimension = 'tool' order by calls desc, key",
+        "knowledge": "select * from knowledge_usage where dimension = 'all' order by area, access",
+        "knowledge_improvement": "select * from knowledge_improvement order by task, measure, with_knowledge desc",
+        "cost": "select * from cost_tasks order by task",
+    }  # fmt: skip

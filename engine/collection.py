@@ -24,8 +24,7 @@ import polars as pl
 
 from engine.catalog import Catalog, QueryError
 from engine.catalog.definitions import read_macros, relations_read
-from engine.replay import at_decisions
-from engine.runs import recorded_config
+from engine.replay import loaded_at_decisions
 from ingest.errors import InputError, LogError
 from ingest.events import as_utf8
 from ingest.log import EventLog, run_ids
@@ -53,10 +52,7 @@ class Collection:
         logs = []
         for i, run_id in enumerate(self.run_ids, start=1):
             log = EventLog(self.data_dir, run_id).require()
-            catalog = Catalog.inside(self.con, f"run_{i}")
-            catalog.load(log)
-            recorded_config(catalog, log)
-            self.catalogs[run_id] = at_decisions(catalog)
+            self.catalogs[run_id] = loaded_at_decisions(Catalog.inside(self.con, f"run_{i}"), log)
             logs.append(log)
         self.views = sorted(next(iter(self.catalogs.values())).views)
         _path, macros, _reads = read_macros()

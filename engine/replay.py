@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.runs import recorded_config
+from engine.runs import over_runs, recorded_config
 from ingest.events import DECISION_KINDS
 from ingest.log import EventLog
 
@@ -57,15 +58,39 @@ def at_decisions(catalog: Catalog) -> Catalog:
     return catalog
 
 
+def loaded_at_decisions(catalog: Catalog, log: EventLog) -> Catalog:
+    """``catalog`` holding the published prefix of ``log`` (a run whose config is valid), evaluated at its decisions."""
+    catalog.load(log)
+    recorded_config(catalog, log)
+    return at_decisions(catalog)
+
+
 def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     """Rebuild a run from its log and re-derive every recorded decision."""
     log = EventLog(data_dir, run_id).require()
-    marks = [time.perf_counter()]
-    catalog = Catalog.empty()
-    marks.append(time.perf_counter())
-    catalog.load(log)
-    recorded_config(catalog, log)
-    at_decisions(catalog)
+    start = time.perf_counter()
+    return _replay(log, Catalog.empty(), start)
+
+
+def replay_runs(data_dir: Path, run_ids: list[str], workers: int | None = None) -> Iterator[ReplayResult]:
+    """Replay each of these runs as :func:`replay_run` does, in one DuckDB instance; results in run order.
+
+    The runs' catalogs come from :func:`~engine.runs.over_runs` (views created once,
+    ``workers`` runs at a time); a result keeps no catalog.
+    """
+
+    def work(log: EventLog, catalog: Catalog, started: float) -> ReplayResult:
+        result = _replay(log, catalog, started)
+        result.catalog = None
+        return result
+
+    yield from over_runs(data_dir, run_ids, work, workers)
+
+
+def _replay(log: EventLog, catalog: Catalog, start: float) -> ReplayResult:
+    """Load ``log`` into the empty ``catalog``, evaluate the views at every decision, read the audits."""
+    marks = [start, time.perf_counter()]
+    loaded_at_decisions(catalog, log)
     marks.append(time.perf_counter())
     catalog.refresh()  # every tree table, at every decision point
     marks.append(time.perf_counter())
@@ -80,4 +105,4 @@ def replay_run(data_dir: Path, run_id: str) -> ReplayResult:
     count = catalog.query(f"select count(*) as n from events where kind in ({kinds})")[0]["n"]
     marks.append(time.perf_counter())
     seconds = dict(zip(PHASES, (b - a for a, b in itertools.pairwise(marks)), strict=True))
-    return ReplayResult(run_id, count, trees, differences, catalog, seconds)
+    return ReplayResult(log.run_id, count, trees, differences, catalog, seconds)

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
+import duckdb
 from pydantic import ValidationError
 
 from engine.catalog import Catalog
 from engine.config import RunConfig, problems
 from ingest.errors import LogError
 from ingest.log import EventLog
+
+T = TypeVar("T")
 
 
 def open_run(data_dir: Path, run_id: str, threads: int | None = None) -> Catalog:
@@ -24,6 +33,57 @@ def open_run(data_dir: Path, run_id: str, threads: int | None = None) -> Catalog
     catalog = Catalog.for_log(log, threads=threads)
     recorded_config(catalog, log)
     return catalog
+
+
+def over_runs(data_dir: Path, run_ids: list[str], work: Callable[[EventLog, Catalog, float], T],
+              workers: int | None = None) -> Iterator[T]:  # fmt: skip
+    """``work(log, catalog, started)`` of each run, in run order: ``catalog`` an empty catalog of the
+    run's own, ``started`` the ``time.perf_counter()`` before it was made.
+
+    A catalog is a database of its own, its definitions copied from the instance's
+    template (the views are created once, not once a run), and is detached once its
+    work returns: a collection of any size is held a few runs at a time.
+
+    Up to ``workers`` runs (default: the machine's cores) are worked on at once, each
+    in a thread with its own catalog in one DuckDB instance: a run of a collection is
+    ~100k events, where a statement's planning and binding, not its scan, take the
+    time, and that part runs on the calling thread. Every run is checked to exist
+    first; at most ``workers`` runs' catalogs are held at a time, each dropped
+    once its work returns. A failure is raised when its run's turn comes (the
+    runs before it were yielded).
+    """
+    logs = [EventLog(data_dir, run_id).require() for run_id in dict.fromkeys(run_ids)]
+    workers = max(1, workers or os.cpu_count() or 1)
+    con = duckdb.connect()
+    Catalog.template(con)  # made once, before the threads copy it
+
+    def one(i: int, log: EventLog) -> T:
+        started = time.perf_counter()
+        own = con.cursor()  # a connection busy in one thread refuses another's statements
+        catalog = Catalog.inside(own, f"run_{i}")
+        try:
+            return work(log, catalog, started)
+        finally:
+            catalog.con.close()
+            own.execute(f"detach run_{i}")
+            own.close()
+
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="run") as pool:
+            pending: deque = deque()
+            todo = iter(enumerate(logs, start=1))
+            try:
+                for i, log in todo:
+                    pending.append(pool.submit(one, i, log))
+                    if len(pending) > workers:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            finally:
+                for future in pending:
+                    future.cancel()
+    finally:
+        con.close()
 
 
 def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:

@@ -16,8 +16,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ENDLESS, ROOT
+from conftest import ENDLESS, ROOT, copy_run
 
+from benchmarks.logs import tile
 from cli import cli
 from engine.catalog import Catalog
 from engine.selections import default_parameters, top_paths
@@ -202,20 +203,10 @@ def test_a_forged_snapshot_pick_and_path_selection_are_found(runs):
     assert kinds == {"snapshots_picked", "paths_selected"}
 
 
-def _replay_benchmark():
-    """benchmarks/replay.py as a module (its ``tile`` makes long runs from short ones)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_replay", ROOT / "benchmarks" / "replay.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_a_path_selection_that_tree_facts_follow_is_re_derived_at_its_watermark(runs):
     """Two copies of a run back to back (the benchmark's tiling), keeping the first copy's
     path selection: it sits between them and saw only the first copy's trees."""
-    _replay_benchmark().tile(runs, "rounds", "twice", 2, select_at_end=False)
+    tile(runs, "rounds", "twice", 2, select_at_end=False)
     out = json.loads(invoke(runs, "replay", "twice", "--json").stdout)
     assert out["differ"] == 0, out["differences"][:3]
     assert len(out["trees"]) == 8
@@ -231,7 +222,7 @@ def test_a_path_selection_that_tree_facts_follow_is_re_derived_at_its_watermark(
 
 def test_the_benchmark_tiling_ends_as_an_exploration_does(runs):
     """By default the tiled run ends with one selection over every tree, then RunFinished."""
-    _replay_benchmark().tile(runs, "rounds", "tiled", 3)
+    tile(runs, "rounds", "tiled", 3)
     rows = EventLog(runs, "tiled").read_table(["seq", "kind", "watermark", "paths"]).to_pylist()
     assert [r["kind"] for r in rows[-2:]] == ["paths_selected", "run_finished"]
     assert sum(r["kind"] == "paths_selected" for r in rows) == 1
@@ -425,3 +416,34 @@ def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage, named):
         assert not isinstance(r.exception, Exception)  # a clean exit 1, not a crash
     with pytest.raises(LogError, match=re.escape(str(part))):
         EventLog(data, "rounds").read_table()
+
+
+def test_runs_replayed_side_by_side_each_give_their_own_result_in_run_order(runs, tmp_path):
+    """A collection's runs are replayed two at a time in one DuckDB instance; each result
+    is its run's alone (a forged run's differences stay its own) and they come in run order."""
+    from engine.replay import replay_runs
+
+    data = tmp_path / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+
+    def change(rows):
+        kept = first(rows, "edge_judged", verdict="kept")
+        kept["verdict"], kept["child_id"] = "pruned", None
+        change.edge = kept["edge_id"]
+
+    forge(data, "rounds", "forged", change)
+    order = ["rounds", "forged", "async"]
+
+    def results(workers):
+        return [(r.run_id, r.decisions, r.trees, [(d.kind, d.subject, d.problem) for d in r.differences])
+                for r in replay_runs(data, order, workers=workers)]  # fmt: skip
+
+    alone, side_by_side = results(1), results(2)
+    assert [r[0] for r in side_by_side] == order
+    assert side_by_side == alone
+    differences = {run: found for run, _, _, found in side_by_side}
+    assert differences["rounds"] == differences["async"] == []
+    assert ("edge_judged", change.edge, "verdict differs") in differences["forged"]
+    with pytest.raises(LogError, match="nope"):
+        next(replay_runs(data, ["rounds", "nope"], workers=2))  # every run is checked to exist first

@@ -1,6 +1,7 @@
 -- Which eligible snapshots are picked, by stage quota or by fill (ALGORITHM §1.8-1.10).
 -- grain: task, asof_seq, snapshot
 -- sources: int_snapshots__staged, int_snapshots__quotas
+-- materialized: table
 --
 -- Evenly spaced pick of k from a list of n: positions ((2j+1)·n) // (2k) for
 -- j = 0..k-1 (integer arithmetic), all of them when k >= n. The summed deficit

@@ -1,6 +1,7 @@
 -- Candidate snapshots with score_for_stage, centred smoothing, gain and stage (ALGORITHM §1.3-1.6).
 -- grain: task, asof_seq, snapshot
 -- sources: int_snapshots__points, stg_snapshot_seen, run_config
+-- materialized: table
 --
 -- At every evaluation point (int_snapshots__points): the candidates among the
 -- snapshot facts up to that seq.

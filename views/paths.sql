@@ -1,6 +1,7 @@
 -- One row per candidate root-to-leaf path with its ranks, PathScore and Top-k rank (public, ALGORITHM §3, §7).
 -- grain: tree_id, leaf_id
 -- sources: int_paths__selected, stg_root_added
+-- materialized: table
 --
 -- The paths as of now, scored with the current weighting (int_path_weightings:
 -- the run config's weights and top_k, or the path_* variables of a reselection).

@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from engine.catalog.definitions import ViewGraph, variables_read
+from engine.catalog.definitions import ViewGraph
 
 _UNSET = object()
 
@@ -30,21 +30,11 @@ _UNSET = object()
 class Variables:
     """The session variables of one catalog connection."""
 
-    def __init__(
-        self,
-        con: duckdb.DuckDBPyConnection,
-        graph: ViewGraph,
-        macros: dict[str, set[str]],
-        invalidate: Callable[[set[str]], None],
-    ) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, graph: ViewGraph,
+                 invalidate: Callable[[set[str]], None]) -> None:  # fmt: skip
         self.con = con
         self._invalidate = invalidate
-        direct = {n: variables_read(v.sql, macros) for n, v in graph.views.items()}
-        used = set().union(*direct.values()) if direct else set()
-        self.affects: dict[str, set[str]] = {}  # variable -> the tables it makes stale
-        for var in sorted(used):
-            readers = graph.readers({n for n, vs in direct.items() if var in vs})
-            self.affects[var] = {t for t in graph.tables if t in readers}
+        self.affects: dict[str, set[str]] = graph.variable_tables  # variable -> the tables it makes stale
         self._values: dict[str, Any] = {}
         self._explicit: set[str] = set()
 

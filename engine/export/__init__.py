@@ -27,7 +27,7 @@ from engine.catalog import Catalog
 from engine.export.conversations import Contents, Placeholder, TurnConversations, join_turns
 from engine.export.formats import atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
-from engine.runs import open_run, recorded_config
+from engine.runs import over_runs, recorded_config
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
@@ -63,7 +63,10 @@ def export_runs(
     """Export the selected paths of ``run_ids`` (every run holding a selection when none) to ``out``.
 
     Runs are exported one after another, one file each (``<run>.<format>.jsonl``),
-    then ``manifest.json``. Any error leaves ``out`` as it was.
+    then ``manifest.json``. What a run's samples are made of (its paths, their turns'
+    conversations) is read while the run before is written (:func:`~engine.runs.over_runs`:
+    a run per core at once, so at most that many runs' conversations are held). Any
+    error leaves ``out`` as it was.
     """
     if fmt not in FORMATS:
         raise InputError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
@@ -72,8 +75,10 @@ def export_runs(
     runs = list(dict.fromkeys(run_ids)) or _runs_with_selections(data_dir)
     target = ExportDir(Path(out), overwrite)
     try:
-        records = [_export_run(target, data_dir, run_id, selection, fmt, task, stage, workspace, reasoning)
-                   for run_id in runs]  # fmt: skip
+        def prepare(log: EventLog, catalog: Catalog, _started: float) -> _RunExport:
+            return _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
+
+        records = [_write_run(target, run, fmt, workspace, reasoning) for run in over_runs(data_dir, runs, prepare)]
         if not any(r["samples"] for r in records):
             wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
             raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}")
@@ -99,11 +104,27 @@ def _runs_with_selections(data_dir: Path) -> list[str]:
     return found
 
 
-def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str | None, fmt: str,
-                task: str | None, stage: str | None, workspace: str, reasoning: bool) -> dict[str, Any]:  # fmt: skip
-    """Write one run's samples; return what the manifest says of it."""
-    log = EventLog(data_dir, run_id)
-    catalog = open_run(data_dir, run_id)
+@dataclass
+class _RunExport:
+    """What one run's samples are made of, read from its catalog and log."""
+
+    run_id: str
+    chosen: dict[str, Any]
+    tail: int
+    paths: list[dict[str, Any]]
+    walks: dict[tuple[str, str], list[dict[str, Any]]]
+    conversations: TurnConversations
+    contents: Contents
+    extras: tuple[dict, dict] | None
+    agent: dict[str, Any]
+
+
+def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: str,
+                 task: str | None, stage: str | None, workspace: str) -> _RunExport:  # fmt: skip
+    """Read what one run's samples are made of (``catalog``: empty, for it)."""
+    run_id = log.run_id
+    catalog.load(log)
+    recorded_config(catalog, log)
     chosen = recorded_selection(catalog, run_id, selection)
     tail = catalog.tail_seq()
     paths = catalog.query(
@@ -113,34 +134,38 @@ def _export_run(target: ExportDir, data_dir: Path, run_id: str, selection: str |
     )  # fmt: skip
     walks = _walks(catalog, chosen["selection_id"], run_id, {(p["tree_id"], p["leaf_id"]) for p in paths})
     needed = {(t["edge_id"], t["turn"]) for walk in walks.values() for t in walk if t["turn"]}
-    conversations = TurnConversations.read(log, tail, needed)
-    contents = Contents.read(log, tail, {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i})
     placeholder = Placeholder(
         [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")],
         workspace,
     )  # fmt: skip
+    conversations = TurnConversations.read(log, tail, needed, placeholder)
+    ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
+    contents = Contents.read(log, tail, ids, placeholder)
     extras = _turn_facts(catalog, chosen["selection_id"]) if fmt == "atif" else None
-    agent = _agent(catalog, log)
+    return _RunExport(run_id, chosen, tail, paths, walks, conversations, contents, extras, _agent(catalog, log))
+
+
+def _write_run(target: ExportDir, run: _RunExport, fmt: str, workspace: str, reasoning: bool) -> dict[str, Any]:
+    """Write one run's samples; return what the manifest says of it."""
+    run_id, chosen = run.run_id, run.chosen
     name = f"{run_id}.{fmt}.jsonl"
     target.start(name)
     counts: Counter[tuple[str, str]] = Counter()
-    for path in paths:
-        walk = walks[(path["tree_id"], path["leaf_id"])]
-        turns = [conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
-        conv = join_turns(turns, contents)
-        conv.system, conv.tools = placeholder.apply(conv.system), placeholder.apply(conv.tools)
-        conv.messages = placeholder.apply(conv.messages)
+    for path in run.paths:
+        walk = run.walks[(path["tree_id"], path["leaf_id"])]
+        turns = [run.conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
+        conv = join_turns(turns, run.contents)  # the workspaces already replaced in each turn's messages
         metadata = _metadata(run_id, chosen["selection_id"], path, walk, conv.interrupted, workspace)
         if fmt == "chat":
             target.write(chat_sample(conv, metadata, reasoning))
         else:
-            steps, calls = extras
+            steps, calls = run.extras
             evals = {(t["edge_id"], t["turn"]): {k: t[k] for k in ("score", "eval_status", "outcome")}
                      for t in walk if t["turn"]}  # fmt: skip
-            target.write(atif_trajectory(conv, metadata, reasoning, agent, steps, calls, evals))
+            target.write(atif_trajectory(conv, metadata, reasoning, run.agent, steps, calls, evals))
         counts[(path["task"] or "", path["stage"] or "")] += 1
     target.end()
-    return {"run_id": run_id, "log_tail": tail, "selection_id": chosen["selection_id"],
+    return {"run_id": run_id, "log_tail": run.tail, "selection_id": chosen["selection_id"],
             "weights": chosen["weights"], "top_k": chosen["top_k"], "file": name,
             "samples": sum(counts.values()), "counts": counts}  # fmt: skip
 

@@ -46,24 +46,32 @@ class TurnConversation:
 class TurnConversations(dict[TurnKey, tuple[TurnConversation, str]]):
     """The recorded conversations of some turns, by (edge id, turn): the fields, and the messages as JSON text."""
 
-    def __init__(self) -> None:
+    def __init__(self, placeholder: Placeholder | None = None) -> None:
         super().__init__()
+        self.placeholder = placeholder
         self._parsed: dict[TurnKey, TurnConversation] = {}
         self._tree: str | None = None
 
     def parsed(self, tree_id: str, key: TurnKey) -> TurnConversation:
-        """A turn's conversation with its messages parsed; kept while the same tree asks."""
+        """A turn's conversation with its messages parsed (workspaces replaced); kept while the same tree asks.
+
+        Each turn's messages are replaced once, not once per path through the turn.
+        """
         if tree_id != self._tree:
             self._parsed, self._tree = {}, tree_id
         if key not in self._parsed:
             fields, text = self[key]
-            self._parsed[key] = TurnConversation(**{**fields.__dict__, "messages": json.loads(text)})
+            messages = json.loads(text)
+            if self.placeholder is not None:
+                messages = self.placeholder.apply(messages)
+            self._parsed[key] = TurnConversation(**{**fields.__dict__, "messages": messages})
         return self._parsed[key]
 
     @classmethod
-    def read(cls, log: EventLog, upto: int, turns: set[TurnKey]) -> TurnConversations:
+    def read(cls, log: EventLog, upto: int, turns: set[TurnKey],
+             placeholder: Placeholder | None = None) -> TurnConversations:  # fmt: skip
         """The conversations of ``turns`` in the log prefix ``1..upto`` (the last one of a turn wins)."""
-        found = cls()
+        found = cls(placeholder)
         columns = ["edge_id", "turn", "system_id", "tools_id", "base", "turn_start", "messages"]
         for batch in log.scan_kind("conversation_recorded", columns, upto):
             for row in batch.to_pylist():
@@ -80,12 +88,14 @@ class Contents(dict[str, Any]):
     """Recorded system prompts and tool lists, by content id (parsed JSON)."""
 
     @classmethod
-    def read(cls, log: EventLog, upto: int, ids: set[str]) -> Contents:
+    def read(cls, log: EventLog, upto: int, ids: set[str], placeholder: Placeholder | None = None) -> Contents:
+        """The contents of ``ids`` in the log prefix ``1..upto`` (workspaces replaced by ``placeholder``)."""
         found = cls()
         for batch in log.scan_kind("content_recorded", ["content_id", "body"], upto):
             for row in batch.to_pylist():
                 if row["content_id"] in ids and row["content_id"] not in found:
-                    found[row["content_id"]] = json.loads(row["body"])
+                    body = json.loads(row["body"])
+                    found[row["content_id"]] = placeholder.apply(body) if placeholder is not None else body
         return found
 
 
@@ -151,21 +161,28 @@ class Placeholder:
         found = sorted({w.rstrip("/") for w in workspaces if w and w.rstrip("/")}, key=lambda w: (-len(w), w))
         self.placeholder = placeholder
         self._pattern = None
+        self._prefix = ""
         if found:
-            prefix = os.path.commonprefix(found)
+            prefix = self._prefix = os.path.commonprefix(found)
             rest = "|".join(re.escape(w[len(prefix):]) for w in found)
             # A workspace ends where a path component ends (.../wt, not .../wt2).
             self._pattern = re.compile(re.escape(prefix) + f"(?:{rest})" + r"(?![A-Za-z0-9_.\-])")
 
     def text(self, value: str) -> str:
-        return value if self._pattern is None else self._pattern.sub(lambda _m: self.placeholder, value)
+        if self._pattern is None or self._prefix not in value:  # most strings name no workspace
+            return value
+        return self._pattern.sub(lambda _m: self.placeholder, value)
 
     def apply(self, value: Any) -> Any:
         """``value`` (JSON data) with every string's workspaces replaced."""
-        if isinstance(value, str):
+        return value if self._pattern is None else self._apply(value)
+
+    def _apply(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is str:
             return self.text(value)
-        if isinstance(value, list):
-            return [self.apply(v) for v in value]
-        if isinstance(value, dict):
-            return {k: self.apply(v) for k, v in value.items()}
+        if kind is list:
+            return [self._apply(v) for v in value]
+        if kind is dict:
+            return {k: self._apply(v) for k, v in value.items()}
         return value
