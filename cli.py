@@ -118,6 +118,9 @@ class _Group(click.Group):
                 _exit_signalled(received[0])
             if isinstance(err, ProjectError):
                 raise click.ClickException(str(err)) from err
+            if isinstance(err, UnicodeEncodeError):  # a path no file system can name (a lone surrogate)
+                raise click.UsageError(f"{as_utf8(err.object)!r} cannot be a path: it is not text the file "
+                                       "system can encode") from err  # fmt: skip
             if isinstance(err, OSError) and err.errno != errno.EPIPE:  # EPIPE: click exits quietly
                 raise click.ClickException(os_problem(err)) from err  # a full disk, a quota
             raise

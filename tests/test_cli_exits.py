@@ -234,3 +234,11 @@ group(["go"])
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
     assert proc.returncode == 143 and proc.stdout == "running\nclosed\n", (proc.stdout, proc.stderr)
     assert proc.stderr == "Terminated by SIGTERM.\n"
+
+
+def test_a_path_no_file_system_can_encode_is_a_usage_error(runs, tmp_path):
+    """A lone high surrogate (a Python caller's string; no command line decodes to one) made
+    click's path check raise UnicodeEncodeError (the fuzzing found it)."""
+    for args in (["sql", "rounds", "select 1", "--parquet", "\ud800"], ["export", "rounds", "--out", "o\ud800"]):
+        r = CliRunner().invoke(cli, ["--data", str(runs), *args])
+        assert r.exit_code == 2 and "cannot be a path" in r.output, (args, r.output)
