@@ -11,10 +11,8 @@ time DuckDB takes to scan every light column of the same Parquet files.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from replay import floor_seconds, write_runs  # noqa: E402
+from replay import floor_seconds, main  # noqa: E402
 
 from engine.audit import audit  # noqa: E402
 from engine.collection import open_runs  # noqa: E402
@@ -50,17 +48,5 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
           f"{sql:.2f} s ({sql / floor:.1f}x; opening the collection {opening:.2f} s of it)")  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--copies", type=int, default=10)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp)
-        write_runs(data, args.copies)
-        measure("bundled run (30 trees)", data, "bundled", args.repeat)
-        measure(f"tiled run ({30 * args.copies} trees)", data, "big", args.repeat)
-
-
 if __name__ == "__main__":
-    main()
+    main(measure, __doc__)

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ from engine.exploration import new_run  # noqa: E402
 from engine.replay import PHASES, replay_run  # noqa: E402
 from ingest.log import EventLog, check_part  # noqa: E402
 
-__all__ = ["floor_seconds", "tile", "write_runs"]  # benchmarks/audit.py and compare.py import them from here
+__all__ = ["floor_seconds", "main", "tile", "write_runs"]  # benchmarks/audit.py and compare.py import them from here
 
 
 def checksum_seconds(data: Path, run_id: str) -> tuple[float, int]:
@@ -80,8 +81,9 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
           f"({check / replay:.0%} of the replay, {check / floor:.1f}x the floor)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(measure: Callable[[str, Path, str, int], None] = measure, doc: str = __doc__) -> None:
+    """Measure the bundled run and a tiled one (``--copies`` × 30 trees); audit.py measures its own way."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--copies", type=int, default=10)
     args = parser.parse_args()
