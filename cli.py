@@ -556,7 +556,8 @@ def _replay_collection(run_ids: list[str], as_json: bool) -> None:
     if as_json:
         _echo_json({"runs": results, "decisions": decisions, "differ": differ})
     else:
-        click.echo(f"replay: {len(run_ids)} runs, {decisions} decisions re-derived, {differ} differ")
+        runs = f"{len(run_ids)} run{'s' if len(run_ids) != 1 else ''}"
+        click.echo(f"replay: {runs}, {decisions} decisions re-derived, {differ} differ")
     if differ:
         sys.exit(1)
 
