@@ -26,6 +26,7 @@ from fake_model import FakeModel
 from test_opencode_e2e import marked_processes, roots, script, student, wait_until_gone  # noqa: F401 - fixtures
 
 from cli import cli
+from engine.teachers.opencode.processes import kill_marked
 from ingest.log import EventLog
 
 pytestmark = pytest.mark.slow
@@ -40,11 +41,17 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A head and one worker node, 2 teacher slots each; yields (address, env for its clients)."""
+def cluster():
+    """A head and one worker node, 2 teacher slots each; yields (address, env for its clients).
+
+    Its processes carry a marker in their environment, and only they are stopped after
+    (``ray stop`` would stop every Ray cluster of the machine).
+    """
     port = free_port()
+    mark = secrets.token_hex(8)
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
-               PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")  # fmt: skip
+               PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               TEST_RAY_CLUSTER=mark)  # fmt: skip
     env.pop("RAY_ADDRESS", None)
     node = ["--num-cpus", "1", "--resources", json.dumps({"teacher_slot": 2}), "--object-store-memory", "100000000"]
     address = f"127.0.0.1:{port}"
@@ -54,7 +61,9 @@ def cluster(tmp_path_factory):
         subprocess.run(["ray", "start", "--address", address, *node], env=env, check=True, capture_output=True)
         yield address, env
     finally:
-        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+        deadline = time.monotonic() + 120
+        while kill_marked(mark, "TEST_RAY_CLUSTER") and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def explore(data: Path, run_id: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

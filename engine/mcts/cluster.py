@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout: on every node at the
 LOSSES = 3  # a turn whose worker is lost this many times fails the run
 POLL_S = 0.5  # how often a waiting slot looks at the cancel flag
 STOP_GRACE_S = 60.0  # a cancelled turn's time to stop before its worker is killed
+RESTART_S = 600.0  # how long a lost worker may take to be running again
 
 
 class TurnWorker:
@@ -154,9 +155,26 @@ class RayExecutor:
                 return ray.get(ref)
             except errors.RayTaskError as err:  # the Teacher raised: as a local run would
                 raise err.as_instanceof_cause() from None
-            except lost:
-                continue  # Ray restarts the worker; the turn runs again from its start state
+            except lost:  # Ray restarts the worker; the turn runs again from its start state
+                self._await_restart(worker, cancel, where)
         raise TeacherFailedError(f"{where}: its Ray worker was lost {LOSSES} times")
+
+    def _await_restart(self, worker: Any, cancel: threading.Event, where: str) -> None:
+        """Wait until Ray has the lost worker running again (a call meanwhile fails at once)."""
+        ray = self._ray
+        deadline = time.monotonic() + RESTART_S
+        while time.monotonic() < deadline:
+            if cancel.is_set():
+                raise TurnCancelled(f"{where}: cancelled")
+            try:
+                ray.get(worker.ready.remote(), timeout=POLL_S)
+                return
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except ray.exceptions.RayActorError:
+                time.sleep(POLL_S)
+        raise TeacherFailedError(f"{where}: its Ray worker was lost and not back within {RESTART_S:.0f} s "
+                                 "(is a node with a free teacher_slot left?)")  # fmt: skip
 
     def _stop(self, worker: Any, ref: Any) -> None:
         """Stop a cancelled turn: ask, give it STOP_GRACE_S, then kill its worker (its processes die with it)."""
