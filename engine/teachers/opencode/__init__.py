@@ -298,12 +298,21 @@ class OpenCodeTeacher:
         prompt_file.write_text(prompt)
         stderr = edge_dir / f"stderr-t{request.turn}.log"
         timeout = request.timeout_s or self.opts.turn_timeout_s
-        finished = self.processes.run(
-            args, label=f"{request.edge_id}#{request.turn}", cwd=worktree,
-            env=dict(self.environment.through(self.recorder.url(token)) if token else self.environment.env,
-                     PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
-            on_line=on_line, timeout_s=timeout, cancel=cancel, companions=companions,
-        )  # fmt: skip
+        for attempt in range(1, LOCKED_ATTEMPTS + 1):
+            finished = self.processes.run(
+                args, label=f"{request.edge_id}#{request.turn}", cwd=worktree,
+                env=dict(self.environment.through(self.recorder.url(token)) if token else self.environment.env,
+                         PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
+                on_line=on_line, timeout_s=timeout, cancel=cancel, companions=companions,
+            )  # fmt: skip
+            # Sessions starting together in one store can find its SQLite database locked:
+            # OpenCode then exits before its first line, nothing done, and the turn starts again.
+            locked = (finished.outcome == "completed" and finished.returncode != 0 and not lines
+                      and "database is locked" in stderr.read_text(errors="replace"))  # fmt: skip
+            if not locked or attempt == LOCKED_ATTEMPTS:
+                break
+            if cancel.wait(0.5 * attempt):
+                raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
         facts.extend(parser.finish())  # the tool calls a killed turn's stream ended with
         if finished.outcome == "cancelled":
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
@@ -325,6 +334,7 @@ class OpenCodeTeacher:
 
 
 GRADER_LOG_LIMIT = 64 * 1024
+LOCKED_ATTEMPTS = 3  # starts of a turn whose OpenCode found its database locked
 
 
 def _tail(path: Path) -> str:
