@@ -195,7 +195,8 @@ class RayExecutor:
         workers = getattr(self, "workers", [])
         try:
             done = [w.close.remote() for w in workers]
-            ray.wait(done, num_returns=len(done), timeout=STOP_GRACE_S)
+            if done:  # (none when the cluster was refused)
+                ray.wait(done, num_returns=len(done), timeout=STOP_GRACE_S)
         except ray.exceptions.RayError:
             pass
         for w in workers:
