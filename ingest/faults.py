@@ -5,7 +5,8 @@ then kills itself (``kill -9``: no handler, no cleanup) the n-th time it reaches
 ``<point>``. The points are the moments between two steps of a write, where a
 kill from outside would have to land by luck:
 
-    publish.written    a part's temp file is written and fsynced, not yet renamed
+    publish.written    a part's temp file is written and fsynced, not yet recorded
+    publish.recorded   a part is committed in the run's record, its file not yet renamed
     publish.renamed    a part is renamed into place, its directory not yet fsynced
     compact.published  a merged part is published; the parts it replaces are all still there
     compact.removing   the first of the parts a merge replaces is removed, the others not
@@ -26,7 +27,7 @@ from collections import Counter
 from ingest.errors import InputError
 
 CRASH_ENV = "TEACHER_MCTS_CRASH_AT"
-POINTS = ("publish.written", "publish.renamed", "compact.published", "compact.removing",
+POINTS = ("publish.written", "publish.recorded", "publish.renamed", "compact.published", "compact.removing",
           "spool.written", "spool.renamed")  # fmt: skip
 
 _reached: Counter[str] = Counter()

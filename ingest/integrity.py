@@ -1,19 +1,22 @@
 """The integrity of a run's log: check every byte of every part (``verify``), move damage aside (``quarantine``).
 
 Readers check each part they use against the checksum its name records and its
-footer (``ingest.log.check_part``). ``verify`` goes further, over the whole log:
-every part's checksum, footer, every page of every row group decoded, its seqs
-exactly the range its name gives, and the parts forming a gapless ``1..tail``. It
-reports each part with its problem and the intact prefix: the seqs before the first
-problem.
+footer (``ingest.checks``). ``verify`` goes further, over the whole log: the record
+of parts (its chain of entries), every live part's checksum, footer, every page of
+every row group decoded, its seqs exactly the range its name gives and every event
+of this run, the parts forming a gapless ``1..tail``, and no file in ``log/`` that
+the record does not name. It reports each part with its problem and the intact
+prefix: the seqs before the first problem.
 
 Nothing is appended after a problem (the writer refuses) until ``quarantine`` moves
-the first bad part, and every part after it, into ``<run>/quarantine/`` (never
-deleting anything): events after a damaged one cannot stay in a gapless log, and the
+it aside, never deleting anything: a foreign file alone; a damaged part with every
+part after it (events after a damaged one cannot stay in a gapless log, and the
 intact prefix is a state the run really had, since each part is one whole step of
-the engine. The spool of finished turns goes with them (its turns followed the
-old tail). An exploration then continues from the prefix with ``explore --resume``,
-which runs again the turns the moved events recorded.
+the engine), the record then committing that they left; a damaged record, which
+leaves the run to be read, and adopted, as a run written before records is. The
+spool of finished turns goes with damaged parts (its turns followed the old tail).
+An exploration then continues from the prefix with ``explore --resume``, which runs
+again the turns the moved events recorded.
 """
 
 from __future__ import annotations
@@ -26,10 +29,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ingest.checks import content_problem
 from ingest.errors import InputError, LogError
-from ingest.log import EventLog, Part, WriterLock, _cover, _fsync_dir, _list_parts, content_problem
+from ingest.parts import Part
+from ingest.paths import fsync_dir
+from ingest.reader import EventLog
+from ingest.record import (
+    RECORD,
+    TMP,
+    Record,
+    RecordDamagedError,
+    legacy_cover,
+    list_parts,
+    locate,
+    read_record,
+)
+from ingest.writer import WriterLock, foreign_files
 
 QUARANTINE_DIR = "quarantine"
+MISSING = "named by the run's record, but missing"
 
 
 @dataclass(frozen=True)
@@ -60,10 +78,12 @@ class Verification:
     tail: int  # the last seq any part names
     problem: str | None = None  # the first problem, in words (None: the log verifies)
     first_bad: PartCheck | None = None  # the first part at or after that problem
+    recorded: bool = True  # whether the run has a record of its parts (runs before records have none)
     # What a crash left, which the writer removes when it opens the run: parts a merge
-    # superseded (their events are in the merged part) and unpublished temp files.
+    # superseded (their events are in a live part) and unpublished temp files.
     superseded: list[PartCheck] = field(default_factory=list)
     temporary: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)  # files in log/ that are not the run's
 
     @property
     def ok(self) -> bool:
@@ -93,38 +113,87 @@ def verify_log(log: EventLog) -> Verification:
     log.require()
     for _attempt in range(20):
         try:
-            return _verify(log)
+            try:
+                record = read_record(log.log_dir, log.run_id)
+            except RecordDamagedError as err:
+                return _damaged_record(log, err)
+            return _verify_legacy(log) if record is None else _verify(log, record)
         except FileNotFoundError:
             continue
     raise LogError(f"{log.log_dir}: parts kept disappearing while verifying - try again")
 
 
-def _verify(log: EventLog) -> Verification:
-    listed = _list_parts(log.log_dir)
-    chosen, gap = _cover(listed)
+def _verify(log: EventLog, record: Record) -> Verification:
+    checks = []
+    for part in record.parts():
+        path = locate(record.log_dir, part.name)
+        if path is None:
+            newer = read_record(log.log_dir, log.run_id)
+            if newer is not None and newer.entries != record.entries:
+                raise FileNotFoundError(part.name)  # a merge removed it meanwhile: check the new record
+            checks.append(_part_check(part, MISSING))
+        else:
+            checks.append(_check(Part(part.first, part.last, part.level, path, part.digest)))
+    names = set(os.listdir(log.log_dir))
+    superseded = [_part_check(record.removed[n], "superseded") for n in sorted(names & set(record.removed))]
+    temporary = sorted(n for n in names if n.startswith(TMP) and n[len(TMP) :] not in record.live)
+    result = Verification(log.run_id, log.log_dir, checks, intact_to=record.tail, tail=record.tail,
+                          superseded=superseded, temporary=temporary, foreign=foreign_files(record))  # fmt: skip
+    _first_problem(result, checks)
+    return result
+
+
+def _first_problem(result: Verification, checks: list[PartCheck]) -> None:
+    bad = next((c for c in checks if c.problem), None)
+    if bad is not None:
+        result.intact_to, result.first_bad = bad.first - 1, bad
+        result.problem = f"{bad.name} ({bad.seqs}) is damaged: {bad.problem}"
+    elif result.foreign:
+        more = len(result.foreign) - 3
+        shown = ", ".join(result.foreign[:3]) + (f" (+{more} more)" if more > 0 else "")
+        result.problem = (f"{len(result.foreign)} file(s) in {result.log_dir} are not parts the run's record names "
+                          f"(copied in?): {shown} - nothing reads them")  # fmt: skip
+
+
+def _damaged_record(log: EventLog, err: RecordDamagedError) -> Verification:
+    listed = list_parts(log.log_dir)
+    checks = [_part_check(p, None) for p in listed]
+    result = Verification(log.run_id, log.log_dir, checks, intact_to=0, tail=max((p.last for p in listed), default=0))
+    result.problem = f"{err} - the run's parts cannot be told from files copied in"
+    result.first_bad = PartCheck(RECORD, log.log_dir / RECORD, 0, 0, 0, True, str(err))
+    return result
+
+
+def _verify_legacy(log: EventLog) -> Verification:
+    listed = list_parts(log.log_dir)
+    chosen, gap = legacy_cover(listed)
     end = chosen[-1].last if chosen else 0
     # Parts past the gapless cover (after a gap, or overlapping it), and parts a merge
     # superseded (a crash between publishing a merge and removing what it replaced).
     after = [p for p in listed if p not in chosen and p.last > end]
     superseded = [p for p in listed if p not in chosen and p.last <= end]
     checks = [_check(p) for p in chosen + after]
+    part_names = {p.path.name for p in listed}
     result = Verification(
         log.run_id, log.log_dir, checks, intact_to=end, tail=max((p.last for p in listed), default=0),
-        superseded=[_part_check(p, "superseded") for p in superseded],
-        temporary=sorted(n for n in os.listdir(log.log_dir) if n.startswith(".tmp-")),
+        recorded=False, superseded=[_part_check(p, "superseded") for p in superseded],
+        temporary=sorted(n for n in os.listdir(log.log_dir) if n.startswith(TMP)),
+        foreign=sorted(n for n in os.listdir(log.log_dir) if n not in part_names and not n.startswith(TMP)),
     )  # fmt: skip
-    bad = next((c for c in checks[: len(chosen)] if c.problem), None)
-    if bad is not None:
-        result.intact_to, result.first_bad = bad.first - 1, bad
-        result.problem = f"{bad.name} ({bad.seqs}) is damaged: {bad.problem}"
-    elif gap is not None:
+    _first_problem(result, checks[: len(chosen)])
+    if result.ok and gap is not None:
         result.first_bad = checks[len(chosen)] if after else None
         result.problem = gap
+    if result.ok:
+        _, overlap = log.legacy_parts()
+        if overlap is not None:
+            result.problem = overlap
+            result.first_bad = next((c for c in result.superseded if c.name in overlap), None)
     return result
 
 
 def _part_check(part: Part, problem: str | None) -> PartCheck:
-    return PartCheck(part.path.name, part.path, part.first, part.last, part.level, part.digest is not None, problem)
+    return PartCheck(part.name, part.path, part.first, part.last, part.level, part.digest is not None, problem)
 
 
 @dataclass
@@ -132,19 +201,20 @@ class Quarantined:
     """What ``quarantine`` moved aside, and the log that is left."""
 
     run_id: str
-    moved: list[PartCheck]  # the first bad part, then every part after it
+    moved: list[PartCheck]  # the first bad part, then every part after it (or the one foreign file)
     destination: Path
     intact_to: int  # the log now holds seqs 1..intact_to
     events_moved: int  # seqs intact_to+1 .. the old tail
     turns_moved: int | None  # TurnFinished events among them (None: a moved part is unreadable)
     finished_moved: bool  # the run's RunFinished was among them
     spool_moved: Path | None  # where the spool of finished turns went, if there was one
+    foreign: bool = False  # a file that was not part of the log (nothing of the log moved)
 
 
 def quarantine(log: EventLog, part: str) -> Quarantined:
-    """Move the first bad part of ``log`` and every part after it aside (never deleting).
+    """Move a foreign file, or the first bad part of ``log`` and every part after it, aside (never deleting).
 
-    ``part`` names that part (its file name or path); any other part is refused, so
+    ``part`` names that file or part (its name or path); any other is refused, so
     nothing intact is moved by a typo. Holds the writer's lock while it moves, so
     a run being written is refused.
     """
@@ -152,25 +222,44 @@ def quarantine(log: EventLog, part: str) -> Quarantined:
     lock.acquire()
     try:
         found = verify_log(log)
+        destination = log.dir / QUARANTINE_DIR
+        name = Path(part).name
+        if name in found.foreign or (name == RECORD and found.first_bad and found.first_bad.name == RECORD):
+            return _move_one(log, found, name, destination)
         target = _target(found, part)
         moving = [target] + [p for p in found.parts + found.superseded if p.first > found.intact_to and p != target]
         moving.sort(key=lambda c: (c.first, -c.last, c.name))
         turns, finished = _turns_in(moving)
-        destination = log.dir / QUARANTINE_DIR
+        if found.recorded:
+            record = read_record(log.log_dir, log.run_id)
+            assert record is not None
+            record.commit([], [record.live[p.name] for p in moving if p.name in record.live], note="quarantined")
         destination.mkdir(exist_ok=True)
         for p in reversed(moving):  # the newest first: what is left is always a prefix and the rest
-            os.rename(p.path, _free_name(destination, p.name))
+            if p.problem != MISSING:
+                os.rename(p.path, _free_name(destination, p.name))
         spool = log.dir / "spool"
         spool_moved = None
         if spool.is_dir():
             spool_moved = _free_name(destination, "spool")
             os.rename(spool, spool_moved)
-        _fsync_dir(destination)
-        _fsync_dir(log.log_dir)
+        fsync_dir(destination)
+        fsync_dir(log.log_dir)
     finally:
         lock.release()
     return Quarantined(log.run_id, moving, destination, found.intact_to, found.tail - found.intact_to,
                        turns, finished, spool_moved)  # fmt: skip
+
+
+def _move_one(log: EventLog, found: Verification, name: str, destination: Path) -> Quarantined:
+    """Move one file that is not part of the log (or the damaged record) aside; the log's parts stay."""
+    destination.mkdir(exist_ok=True)
+    source = log.log_dir / name
+    os.rename(source, _free_name(destination, name))
+    fsync_dir(destination)
+    fsync_dir(log.log_dir)
+    moved = PartCheck(name, source, 0, 0, 0, False, "not a part of the log" if name != RECORD else found.problem)
+    return Quarantined(log.run_id, [moved], destination, found.intact_to, 0, 0, False, None, foreign=True)
 
 
 def _target(found: Verification, part: str) -> PartCheck:
@@ -180,6 +269,9 @@ def _target(found: Verification, part: str) -> PartCheck:
         raise InputError(f"run {found.run_id!r}: the log verifies - nothing to quarantine")
     bad = found.first_bad
     if bad is None:  # the log just ends early: nothing after the problem to move
+        if found.foreign:
+            raise InputError(f"{found.log_dir}: {name!r} is not among the files to move aside - "
+                             f"'verify {found.run_id}' lists them: {', '.join(found.foreign)}")  # fmt: skip
         raise InputError(f"run {found.run_id!r}: {found.problem}, and no part follows it - nothing to move")
     if name == bad.name:
         return bad

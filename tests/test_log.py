@@ -19,7 +19,7 @@ from conftest import ROOT
 
 from ingest.errors import LogError, PartDamagedError, SeqConflictError, WriterLockedError
 from ingest.events import SCHEMA, RunResumed, RunStarted, SnapshotSeen, ToolCalled, from_row
-from ingest.log import EventLog, LogWriter
+from ingest.log import RECORD, EventLog, LogWriter, RecordDamagedError
 
 
 def _created(data_dir: Path) -> LogWriter:
@@ -105,36 +105,27 @@ def test_second_writer_in_another_process_is_refused(data_dir):
     assert EventLog(data_dir, "r").tail_seq() == 2
 
 
-def test_kill_before_publish_leaves_no_partial_file(data_dir):
+def _killed_at(data_dir: Path, point: str) -> None:
+    """A writer appends 1 event, then 5000, and is killed at ``point`` of the second append."""
     _created(data_dir).close()
-    marker = data_dir / "written"
-    # The child stops between writing its temp file and renaming it into place.
-    writer = child(
-        f"""
-        import os, sys, time, pathlib
-        import ingest.log as log
-        real_rename = os.rename
-        def rename(src, dst):
-            if "part-" in str(dst) and "-L0" in str(dst) and "000000000003" in str(dst):
-                pathlib.Path({str(marker)!r}).touch()
-                time.sleep(60)
-            real_rename(src, dst)
-        log.os.rename = rename
+    script = textwrap.dedent("""
+        import sys
+        from ingest.log import LogWriter
         from ingest.events import SnapshotSeen
-        w = log.LogWriter.open(sys.argv[1], "r")
+        w = LogWriter.open(sys.argv[1], "r")
         w.append([SnapshotSeen(task="t", snapshot="a", path="/p")])
         w.append([SnapshotSeen(task="t", snapshot=str(i), path="/p") for i in range(5000)])
-        """,
-        data_dir,
-    )
-    try:
-        wait_for(marker)
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
-    finally:
-        writer.kill()
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TEACHER_MCTS_CRASH_AT=f"{point}:2")
+    done = subprocess.run([sys.executable, "-c", script, str(data_dir)], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+def test_kill_before_the_record_commits_a_part_leaves_no_part(data_dir):
+    _killed_at(data_dir, "publish.written")
     log_dir = EventLog(data_dir, "r").log_dir
-    assert any(n.startswith(".tmp-") for n in os.listdir(log_dir))  # the unpublished write
+    assert any(n.startswith(".tmp-part-") for n in os.listdir(log_dir))  # the uncommitted write
     log = EventLog(data_dir, "r")
     assert log.tail_seq() == 2
     assert log.read_table().column("seq").to_pylist() == [1, 2]
@@ -142,6 +133,17 @@ def test_kill_before_publish_leaves_no_partial_file(data_dir):
         w.append(facts(1))
     assert not any(n.startswith(".tmp-") for n in os.listdir(log_dir))
     assert EventLog(data_dir, "r").read_table().column("seq").to_pylist() == [1, 2, 3]
+
+
+def test_a_part_committed_but_not_renamed_is_read_and_the_writer_renames_it(data_dir):
+    _killed_at(data_dir, "publish.recorded")
+    log = EventLog(data_dir, "r")
+    assert [p.path.name.startswith(".tmp-part-") for p in log.parts()] == [False, False, True]
+    assert log.read_table(["seq"]).column("seq").to_pylist() == list(range(1, 5003))
+    with LogWriter.open(data_dir, "r") as w:
+        w.append(facts(1))
+    assert not any(n.startswith(".tmp-") for n in os.listdir(log.log_dir))
+    assert log.read_table(["seq"]).column("seq").to_pylist() == list(range(1, 5004))
 
 
 def test_random_kills_never_corrupt_the_log(data_dir):
@@ -211,7 +213,7 @@ def test_compaction_bounds_files_and_keeps_content(data_dir):
     with _created(data_dir) as w:
         for k in range(700):
             w.append(facts(1 + k % 4, start=k * 10))
-        files = len(os.listdir(EventLog(data_dir, "r").log_dir))
+        files = len(os.listdir(EventLog(data_dir, "r").log_dir)) - 1  # and the record
         assert w.file_count() == files
     # 701 appends in base 8 = 1275 (octal): at most 1+2+7+5 = 15 parts.
     assert files <= 15
@@ -278,20 +280,101 @@ def test_a_merge_of_parts_grouped_by_kind_writes_each_group_in_seq_order(tmp_pat
         assert seqs == sorted(seqs)
 
 
-def test_reader_prefers_the_merged_part_when_a_crash_left_both(data_dir):
+def _legacy(data_dir: Path, appends: int = 6) -> EventLog:
+    """A run as written before records: its parts, no record (its first part and ``appends`` more)."""
     with _created(data_dir) as w:
-        for k in range(6):
+        for k in range(appends):
             w.append(facts(1, start=k))
     log = EventLog(data_dir, "r")
+    (log.log_dir / RECORD).unlink()
+    return log
+
+
+def test_a_run_before_records_prefers_the_merged_part_when_a_crash_left_both_and_is_adopted(data_dir):
+    log = _legacy(data_dir)
     parts = log.parts()
     # Simulate a crash after publishing a merge of parts 3..7 but before deleting them.
     tables = [pq.read_table(p.path) for p in parts[2:]]
     pq.write_table(pa.concat_tables(tables), log.log_dir / "part-000000000003-000000000007-L1.parquet")
     assert [p.path.name for p in log.parts()][-1] == "part-000000000003-000000000007-L1.parquet"
     assert log.read_table(["seq"]).column("seq").to_pylist() == list(range(1, 8))
-    with LogWriter.open(data_dir, "r") as w:  # recovery deletes the superseded parts
+    with LogWriter.open(data_dir, "r") as w:  # adoption deletes the superseded parts, records the rest
         assert w.file_count() == 3
-    assert len(os.listdir(log.log_dir)) == 3
+    assert len(os.listdir(log.log_dir)) == 4
+    record = log.record()
+    assert record is not None and [p.name for p in record.parts()] == [p.path.name for p in log.parts()]
+    assert log.read_table(["seq"]).column("seq").to_pylist() == list(range(1, 8))
+
+
+def test_a_run_before_records_whose_overlapping_parts_disagree_is_refused(data_dir):
+    """A part overlapping others with other events: one of them is not this run's; nothing is read or deleted."""
+    log = _legacy(data_dir)
+    tables = [pq.read_table(p.path) for p in log.parts()[2:]]
+    forged = pa.concat_tables(tables)
+    forged = forged.set_column(forged.column_names.index("snapshot"), "snapshot",
+                               pa.array(["forged"] * forged.num_rows))  # fmt: skip
+    pq.write_table(forged, log.log_dir / "part-000000000003-000000000007-L1.parquet")
+    before = {n: (log.log_dir / n).read_bytes() for n in os.listdir(log.log_dir)}
+    with pytest.raises(LogError, match="hold seqs 3..3 with different events: one of them is not this run.s"):
+        log.read_table()
+    with pytest.raises(LogError, match="with different events"):
+        LogWriter.open(data_dir, "r")
+    assert {n: (log.log_dir / n).read_bytes() for n in os.listdir(log.log_dir)} == before
+
+
+def test_a_run_is_its_recorded_parts_not_the_files_in_its_directory(data_dir):
+    """A part copied in (a wider range, the same events but one) is never read; the writer refuses it."""
+    with _created(data_dir) as w:
+        for k in range(3):
+            w.append(facts(1, start=k))
+    log = EventLog(data_dir, "r")
+    table = log.read_table()
+    table = table.set_column(table.column_names.index("snapshot"), "snapshot", pa.array(["x"] * table.num_rows))
+    from ingest.log import encode_part, part_name
+
+    data, digest = encode_part(table, 1)
+    forged = log.log_dir / part_name(1, table.num_rows, 1, digest)
+    forged.write_bytes(data.to_pybytes())
+    assert log.read_table(["snapshot"]).column("snapshot").to_pylist()[1:] == ["s0", "s1", "s2"]
+    with pytest.raises(LogError, match=re.escape(f"{forged}: not a part the run's record names")):
+        LogWriter.open(data_dir, "r")
+    assert forged.exists()
+
+
+def test_a_record_line_changed_is_damage_and_a_line_cut_short_was_never_committed(data_dir):
+    with _created(data_dir) as w:
+        w.append(facts(2))
+    log = EventLog(data_dir, "r")
+    path = log.log_dir / RECORD
+    good = path.read_bytes()
+    path.write_bytes(good + b'{"entry": 3, "add"')  # a crash while appending an entry
+    assert log.tail_seq() == 3
+    with LogWriter.open(data_dir, "r") as w:
+        w.append(facts(1))
+    assert path.read_bytes().startswith(good) and path.read_bytes().count(b"\n") == 3
+    assert log.tail_seq() == 4
+    changed = path.read_bytes().replace(b'"entry":2', b'"entry":5', 1)
+    path.write_bytes(changed)
+    with pytest.raises(RecordDamagedError, match="line 2 is damaged"):
+        log.parts()
+    with pytest.raises(RecordDamagedError, match="does not verify, nothing was appended"):
+        LogWriter.open(data_dir, "r")
+
+
+def test_a_part_of_another_run_is_damage(data_dir):
+    with _created(data_dir) as w:
+        w.append(facts(2))
+    other = LogWriter.create(data_dir, "other")
+    other.append([RunStarted(command="t")] + facts(2))
+    other.close()
+    log = EventLog(data_dir, "r")
+    mine, theirs = log.parts()[1], EventLog(data_dir, "other").parts()[0]
+    mine.path.write_bytes(theirs.path.read_bytes())  # same seqs 2..3, named with its own checksum
+    os.rename(mine.path, mine.path.with_name(theirs.path.name))
+    record = log.log_dir / RECORD
+    record.write_bytes(record.read_bytes().replace(mine.path.name.encode(), theirs.path.name.encode()))
+    with pytest.raises(LogError):  # the chain of the record breaks first
+        log.read_table()
 
 
 @pytest.mark.parametrize("damage", ["footer", "page"])
@@ -322,7 +405,12 @@ def test_a_gap_in_the_log_is_reported(data_dir):
         w.append(facts(2))
         w.append(facts(2))
     log = EventLog(data_dir, "r")
-    log.parts()[1].path.unlink()
+    missing = log.parts()[1]
+    missing.path.unlink()
+    with pytest.raises(LogError, match=re.escape(f"{missing.path.name} (seqs 2..3) is named by the run's record "
+                                                 "but is not in")):  # fmt: skip
+        log.parts(attempts=2)
+    (log.log_dir / RECORD).unlink()  # a run written before records: its files are its log
     with pytest.raises(LogError, match=r"seqs 2-3 are missing: no part holds them \(the log goes on to seq 5\)"):
         log.parts(attempts=2)
 
