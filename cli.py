@@ -26,6 +26,7 @@ from typing import Any
 import click
 
 from engine import __version__
+from ingest import steps
 from ingest.errors import ProjectError, os_problem
 from ingest.events import as_utf8
 from ingest.log import DATA_ENV, default_data_dir
@@ -61,9 +62,11 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
 
     deadline: list[threading.Timer] = []  # the unwinding's, once a signal arrived
 
-    def handler(signum: int, _frame: object) -> None:
+    def handler(signum: int, frame: object) -> None:
         if received:  # a second signal while unwinding: stop now (the watchdog kills what is left)
             _exit_now(received[0])
+        if steps.defer(lambda: handler(signum, frame)):  # a step of the log completes first
+            return
         received.append(signum)
         deadline.append(threading.Timer(CLEANUP_DEADLINE_S, _exit_now, [signum, "the cleanup did not end in time"]))
         deadline[0].daemon = True
@@ -1002,10 +1005,13 @@ def _part_row(c: Any) -> dict[str, Any]:
 def verify(run_id: str, as_json: bool) -> None:
     """Read every byte of every part of a run's log and report the first damaged one.
 
-    Each part must match the checksum its name records, have a footer that agrees
-    with the log, decode page by page, and hold exactly the seqs its name says; the
-    parts must cover 1..tail without a gap. Exit 1 when anything is wrong: the
-    report names the part, its seq range and the intact prefix. Nothing is changed.
+    The run's record of its parts must be whole; each part it names must match the
+    checksum its name records, have a footer that agrees with the log, decode page
+    by page, hold exactly the seqs its name says and only this run's events; the
+    parts must cover 1..tail without a gap; no other file may lie in log/ (a file
+    copied in is listed as FOREIGN: nothing reads it). Exit 1 when anything is
+    wrong: the report names the part or file, its seq range and the intact prefix.
+    Nothing is changed.
 
     \b
     Example:
@@ -1020,7 +1026,8 @@ def verify(run_id: str, as_json: bool) -> None:
                     "problem": found.problem, "first_bad": found.first_bad and found.first_bad.name,
                     "first_bad_path": found.first_bad and str(found.first_bad.path),
                     "parts": [_part_row(c) for c in found.parts],
-                    "superseded": [c.name for c in found.superseded], "temporary": found.temporary})  # fmt: skip
+                    "superseded": [c.name for c in found.superseded], "temporary": found.temporary,
+                    "foreign": found.foreign, "recorded": found.recorded})  # fmt: skip
     else:
         _render_verification(found)
     if not found.ok:
@@ -1036,9 +1043,16 @@ def _render_verification(found: Any) -> None:
         click.echo(f"{found.unchecksummed} part(s) carry no checksum (written before checksums): their pages "
                    "decode and their seqs are whole, a changed value cannot be seen; the writer gives them "
                    "one when it next opens the run")  # fmt: skip
+    if not found.recorded:
+        click.echo("the run has no record of its parts (written before records): its log is the cover of its "
+                   "part files; the writer records them when it next opens the run")  # fmt: skip
     if found.superseded or found.temporary:
         click.echo(f"a crash left {len(found.superseded)} superseded part(s) and {len(found.temporary)} temp "
                    "file(s); the writer removes them when it next opens the run")  # fmt: skip
+    for name in found.foreign:
+        click.echo(f"FOREIGN  {found.log_dir / name}: not a part the run's record names (nothing reads it; the "
+                   f"writer refuses to append until it is moved aside: python cli.py quarantine {found.run_id} "
+                   f"{name})")  # fmt: skip
     if found.ok:
         click.echo(f"verify: {len(found.parts)} parts, {found.tail} events: every checksum matches, every page "
                    "decodes, every seq is there once")  # fmt: skip
@@ -1057,11 +1071,12 @@ def _render_verification(found: Any) -> None:
 def quarantine(run_id: str, part: str, as_json: bool) -> None:
     """Move the first damaged part of a run's log, and every part after it, aside (never deleting).
 
-    PART is the part `verify` names (its file name or path); any other part is
-    refused. The parts and the run's spool of finished turns go to
-    <run>/quarantine/. What is left is the intact prefix, a state the run really
-    had: replay, paths and sql read it, and an exploration continues from it with
-    `explore --resume`, which runs again the turns the moved events recorded.
+    PART is the part `verify` names (its file name or path), or a FOREIGN file it
+    lists (moved alone; the log is unchanged); any other part is refused. The
+    parts and the run's spool of finished turns go to <run>/quarantine/. What is
+    left is the intact prefix, a state the run really had: replay, paths and sql
+    read it, and an exploration continues from it with `explore --resume`, which
+    runs again the turns the moved events recorded.
 
     \b
     Example:
@@ -1072,12 +1087,17 @@ def quarantine(run_id: str, part: str, as_json: bool) -> None:
     from ingest.log import EventLog
 
     done = run(EventLog(_data_dir(), run_id), part)
+    if done.foreign and not as_json:
+        click.echo(f"run {run_id}: moved {done.moved[0].name} to {done.destination} ({done.moved[0].problem}); "
+                   f"the log is unchanged, seqs 1..{done.intact_to}")  # fmt: skip
+        return
     if as_json:
         _echo_json({"run_id": run_id, "moved": [_part_row(c) for c in done.moved],
                     "destination": str(done.destination), "intact_to": done.intact_to,
                     "events_moved": done.events_moved, "turns_moved": done.turns_moved,
                     "finished_moved": done.finished_moved,
-                    "spool_moved": done.spool_moved and str(done.spool_moved)})  # fmt: skip
+                    "spool_moved": done.spool_moved and str(done.spool_moved),
+                    "foreign": done.foreign})  # fmt: skip
         return
     click.echo(f"run {run_id}: moved {len(done.moved)} part(s) to {done.destination}:")
     for c in done.moved:

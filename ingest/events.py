@@ -299,6 +299,19 @@ class TurnFinished(Event):
     transcript: str = Field(default="", json_schema_extra=HEAVY)
 
 
+class SpoolEntryDropped(Event):
+    """A finished turn kept in the run's spool was not taken; its turn runs again.
+
+    ``reason``: the file is another run's, was kept for another start state of the
+    edge (a stale one), or is damaged or torn.
+    """
+
+    tree_id: str
+    edge_id: str
+    turn: int
+    reason: str
+
+
 # ---------------------------------------------------------- tree decisions
 
 

@@ -12,6 +12,10 @@ kill from outside would have to land by luck:
     compact.removing   the first of the parts a merge replaces is removed, the others not
     spool.written      a finished turn's spool file is written under its temp name
     spool.renamed      a finished turn is in the spool, not yet in the log
+    edge.started       the engine staged an edge start, in the middle of a fill
+
+``<point>:<n>:<SIGNAL>`` (SIGHUP, SIGTERM, SIGINT) sends that signal instead, so a
+test can interrupt a step exactly where a signal from outside lands by luck.
 
 Each point counts how often it is reached (:func:`reached`), so a test can run a
 job once without the variable and then pick a moment of each kind within it.
@@ -28,32 +32,35 @@ from ingest.errors import InputError
 
 CRASH_ENV = "TEACHER_MCTS_CRASH_AT"
 POINTS = ("publish.written", "publish.recorded", "publish.renamed", "compact.published", "compact.removing",
-          "spool.written", "spool.renamed")  # fmt: skip
+          "spool.written", "spool.renamed", "edge.started")  # fmt: skip
+SIGNALS = {"SIGHUP": signal.SIGHUP, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
 _reached: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
-def _plan() -> tuple[str, int] | None:
-    """The point and count ``$TEACHER_MCTS_CRASH_AT`` names (InputError when malformed)."""
+def _plan() -> tuple[str, int, int] | None:
+    """The point, count and signal ``$TEACHER_MCTS_CRASH_AT`` names (InputError when malformed)."""
     value = os.environ.get(CRASH_ENV)
     if not value:
         return None
-    point, _, count = value.rpartition(":")
-    if point not in POINTS or not count.isdigit() or int(count) < 1:
-        msg = f"${CRASH_ENV}={value!r}: expected <point>:<n> with n >= 1 and a point among {', '.join(POINTS)}"
+    point, _, count = value.partition(":")
+    count, _, name = count.partition(":")
+    if point not in POINTS or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
+        msg = (f"${CRASH_ENV}={value!r}: expected <point>:<n>[:<signal>] with n >= 1, a point among "
+               f"{', '.join(POINTS)} and a signal among {', '.join(SIGNALS)}")  # fmt: skip
         raise InputError(msg)
-    return point, int(count)
+    return point, int(count), SIGNALS[name] if name else signal.SIGKILL
 
 
 def crash_point(point: str) -> None:
-    """Count one arrival at ``point``; SIGKILL this process if it is the planned one."""
+    """Count one arrival at ``point``; SIGKILL (or signal) this process if it is the planned one."""
     with _lock:
         _reached[point] += 1
         arrival = _reached[point]
     plan = _plan()
-    if plan is not None and plan == (point, arrival):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if plan is not None and plan[:2] == (point, arrival):
+        os.kill(os.getpid(), plan[2])
 
 
 def reached() -> dict[str, int]:

@@ -169,7 +169,8 @@ class LogWriter:
         for part in record.parts():
             path = locate(record.log_dir, part.name)
             if path is None:
-                raise damaged_part(part, "named by the run's record, but missing")
+                err = damaged_part(part, "named by the run's record, but missing")
+                raise PartDamagedError(f"run {self.log.run_id!r} does not verify, nothing was appended: {err}")
             parts.append(Part(part.first, part.last, part.level, path, part.digest))
         try:
             for part in parts:

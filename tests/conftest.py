@@ -155,6 +155,22 @@ def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> st
     from ingest.log import run_dir
 
     shutil.copytree(run_dir(src, run_id), run_dir(dst, new_id or run_id))
+    if new_id and new_id != run_id:  # the copy's events are its own: rewritten, recorded anew
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from ingest.log import EventLog, LogWriter, encode_part, part_name
+
+        log = EventLog(dst, new_id)
+        (log.log_dir / "_record.jsonl").unlink()  # the source's: it names the source run
+        for part in log.parts():
+            table = pq.read_table(part.path)
+            table = table.set_column(table.column_names.index("run_id"), "run_id",
+                                     pa.array([new_id] * table.num_rows, pa.string()))  # fmt: skip
+            data, digest = encode_part(table, part.level)
+            part.path.unlink()
+            (log.log_dir / part_name(part.first, part.last, part.level, digest)).write_bytes(data.to_pybytes())
+        LogWriter.open(dst, new_id).close()  # adopted: a record of the rewritten parts
     return new_id or run_id
 
 
@@ -175,3 +191,26 @@ def real_coral_bin(tmp_path_factory) -> Path:
     bin_dir.mkdir()
     (bin_dir / "coral").symlink_to(venv / "bin" / "coral")
     return bin_dir
+
+
+def rename_in_record(data: Path, run_id: str, renames: dict[str, str]) -> None:
+    """Rewrite a run's record as if its writer had published these parts under the new names.
+
+    What a writer bug would leave (its entries chained and checksummed as a writer
+    writes them), for tests of what ``verify`` finds beyond what readers check.
+    """
+    from ingest.events import canonical_json
+    from ingest.log import RECORD, run_dir
+    from ingest.record import _sha
+
+    path = run_dir(data, run_id) / "log" / RECORD
+    prev, lines = "", []
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        entry["add"] = [renames.get(n, n) for n in entry["add"]]
+        entry["remove"] = [renames.get(n, n) for n in entry["remove"]]
+        entry["prev"] = prev
+        entry["sha"] = _sha(entry)
+        prev = entry["sha"]
+        lines.append(canonical_json(entry))
+    path.write_text("".join(line + "\n" for line in lines))

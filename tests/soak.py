@@ -1,11 +1,13 @@
-"""The kill -9 soak: sim explorations killed at random moments, resumed, and checked.
+"""The kill -9 soak: sim explorations killed (or signalled) at random moments, resumed, and checked.
 
 Each trial starts ``explore`` in a process of its own and kills it with SIGKILL: at a
 named moment inside a write (``ingest/faults.py``: a part written but not renamed, a
 merge published but the parts it replaces not removed, a turn spooled but not in the
 log, ...), the n-th time that moment comes (n drawn from how often an uninterrupted run
 reaches it), or from outside once its log reached a random seq. Some trials kill the
-resumed process too. Then ``explore --resume`` runs to the end, and the trial checks:
+resumed process too; some send SIGHUP, SIGTERM or SIGINT instead of the kill, and the
+run must unwind with its exit code (129, 143, 130). Then ``explore --resume`` runs to
+the end, and the trial checks:
 
 - the resume completes and ``replay`` re-derives every decision with no difference;
 - ``verify`` finds every part intact, and no temp file or spool is left;
@@ -57,6 +59,8 @@ RUN = "soak"
 SETTINGS = {"rounds": ["--schedule", "rounds", "--parallel", "2", "--seed", "3"],
             "async": ["--schedule", "async", "--parallel", "3", "--seed", "3"]}  # fmt: skip
 OUTSIDE = "outside"  # a kill from outside at a random seq, not at a named moment
+# Signals sent from outside at a random seq instead of a kill: the run unwinds (exit 128 + n).
+SIGNALS = {"SIGHUP": signal.SIGHUP, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 DEADLINE_S = 600.0  # for any one process of a trial, however loaded the machine
 
 
@@ -70,9 +74,10 @@ class Trial:
     at_seq: int = 0  # OUTSIDE: kill once the log reached this seq
     delay_s: float = 0.0  # OUTSIDE: and this long after
     again_at_seq: int = 0  # > 0: kill the resumed process too, once its log reached this seq
+    signal: str = ""  # at a named moment: send this signal (a name of SIGNALS) instead of SIGKILL
 
     def __str__(self) -> str:
-        when = f"arrival {self.arrival}" if self.moment != OUTSIDE else f"seq {self.at_seq} +{self.delay_s:.3f} s"
+        when = f"arrival {self.arrival}" if self.arrival else f"seq {self.at_seq} +{self.delay_s:.3f} s"
         again = f", resume killed at seq {self.again_at_seq}" if self.again_at_seq else ""
         return f"{self.schedule} {self.moment} ({when}{again})"
 
@@ -140,13 +145,13 @@ class Soak:
         run's count varies).
         """
         cycle = [("rounds", p) for p in faults.POINTS] + [("rounds", OUTSIDE)] * 3 + [("async", OUTSIDE)] * 2
-        cycle += [("async", "publish.written")]
+        cycle += [("async", "publish.written")] + [("rounds", name) for name in SIGNALS]
         out = []
         for i in range(trials):
             schedule, moment = cycle[i % len(cycle)]
             ref = self.references[schedule]
             again = self._seq(rng, ref) if moment == OUTSIDE and schedule == "rounds" and i % 12 == 8 else 0
-            if moment == OUTSIDE:
+            if moment == OUTSIDE or moment in SIGNALS:
                 out.append(Trial(schedule, moment, at_seq=self._seq(rng, ref), delay_s=rng.uniform(0, 0.03),
                                  again_at_seq=again))  # fmt: skip
             else:
@@ -169,9 +174,10 @@ class Soak:
     def _run(self, trial: Trial, data: Path) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         env.pop(faults.CRASH_ENV, None)
-        if trial.moment != OUTSIDE:
-            env[faults.CRASH_ENV] = f"{trial.moment}:{trial.arrival}"
-        _killed(self._args(data, trial.schedule), env, data, trial.at_seq, trial.delay_s)
+        if trial.moment != OUTSIDE and trial.moment not in SIGNALS:
+            env[faults.CRASH_ENV] = f"{trial.moment}:{trial.arrival}" + (f":{trial.signal}" if trial.signal else "")
+        _killed(self._args(data, trial.schedule), env, data, trial.at_seq, trial.delay_s,
+                SIGNALS.get(trial.signal or trial.moment, signal.SIGKILL))  # fmt: skip
         self.tally.kills += 1
         self.tally.by_moment[trial.moment] += 1
         published = logical_log(data, RUN) if EventLog(data, RUN).exists() else []
@@ -215,8 +221,13 @@ class Soak:
             assert tree_shape(data, RUN, catalog) == ref.shape, "the trees differ from an uninterrupted run's"
 
 
-def _killed(args: list[str], env: dict, data: Path, at_seq: int, delay_s: float) -> None:
-    """Run ``cli.py args`` until it is killed: by itself (a faults point) or at ``at_seq`` from here."""
+def _killed(args: list[str], env: dict, data: Path, at_seq: int, delay_s: float,
+            signum: int = signal.SIGKILL) -> None:  # fmt: skip
+    """Run ``cli.py args`` until it is killed: by itself (a faults point) or at ``at_seq`` from here.
+
+    ``signum`` other than SIGKILL: that signal is sent instead, and the process must
+    unwind and exit with 128 + its number (or have finished first: exit 0).
+    """
     proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     log = EventLog(data, RUN)
@@ -225,7 +236,7 @@ def _killed(args: list[str], env: dict, data: Path, at_seq: int, delay_s: float)
         while at_seq and proc.poll() is None and time.monotonic() < deadline:
             if log.exists() and log.tail_seq() >= at_seq:
                 time.sleep(delay_s)
-                proc.send_signal(signal.SIGKILL)
+                proc.send_signal(signum)
                 break
             time.sleep(0.01)
         _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -233,8 +244,9 @@ def _killed(args: list[str], env: dict, data: Path, at_seq: int, delay_s: float)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == -signal.SIGKILL, (
-        f"the process was not killed (exit {proc.returncode}): {err.decode(errors='replace')[-2000:]}"
+    expected = -signal.SIGKILL if signum == signal.SIGKILL else 128 + signum
+    assert proc.returncode == expected, (
+        f"the process did not end by signal {signum} (exit {proc.returncode}): {err.decode(errors='replace')[-2000:]}"
     )
 
 

@@ -196,6 +196,24 @@ def test_a_spool_file_damaged_or_torn_is_dropped_and_its_turn_runs_again(tmp_pat
     assert spool.take("T1/e1-1", 1) is None and not list(spool.dir.iterdir())
 
 
+def test_a_spool_file_of_another_run_or_another_start_is_dropped_and_said(tmp_path):
+    from engine.mcts.spool import Spool
+    from ingest.events import ToolCalled
+
+    calls = [ToolCalled(tree_id="T1", edge_id="T1/e1-1", turn=1, step=1, call_id="c", tool="bash", status="ok")]
+    Spool(tmp_path, identity="run-b").put("T1/e1-1", 1, calls, start="s1")  # another run of the same id
+    spool = Spool(tmp_path, identity="run-a")
+    assert spool.take("T1/e1-1", 1, start="s1") is None and not list(spool.dir.iterdir())
+    spool.put("T1/e1-1", 1, calls, start="s1")
+    assert spool.take("T1/e1-1", 1, start="s2") is None  # kept for another start: stale
+    spool.put("T1/e1-1", 1, calls, start="s1")
+    assert spool.take("T1/e1-1", 1, start="s1") == calls
+    dropped = spool.drained()
+    assert [(d.edge_id, d.turn, d.tree_id) for d in dropped] == [("T1/e1-1", 1, "T1")] * 2
+    assert "another run" in dropped[0].reason and "another start state" in dropped[1].reason
+    assert spool.drained() == []
+
+
 def test_async_mode_completes_with_every_edge_judged(runs):
     out = json.loads(CliRunner().invoke(cli, ["--data", str(runs), "replay", "async", "--json"]).stdout)
     assert [t["status"] for t in out["trees"]] == ["done"] * 4

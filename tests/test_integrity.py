@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, copy_run
+from conftest import ROOT, copy_run, rename_in_record
 from soundness import assert_log_is_sound, tree_shape
 
 from cli import cli
@@ -50,7 +51,8 @@ def zero_bytes(path: Path, at: int, count: int = 200) -> None:
 
 
 def legacy_name(path: Path) -> Path:
-    """The name a part had before checksums."""
+    """The name a part had before checksums (in a run before records: its record is removed)."""
+    (path.parent / "_record.jsonl").unlink(missing_ok=True)
     return path.with_name(re.sub(r"-[0-9a-f]{32}\.parquet$", ".parquet", path.name))
 
 
@@ -144,7 +146,9 @@ def test_verify_finds_a_part_written_wrong_whose_footer_and_checksum_agree(run):
     bad = table.set_column(table.column_names.index("seq"), "seq", pa.array(seqs, pa.int64()))
     data, digest = encode_part(bad, part.level)
     part.path.unlink()
-    (part.path.parent / part_name(part.first, part.last, part.level, digest)).write_bytes(data.to_pybytes())
+    wrong = part_name(part.first, part.last, part.level, digest)
+    (part.path.parent / wrong).write_bytes(data.to_pybytes())
+    rename_in_record(run, "rounds", {part.path.name: wrong})
     Catalog.for_log(EventLog(run, "rounds"))  # the footer agrees: readers take it
     r = invoke(run, "verify", "rounds", "--json")
     assert r.exit_code == 1
@@ -173,7 +177,9 @@ def test_quarantine_moves_the_damage_aside_and_resume_grows_the_same_trees(runs,
     assert f"the log now holds seqs 1..{intact}, intact ({parts[-1].last - intact} events moved: " in r.stdout
     assert "and the run's RunFinished)" in r.stdout
     assert "python cli.py explore --resume rounds" in r.stdout
-    after = listing(run)  # never deleted: every byte is still there, moved
+    after = listing(run)  # never deleted: every byte is still there, moved; the record only grew
+    record = "log/_record.jsonl"
+    assert after[record].startswith(before.pop(record)) and b'"note":"quarantined"' in after.pop(record)
     assert sorted(after.values()) == sorted(before.values())
     assert sorted(n for n in after if n.startswith("quarantine/")) == sorted(f"quarantine/{n}" for n in moved)
     log = EventLog(run, "rounds")
@@ -219,7 +225,22 @@ def test_quarantine_of_a_log_that_verifies_or_is_being_written_is_refused(run):
     assert invoke(run, "quarantine", "rounds", part).exit_code == 0
 
 
-def test_a_gap_is_reported_and_the_parts_after_it_can_be_quarantined(run):
+def test_a_recorded_part_missing_is_reported_and_it_and_the_parts_after_it_can_be_quarantined(run):
+    parts = EventLog(run, "rounds").parts()
+    parts[1].path.unlink()
+    r = invoke(run, "verify", "rounds")
+    assert r.exit_code == 1
+    assert (f"intact up to seq {parts[0].last} of {parts[-1].last}; {parts[1].path.name} "
+            f"(seqs {parts[1].first}..{parts[1].last}) is damaged: named by the run's record, but missing") in r.stdout
+    assert f"quarantine rounds {parts[1].path.name}" in r.stdout
+    r = invoke(run, "explore", "--resume", "rounds")
+    assert r.exit_code == 1 and "nothing was appended" in r.stderr
+    assert invoke(run, "quarantine", "rounds", parts[1].path.name).exit_code == 0
+    assert EventLog(run, "rounds").tail_seq() == parts[0].last and verify_log(EventLog(run, "rounds")).ok
+
+
+def test_a_gap_in_a_run_before_records_is_reported_and_the_parts_after_it_can_be_quarantined(run):
+    (run_dir(run, "rounds") / "log" / "_record.jsonl").unlink()
     parts = EventLog(run, "rounds").parts()
     parts[1].path.unlink()
     r = invoke(run, "verify", "rounds")
@@ -277,3 +298,58 @@ def test_a_part_written_before_checksums_whose_pages_do_not_decode_is_not_adopte
 def test_the_writer_lock_is_refused_to_a_second_holder(run):
     with LogWriter.open(run, "rounds"), pytest.raises(WriterLockedError, match=f"pid {os.getpid()}"):
         quarantine(EventLog(run, "rounds"), "x")
+
+
+def _foreign(run: Path, runs: Path, case: str) -> Path:
+    """Drop a file that is not the run's into its log/ (the cases of issue 23: found 6, 7 and the forgery)."""
+    log = EventLog(run, "rounds")
+    if case == "another_runs_part":  # valid, checksummed, wider than the run's first part
+        theirs = max(EventLog(runs, "async").parts(), key=lambda p: p.last if p.first == 1 else 0)
+        assert theirs.first == 1 and theirs.last > log.parts()[0].last
+        target = log.log_dir / theirs.path.name
+        target.write_bytes(theirs.path.read_bytes())
+    elif case == "same_range_other_content":  # a correct checksum in its name, other events
+        part = middle_part(run)
+        table = pq.read_table(part).sort_by("seq")
+        kinds = table.column("kind").to_pylist()
+        table = table.set_column(table.column_names.index("kind"), "kind", pa.array(kinds[::-1]))
+        data, digest = encode_part(table, 0)
+        first, last = table.column("seq")[0].as_py(), table.column("seq")[-1].as_py()
+        target = log.log_dir / part_name(first, last, 0, digest)
+        target.write_bytes(data.to_pybytes())
+    elif case == "forged_whole_log":  # every score +100, named as a part written before checksums
+        table = log.read_table()
+        scores = pc.add(table.column("score"), 100.0)
+        table = table.set_column(table.column_names.index("score"), "score", scores)
+        target = log.log_dir / f"part-{1:012d}-{table.num_rows:012d}-L0.parquet"
+        pq.write_table(table, target)
+    else:
+        target = log.log_dir / "notes.txt"
+        target.write_text("a file a tired user saved here\n")
+    return target
+
+
+@pytest.mark.parametrize("case", ["another_runs_part", "same_range_other_content", "forged_whole_log", "stray"])
+def test_a_file_dropped_into_the_log_is_never_read_and_never_costs_a_genuine_part(runs, run, case):
+    log = EventLog(run, "rounds")
+    genuine = {p.path.name: p.path.read_bytes() for p in log.parts()}
+    trees = json.loads(invoke(run, "replay", "rounds", "--json").stdout)["trees"]
+    foreign = _foreign(run, runs, case)
+    r = invoke(run, "verify", "rounds")
+    assert r.exit_code == 1 and f"FOREIGN  {foreign}" in r.stdout, r.output
+    out = json.loads(invoke(run, "verify", "rounds", "--json").stdout)
+    assert out["ok"] is False and out["foreign"] == [foreign.name] and out["intact_to"] == out["tail"]
+    r = invoke(run, "replay", "rounds", "--json")  # readers read the recorded parts only
+    assert r.exit_code == 0 and json.loads(r.stdout)["trees"] == trees and json.loads(r.stdout)["differ"] == 0
+    for _attempt in range(2):
+        r = invoke(run, "explore", "--resume", "rounds")
+        assert r.exit_code == 1 and f"{foreign}: not a part the run's record names" in r.stderr, r.output
+        assert f"quarantine rounds {foreign.name}" in r.stderr
+        assert {p.path.name: p.path.read_bytes() for p in log.parts()} == genuine
+        assert foreign.exists()
+    r = invoke(run, "quarantine", "rounds", foreign.name)
+    assert r.exit_code == 0 and "the log is unchanged" in r.stdout, r.output
+    assert (run_dir(run, "rounds") / "quarantine" / foreign.name).exists() and not foreign.exists()
+    assert verify_log(log).ok
+    assert invoke(run, "explore", "--resume", "rounds").exit_code == 0  # finished: only summarized
+    assert {p.path.name: p.path.read_bytes() for p in log.parts()} == genuine

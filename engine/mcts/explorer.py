@@ -37,7 +37,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.catalog import Catalog
@@ -48,6 +48,7 @@ from engine.mcts.turns import Runner, TeacherFailedError, TurnPool, moving_avera
 from engine.selections import default_parameters, selection_decision
 from engine.teachers import RootInfo, Teacher, TurnRequest
 from ingest.events import ContentRecorded, Event, RunFinished, RunResumed
+from ingest.faults import crash_point
 from ingest.log import LogWriter
 
 Row = dict[str, Any]
@@ -98,7 +99,7 @@ class Explorer:
         self.config = config
         self.teacher = teacher
         self.on_progress = on_progress
-        self.spool = Spool(writer.log.dir) if config.schedule == "rounds" else None
+        self.spool = Spool(writer.log.dir, writer.identity) if config.schedule == "rounds" else None
         self.pool = TurnPool(teacher, config.parallel, self.spool, runner)
         self.roots = {
             r["tree_id"]: RootInfo(r["tree_id"], r["path"], r["score"], r["commit_hash"])
@@ -122,11 +123,12 @@ class Explorer:
                 self._run_rounds()
             else:
                 self._run_async()
-            self._stage(decisions.stops(self._query("select * from int_trees__stopping order by tree_id")))
-            weights, top_k = default_parameters(self.catalog)
-            self._stage([selection_decision(self.catalog, self.writer.tail, weights, top_k)])
-            self._stage([RunFinished()])
-            self._publish(force=True)
+            with self._whole():
+                self._stage(decisions.stops(self._query("select * from int_trees__stopping order by tree_id")))
+                weights, top_k = default_parameters(self.catalog)
+                self._stage([selection_decision(self.catalog, self.writer.tail, weights, top_k)])
+                self._stage([RunFinished()])
+                self._publish(force=True)
             if self.spool is not None:
                 self.spool.clear()
         except BaseException as err:
@@ -156,7 +158,7 @@ class Explorer:
                             done.extend(facts)
                             self._unpublished.append((request.edge_id, request.turn))
                     finally:
-                        self._stage_turns(done)
+                        self._stage_turns(done + self.spool.drained())
                     self._check_backend()
                 edges = self._decide()
                 self._publish()
@@ -198,8 +200,24 @@ class Explorer:
 
     # ------------------------------------------------------------ decisions
 
+    @contextlib.contextmanager
+    def _whole(self) -> Iterator[None]:
+        """A step of decisions staged whole or not at all: a signal or an error inside it
+        unstages what it staged, so the unwinding publishes the turns and the whole steps
+        before it, never half a fill (a resumed rounds run would start a smaller batch)."""
+        mark = self.writer.mark()
+        try:
+            yield
+        except BaseException:
+            self.writer.unstage(mark)
+            raise
+
     def _decide(self) -> list[Row]:
         """Record each skip of turn 2 that is due, then each verdict; return the open edges left."""
+        with self._whole():
+            return self._decide_now()
+
+    def _decide_now(self) -> list[Row]:
         edges = self._open()
         skips = decisions.skips(edges, self.writer.tail)
         if skips:  # a recorded skip makes its edge due for a verdict
@@ -221,6 +239,10 @@ class Explorer:
 
         Returns the number of edges started.
         """
+        with self._whole():
+            return self._fill_now(free)
+
+    def _fill_now(self, free: int) -> int:
         self._stage(decisions.stops(self._query("select * from int_trees__stopping order by tree_id")))
         if free <= 0:
             return 0
@@ -233,6 +255,7 @@ class Explorer:
             else:
                 self._stage(decisions.start(step))
                 started += 1
+                crash_point("edge.started")
         return started
 
     def _check_backend(self) -> None:

@@ -14,6 +14,7 @@ on a worker of a cluster while the slot's thread waits for it.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import queue
 import threading
@@ -25,7 +26,7 @@ from concurrent.futures import Future
 from engine.mcts.spool import Spool
 from engine.teachers import Teacher, TurnCancelled, TurnRequest
 from ingest.errors import ProjectError
-from ingest.events import EvalFinished, Event, TurnFinished
+from ingest.events import EvalFinished, Event, TurnFinished, canonical_json
 
 
 class TeacherFailedError(ProjectError):
@@ -39,6 +40,12 @@ _STOP = (0, -1, None, None)  # sorts after every turn: a slot's thread ends
 # sets a flag, and Python runs its handler in the main thread when that thread next runs
 # Python code, so a wait without an end would hold off SIGTERM until a turn finished.
 WAIT_SLICE_S = 0.2
+
+
+def start_key(request: TurnRequest) -> str:
+    """The digest of where a turn starts: its edge's parent, the turn, and the state it forks or continues."""
+    body = {"parent": request.parent_id, "turn": request.turn, "fork": request.fork, "start": request.start_state}
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()[:32]
 
 
 def moving_average(average: float | None, value: float, weight: float = 0.1) -> float:
@@ -95,7 +102,8 @@ class TurnPool:
         """
         pending: list[list[Event] | Future] = []
         for request in requests:
-            spooled = self.spool.take(request.edge_id, request.turn) if self.spool else None
+            spooled = (self.spool.take(request.edge_id, request.turn, start_key(request), request.tree_id)
+                       if self.spool else None)  # fmt: skip
             pending.append(spooled if spooled is not None else self._enqueue(request))
         for item in pending:
             yield item if isinstance(item, list) else self._result(item)
@@ -134,7 +142,7 @@ class TurnPool:
         if self.spool is not None and facts[-1].outcome != "error":
             # A turn that failed with a backend error is not kept: if the run stops
             # on a streak of them, resume runs it again (see Explorer).
-            self.spool.put(request.edge_id, request.turn, facts)
+            self.spool.put(request.edge_id, request.turn, facts, start_key(request))
         return facts
 
     def _result(self, future: Future) -> list[Event]:

@@ -1,0 +1,12 @@
+-- SpoolEntryDropped facts: a spooled turn that was not taken (another run's, stale or damaged).
+-- grain: seq
+-- sources: log_spool_entry_dropped
+select
+    seq,
+    recorded_at,
+    tree_id,
+    edge_id,
+    turn,
+    reason
+from log_spool_entry_dropped
+where in_prefix(seq) and in_scope(tree_id)
