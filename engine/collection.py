@@ -302,8 +302,11 @@ def _first_line(err: Exception) -> str:
 
 def _explained(query: str) -> str:
     """The text after an EXPLAIN statement's first keyword (``EXPLAIN``), comments before it skipped."""
-    keywords = [pos for pos, kind in duckdb.tokenize(query) if kind != duckdb.token_type.comment]
-    return query[keywords[1]:] if len(keywords) > 1 else ""
+    raw = query.encode()  # the tokenizer's positions are byte offsets
+    tokens = [pos for pos, kind in duckdb.tokenize(query) if kind != duckdb.token_type.comment]
+    if len(tokens) < 2 or not raw[tokens[0]:].lower().startswith(b"explain"):
+        return ""
+    return raw[tokens[1]:].decode()
 
 
 def _functions(tree: Any) -> set[str]:

@@ -74,8 +74,9 @@ def test_explain_analyze_of_a_copy_onto_a_part_is_refused_and_the_part_unchanged
     assert r.exit_code == 1 and r.stderr.startswith("Error: ") and "EXPLAIN ANALYZE" in r.stderr, r.output
     assert hashes(data) == before
     assert verify_log(EventLog(data, "rounds")).ok
-    plain = invoke(data, "sql", "explain select count(*) from trees")  # a plain EXPLAIN of a SELECT still runs
-    assert plain.exit_code == 0 and "physical_plan" in plain.stdout, plain.output
+    for plain in ("explain select count(*) from trees", "/* é */ EXPLAIN -- plan\n select count(*) from trees"):
+        r = invoke(data, "sql", plain)  # a plain EXPLAIN of a SELECT still runs
+        assert r.exit_code == 0 and "physical_plan" in r.stdout, r.output
 
 
 def test_the_notebook_session_cannot_be_changed_by_a_query(data):
@@ -251,6 +252,7 @@ PLAIN = [
     "explain (format json) copy (select 1) to '{part}'",
     "explain analyse delete from run_1.main.tool_calls",
     "/* a comment */ explain -- another\n analyze delete from run_1.main.tool_calls",
+    "/* ééééé, 漢字 */ explain analyze delete from run_1.main.tool_calls",
     "select 1; drop view trees",
     "pivot (select 1 as a, 'x' as b) on b using count(*)",
     "with x as (select 1) delete from run_1.main.tool_calls",
