@@ -536,13 +536,10 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None
 def _replay_collection(run_ids: list[str], as_json: bool) -> None:
     """Replay several runs (every run under --data when none is named), in run order, a run per core at once."""
     from engine.replay import replay_runs
-    from ingest.errors import LogError
-    from ingest.log import run_ids as runs_under
+    from engine.runs import runs_to_read
 
     data_dir = _data_dir()
-    run_ids = run_ids or runs_under(data_dir)
-    if not run_ids:
-        raise LogError(f"no runs under {data_dir / 'runs'}")
+    run_ids, damaged = runs_to_read(data_dir, run_ids)
     results, decisions, differ = [], 0, 0
     for result in replay_runs(data_dir, run_ids):
         decisions += result.decisions
@@ -561,6 +558,7 @@ def _replay_collection(run_ids: list[str], as_json: bool) -> None:
     else:
         runs = f"{len(run_ids)} run{'s' if len(run_ids) != 1 else ''}"
         click.echo(f"replay: {runs}, {decisions} decisions re-derived, {differ} differ")
+    _name_damaged(damaged)
     if differ:
         sys.exit(1)
 
@@ -809,8 +807,10 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
     from engine.collection import open_runs
     from engine.report import write_report
 
-    size = write_report(open_runs(_data_dir(), list(run_ids) or None), out)
+    runs = open_runs(_data_dir(), list(run_ids) or None)
+    size = write_report(runs, out)
     click.echo(f"wrote {out} ({size / 1024:,.0f} KiB)", err=True)
+    _name_damaged(runs.damaged)
 
 
 # ------------------------------------------------------------ sql, audit
@@ -846,33 +846,53 @@ def _csv_cell(value: Any) -> Any:
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 @click.option("--parquet", "parquet", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the result to this Parquet file instead.")  # fmt: skip
-def sql_command(args: tuple[str, ...], as_json: bool, as_csv: bool, parquet: Path | None) -> None:
+              help="Write the result to this Parquet file instead (never inside --data).")  # fmt: skip
+@click.option("--overwrite", is_flag=True, help="With --parquet: replace an existing file.")
+@click.option("--memory-limit", "memory_limit", default=None, metavar="SIZE",
+              help="Memory the query may take beyond the loaded runs' (default 4GB, or $TEACHER_MCTS_SQL_MEMORY).")
+@click.option("--timeout", "timeout", type=float, default=None, metavar="SECONDS",
+              help="Seconds the query may run (default 300, or $TEACHER_MCTS_SQL_TIMEOUT_S).")  # fmt: skip
+def sql_command(args: tuple[str, ...], as_json: bool, as_csv: bool, parquet: Path | None, overwrite: bool,
+                memory_limit: str | None, timeout: float | None) -> None:  # fmt: skip
     """Run a read-only SQL query over the views of runs (default: every run under --data).
 
     Every view is the union of the runs' rows, run_id first (`python cli.py views` lists
-    them). Only a query is run: statements that write, attach, install, load or set,
-    and reads of files outside the runs' logs, are refused and nothing is run or
-    written.
+    them). Only a query is run: one SELECT (or EXPLAIN of one) - statements that write,
+    attach, install, load or set, EXPLAIN ANALYZE, and reads of files outside the runs'
+    logs are refused and nothing is run or written. A query past its memory or time
+    limit is stopped. Without RUN_IDs, a damaged run is left out and named (exit 1).
 
     \b
     Example:
         python cli.py sql "select run_id, stratum_key as stage, n_eff_ratio from coverage where stratum = 'stage'"
         python cli.py sql demo "select * from edges where verdict = 'pruned'" --csv > pruned.csv
     """
-    from engine.collection import open_runs
+    from engine.collection import Limits, open_runs, parquet_target, read_only, write_parquet
 
     if sum(map(bool, (as_json, as_csv, parquet))) > 1:
         raise click.UsageError("--json, --csv and --parquet go one at a time")
+    if overwrite and parquet is None:
+        raise click.UsageError("--overwrite goes with --parquet")
     runs, query = _runs_and(args, "QUERY")
-    collection = open_runs(_data_dir(), runs or None)
+    limits = Limits.resolve(memory_limit, timeout)
+    read_only(query)  # refused before any run is read
+    if parquet is not None:
+        parquet_target(parquet, _data_dir(), overwrite)
+    collection = open_runs(_data_dir(), runs or None, limits)
     if parquet is None:
         _write_rows(collection.query(query), as_json, as_csv)
-        return
-    from engine.collection import write_parquet
+    else:
+        rows = write_parquet(collection.arrow(query), parquet, _data_dir(), overwrite)
+        click.echo(f"wrote {rows} rows to {parquet}", err=True)
+    _name_damaged(collection.damaged)
 
-    rows = write_parquet(collection.arrow(query), parquet)
-    click.echo(f"wrote {rows} rows to {parquet}", err=True)
+
+def _name_damaged(damaged: list[Any]) -> None:
+    """After an all-runs command's output: name each damaged run it left out (stderr), and exit 1."""
+    for run in damaged:
+        click.echo(f"Error: {run.message()}", err=True)
+    if damaged:
+        sys.exit(1)
 
 
 def _parse_by(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
@@ -913,6 +933,7 @@ def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, 
         _write_rows(report.coverage, False, True)
     else:
         _render_audit(report)
+    _name_damaged(report.damaged)
     if report.violations:
         sys.exit(1)
 
@@ -984,11 +1005,13 @@ def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str,
     m = result.manifest
     if as_json:
         _echo_json({"out": str(result.out), **m})
-        return
-    for run in m["runs"]:
-        click.echo(f"run {run['run_id']}: selection {run['selection_id']}, {run['samples']} samples -> {run['file']}")
-    counts = ", ".join(f"{t} {s} {n}" for t, stages in m["counts"].items() for s, n in stages.items())
-    click.echo(f"{m['samples']} {m['format']} samples ({counts}) in {result.out}")
+    else:
+        for run in m["runs"]:
+            click.echo(f"run {run['run_id']}: selection {run['selection_id']}, {run['samples']} samples -> "
+                       f"{run['file']}")  # fmt: skip
+        counts = ", ".join(f"{t} {s} {n}" for t, stages in m["counts"].items() for s, n in stages.items())
+        click.echo(f"{m['samples']} {m['format']} samples ({counts}) in {result.out}")
+    _name_damaged(result.damaged)
 
 
 # ------------------------------------------------------- verify, quarantine

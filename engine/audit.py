@@ -17,10 +17,9 @@ from typing import Any
 
 from engine.catalog import Catalog
 from engine.replay import loaded_at_decisions
-from engine.runs import over_runs
-from ingest.errors import InputError, LogError
+from engine.runs import DamagedRun, over_runs, runs_to_read
+from ingest.errors import InputError
 from ingest.log import EventLog
-from ingest.log import run_ids as runs_under
 
 STRATA = ("task", "stage", "depth", "lineage", "root")
 TOP_ERRORS = 5
@@ -41,9 +40,10 @@ class AuditReport:
     knowledge_improvement: Rows
     cost: Rows
     violations: Rows = field(default_factory=list)
+    damaged: list[DamagedRun] = field(default_factory=list)  # runs under --data left out (none named)
 
     def tables(self) -> dict[str, Rows]:
-        return {k: v for k, v in vars(self).items() if k != "runs"}
+        return {k: v for k, v in vars(self).items() if k not in ("runs", "damaged")}
 
 
 def parse_by(text: str | None) -> tuple[str, ...]:
@@ -56,14 +56,12 @@ def parse_by(text: str | None) -> tuple[str, ...]:
 
 
 def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] = ("task", "stage")) -> AuditReport:
-    """The audit tables of these runs (default: every run under ``data_dir``), stratified by ``by``.
+    """The audit tables of these runs (default: every run under ``data_dir`` but the damaged ones), by ``by``.
 
     Rows are in run id order, then in each table's own order, as one query over the
     collection's union views ordering by ``run_id`` first would give them.
     """
-    runs = list(dict.fromkeys(run_ids)) if run_ids else runs_under(data_dir)
-    if not runs:
-        raise LogError(f"no runs under {Path(data_dir) / 'runs'}")
+    runs, damaged = runs_to_read(data_dir, run_ids)
     queries = _queries(by)
 
     def work(log: EventLog, catalog: Catalog, _started: float) -> tuple[dict[str, Rows], dict[str, Rows]]:
@@ -81,7 +79,8 @@ def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] 
             tables[name] += rows
         for view, rows in audits.items():
             violations.setdefault(view, []).extend(rows)
-    return AuditReport(runs=runs, **tables, violations=[r for view in sorted(violations) for r in violations[view]])
+    return AuditReport(runs=runs, **tables, violations=[r for view in sorted(violations) for r in violations[view]],
+                       damaged=damaged)  # fmt: skip
 
 
 def _queries(by: tuple[str, ...]) -> dict[str, str]:

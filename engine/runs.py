@@ -8,6 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,7 +18,9 @@ from pydantic import ValidationError
 from engine.catalog import Catalog
 from engine.config import RunConfig, problems
 from ingest.errors import LogError
+from ingest.integrity import verify_log
 from ingest.log import EventLog
+from ingest.log import run_ids as runs_under
 
 T = TypeVar("T")
 
@@ -33,6 +36,51 @@ def open_run(data_dir: Path, run_id: str, threads: int | None = None) -> Catalog
     catalog = Catalog.for_log(log, threads=threads)
     recorded_config(catalog, log)
     return catalog
+
+
+@dataclass(frozen=True)
+class DamagedRun:
+    """A run under --data that ``verify`` finds damaged: left out of an all-runs command, named at its end."""
+
+    run_id: str
+    problem: str  # verify's diagnosis
+    part: str | None  # the part to quarantine (the first damaged one), when verify names one
+
+    def message(self) -> str:
+        fix = (f" - move it aside (the intact prefix stays readable): python cli.py quarantine {self.run_id} "
+               f"{self.part}" if self.part else "")  # fmt: skip
+        return f"run {self.run_id} is damaged and was not read: {self.problem}{fix}"
+
+
+def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], list[DamagedRun]]:
+    """The runs an all-runs command reads, and the damaged ones it leaves out.
+
+    Runs named (``run_ids``): as given, in that order, none left out - a damaged one
+    stays the reader's error. None named: every run under ``data_dir``, each checked
+    by ``verify`` first (every byte of every part), so that one damaged run is named
+    beside the others' answers instead of hiding them. LogError when there is no run,
+    or when every run is damaged.
+    """
+    if run_ids:
+        return list(dict.fromkeys(run_ids)), []
+    found = runs_under(data_dir)
+    if not found:
+        raise LogError(f"no runs under {Path(data_dir) / 'runs'}")
+    readable, damaged = [], []
+    for run_id in found:
+        for _look in range(3):  # a listing taken while a writer compacts can show a gap that is not there
+            verification = verify_log(EventLog(data_dir, run_id))
+            if verification.ok:
+                break
+        if verification.ok:
+            readable.append(run_id)
+        else:
+            bad = verification.first_bad
+            damaged.append(DamagedRun(run_id, verification.problem, bad.name if bad is not None else None))
+    if not readable:
+        raise LogError("every run under " + str(Path(data_dir) / "runs") + " is damaged:\n"
+                       + "\n".join(d.message() for d in damaged))  # fmt: skip
+    return readable, damaged
 
 
 def over_runs(data_dir: Path, run_ids: list[str], work: Callable[[EventLog, Catalog, float], T],

@@ -66,6 +66,9 @@ class RefreshPlan:
         self.downstream = {n: {d for d in self.tables if n in upstream[d]} for n in self.tables}
         self._whole: set[str] = set()  # tables to recompute whole (all trees)
         self._stale: dict[str, set[str]] = {n: set() for n in self.tables}  # table -> trees
+        # Whether a refresh of a few trees turns optimizers off (a setting): a collection
+        # turns it off before it locks its configuration, which then refuses every setting.
+        self.tune_optimizers = True
 
     def _check_whole_run_tables(self) -> None:
         """A whole-run table must not read tree data: it is not refreshed tree by tree."""
@@ -132,13 +135,15 @@ class RefreshPlan:
         scope = sorted(set().union(*(self._stale[n] for n in wanted)))
         # A few trees' rows are small: planning dominates, and these optimizers
         # cost more than they save there (measured: a quarter of the refresh time).
-        self.con.execute(f"set disabled_optimizers = '{SMALL_REFRESH_OFF}'")
+        if self.tune_optimizers:
+            self.con.execute(f"set disabled_optimizers = '{SMALL_REFRESH_OFF}'")
         try:
             with scoped(refresh_trees=scope):
                 for name in wanted:
                     self._refresh_table(self.graph.views[name])
         finally:
-            self.con.execute("reset disabled_optimizers")
+            if self.tune_optimizers:
+                self.con.execute("reset disabled_optimizers")
 
     def _refresh_table(self, view: ViewDef) -> None:
         trees = self._stale[view.name]

@@ -19,7 +19,7 @@ and its options, so the same logs and selection give byte-identical files.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from engine.catalog import Catalog
 from engine.export.conversations import Contents, Placeholder, TurnConversations, join_turns
 from engine.export.formats import atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
-from engine.runs import over_runs, recorded_config
+from engine.runs import DamagedRun, over_runs, recorded_config, runs_to_read
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
@@ -46,6 +46,7 @@ class ExportResult:
 
     out: Path
     manifest: dict[str, Any]
+    damaged: list[DamagedRun] = field(default_factory=list)  # runs under data_dir left out (no run named)
 
 
 def export_runs(
@@ -60,7 +61,8 @@ def export_runs(
     reasoning: bool = True,
     overwrite: bool = False,
 ) -> ExportResult:
-    """Export the selected paths of ``run_ids`` (every run holding a selection when none) to ``out``.
+    """Export the selected paths of ``run_ids`` (when none: every run holding a selection but the
+    damaged ones, named in the result's ``damaged``) to ``out``.
 
     Runs are exported one after another, one file each (``<run>.<format>.jsonl``),
     then ``manifest.json``. What a run's samples are made of (its paths, their turns'
@@ -72,7 +74,9 @@ def export_runs(
         raise InputError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if not workspace.startswith("/") or len(workspace) < 2:
         raise InputError(f"--workspace must be an absolute directory path, not {workspace!r}")
-    runs = list(dict.fromkeys(run_ids)) or _runs_with_selections(data_dir)
+    runs, damaged = runs_to_read(data_dir, run_ids)
+    if not run_ids:
+        runs = _runs_with_selections(data_dir, runs)
     target = ExportDir(Path(out), overwrite)
     try:
         def prepare(log: EventLog, catalog: Catalog, _started: float) -> _RunExport:
@@ -83,7 +87,7 @@ def export_runs(
             wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
             raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}")
         manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning)
-        return ExportResult(target.commit(manifest), manifest)
+        return ExportResult(target.commit(manifest), manifest, damaged)
     except OSError as err:
         target.abandon()
         raise OutputError(f"{target.out}: cannot write the export ({os_problem(err)}); nothing was written") from err
@@ -92,13 +96,9 @@ def export_runs(
         raise
 
 
-def _runs_with_selections(data_dir: Path) -> list[str]:
+def _runs_with_selections(data_dir: Path, run_ids: list[str]) -> list[str]:
     runs_dir = Path(data_dir) / "runs"
-    found = []
-    for entry in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
-        log = EventLog(data_dir, entry.name)
-        if log.exists() and any(log.scan_kind("paths_selected", ["seq"])):
-            found.append(entry.name)
+    found = [run_id for run_id in run_ids if any(EventLog(data_dir, run_id).scan_kind("paths_selected", ["seq"]))]
     if not found:
         raise InputError(f"no run under {runs_dir} has a path selection - give the RUN_IDs to export")
     return found
