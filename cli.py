@@ -806,7 +806,9 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
     """
     from engine.collection import open_runs
     from engine.report import write_report
+    from ingest.paths import outside_data
 
+    outside_data(out, _data_dir(), "the report")
     runs = open_runs(_data_dir(), list(run_ids) or None)
     size = write_report(runs, out)
     click.echo(f"wrote {out} ({size / 1024:,.0f} KiB)", err=True)

@@ -42,6 +42,7 @@ from engine.runs import DamagedRun, runs_to_read
 from ingest.errors import InputError, OutputError
 from ingest.events import as_utf8
 from ingest.log import EventLog
+from ingest.paths import outside_data
 
 SELECT = duckdb.StatementType.SELECT
 # Functions a SELECT may call that change the session (a seed, a sequence, DuckDB's own
@@ -329,11 +330,7 @@ def parquet_target(path: Path, data_dir: Path, overwrite: bool = False) -> Path:
     Never inside the data directory (a run's log, its spool, its quarantine: the file
     would replace recorded events), and never onto an existing file unless ``overwrite``.
     """
-    path = Path(path)
-    target, data = path.resolve(), Path(data_dir).resolve()
-    if target == data or target.is_relative_to(data):
-        raise OutputError(f"{path}: is inside the data directory {data_dir}, which holds the runs' logs - "
-                          "write the result elsewhere; nothing was run")  # fmt: skip
+    path = outside_data(path, data_dir, "the result")
     if path.exists() and not overwrite:
         raise OutputError(f"{path}: exists already - give --overwrite to replace it; nothing was run")
     return path

@@ -19,7 +19,7 @@ from engine.catalog import Catalog
 from engine.config import RunConfig, problems
 from ingest.errors import LogError
 from ingest.integrity import verify_log
-from ingest.log import EventLog
+from ingest.log import EventLog, check_part
 from ingest.log import run_ids as runs_under
 
 T = TypeVar("T")
@@ -57,9 +57,10 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
 
     Runs named (``run_ids``): as given, in that order, none left out - a damaged one
     stays the reader's error. None named: every run under ``data_dir``, each checked
-    by ``verify`` first (every byte of every part), so that one damaged run is named
-    beside the others' answers instead of hiding them. LogError when there is no run,
-    or when every run is damaged.
+    as its readers will check it (its record, and every part's checksum and footer),
+    and one that fails is diagnosed by ``verify`` and named beside the others'
+    answers instead of hiding them. LogError when there is no run, or when every run
+    is damaged.
     """
     if run_ids:
         return list(dict.fromkeys(run_ids)), []
@@ -68,19 +69,34 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
         raise LogError(f"no runs under {Path(data_dir) / 'runs'}")
     readable, damaged = [], []
     for run_id in found:
-        for _look in range(3):  # a listing taken while a writer compacts can show a gap that is not there
-            verification = verify_log(EventLog(data_dir, run_id))
-            if verification.ok:
-                break
-        if verification.ok:
+        problem = _unreadable(data_dir, run_id)
+        if problem is None:
             readable.append(run_id)
-        else:
-            bad = verification.first_bad
-            damaged.append(DamagedRun(run_id, verification.problem, bad.name if bad is not None else None))
+            continue
+        verification = verify_log(EventLog(data_dir, run_id))
+        bad = verification.first_bad
+        damaged.append(DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None))
     if not readable:
         raise LogError("every run under " + str(Path(data_dir) / "runs") + " is damaged:\n"
                        + "\n".join(d.message() for d in damaged))  # fmt: skip
     return readable, damaged
+
+
+def _unreadable(data_dir: Path, run_id: str) -> str | None:
+    """Why a reader cannot read this run (its record, a part's checksum or footer), or None.
+
+    Files in ``log/`` the record does not name do not matter here: readers never read them.
+    """
+    for _look in range(3):  # a part a merge removed meanwhile: look again
+        try:
+            for part in EventLog(data_dir, run_id).parts():
+                check_part(part)
+            return None
+        except FileNotFoundError as err:
+            problem = str(err)
+        except (LogError, OSError) as err:
+            return str(err)
+    return problem
 
 
 def over_runs(data_dir: Path, run_ids: list[str], work: Callable[[EventLog, Catalog, float], T],

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from ingest.errors import InputError
+from ingest.errors import InputError, OutputError
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 DATA_ENV = "TEACHER_MCTS_DATA"
@@ -37,3 +37,16 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
+    """``path``, refused (OutputError) when it is or lies inside the data directory.
+
+    The data directory holds the runs' logs, spools and quarantines: an output
+    written there could replace recorded events.
+    """
+    target, data = Path(path).resolve(), Path(data_dir).resolve()
+    if target == data or target.is_relative_to(data):
+        raise OutputError(f"{path}: is inside the data directory {data_dir}, which holds the runs' logs - "
+                          f"write {what} elsewhere; nothing was written")  # fmt: skip
+    return Path(path)

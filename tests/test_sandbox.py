@@ -150,6 +150,18 @@ def test_sql_parquet_refuses_a_part_the_data_dir_and_an_existing_file(data, tmp_
     assert r.exit_code == 0 and pq.read_table(existing).to_pylist() == [{"x": 1}], r.output
 
 
+def test_report_and_export_refuse_an_output_inside_the_data_directory(data):
+    """The same class as finding 5: `report --out <a part>` replaced the part with HTML."""
+    part = a_part(data)
+    before = hashes(data)
+    for command in (["report", "--out", str(part)], ["report", "--out", str(data / "r.html")],
+                    ["export", "rounds", "--out", str(data / "train")],
+                    ["export", "rounds", "--out", str(part.parent)]):  # fmt: skip
+        r = invoke(data, *command)
+        assert r.exit_code == 1 and "inside the data directory" in r.stderr, (command, r.output)
+    assert hashes(data) == before
+
+
 def test_one_damaged_run_does_not_hide_the_healthy_ones_from_any_all_runs_command(data, tmp_path):
     """Finding 18: every all-runs command read the healthy runs, names the damaged one, exits 1."""
     part = a_part(data, "async")

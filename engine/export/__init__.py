@@ -31,6 +31,7 @@ from engine.runs import DamagedRun, over_runs, recorded_config, runs_to_read
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
+from ingest.paths import outside_data
 
 FORMATS = ("chat", "atif")
 DEFAULT_WORKSPACE = "/workspace"
@@ -77,7 +78,7 @@ def export_runs(
     runs, damaged = runs_to_read(data_dir, run_ids)
     if not run_ids:
         runs = _runs_with_selections(data_dir, runs)
-    target = ExportDir(Path(out), overwrite)
+    target = ExportDir(outside_data(Path(out), data_dir, "the export"), overwrite)
     try:
         def prepare(log: EventLog, catalog: Catalog, _started: float) -> _RunExport:
             return _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
