@@ -35,8 +35,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = [item for item in items if not item.get_closest_marker("real_coral")]
-        REPORT["real_coral"] = (f"{len(left)} checks against the real CORAL not selected: "
-                                "CORAL_SRC=path/to/CORAL python -m pytest -m real_coral")  # fmt: skip
+        REPORT["real_coral"] = (f"{len(left)} checks against the real CORAL not selected: CORAL_VENV=../coral-venv "
+                                "python -m pytest -m real_coral (or CORAL_SRC=path/to/CORAL)")  # fmt: skip
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -176,10 +176,20 @@ def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> st
 
 @pytest.fixture(scope="session")
 def real_coral_bin(tmp_path_factory) -> Path:
-    """A dir holding the ``coral`` of CORAL installed from ``$CORAL_SRC`` in a venv."""
+    """A dir holding only the ``coral`` of the real CORAL: from ``$CORAL_VENV`` (the venv README
+    has the user make), else installed from ``$CORAL_SRC`` into a venv of the test session."""
+    given = os.environ.get("CORAL_VENV")
+    if given:
+        coral = Path(given).resolve() / "bin" / "coral"
+        if not coral.exists():
+            pytest.fail(f"CORAL_VENV={given}: no bin/coral there - make it as README says, or unset it")
+        bin_dir = tmp_path_factory.mktemp("coral-bin")
+        (bin_dir / "coral").symlink_to(coral)
+        return bin_dir
     src = os.environ.get("CORAL_SRC")
     if not src:
-        pytest.fail("-m real_coral needs CORAL_SRC: point it at a checkout of Human-Agent-Society/CORAL")
+        pytest.fail("-m real_coral needs CORAL_VENV (a venv with CORAL installed) or CORAL_SRC (a checkout of "
+                    "Human-Agent-Society/CORAL, installed into a venv of the session)")  # fmt: skip
     venv = tmp_path_factory.mktemp("coral-venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # A checkout without tags (or an archive) has no version for hatch-vcs to derive.

@@ -40,6 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The `ray` command of the Python running the tests (beside it in a venv's bin/), else the one on PATH.
+RAY = next((str(p) for p in [Path(sys.executable).parent / "ray"] if p.exists()), "ray")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """A head and one worker node, 2 teacher slots each; yields (address, env for its clients).
@@ -49,16 +53,19 @@ def cluster():
     """
     port = free_port()
     mark = secrets.token_hex(8)
+    # The venv's bin first: `ray` is found there whether or not the venv is activated
+    # (`venv/bin/python -m pytest`), and so are the processes Ray starts by name.
     env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
-               PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               PATH=os.pathsep.join([str(ROOT / "tests" / "fixtures" / "bin"), str(Path(sys.executable).parent),
+                                     os.environ["PATH"]]),
                TEST_RAY_CLUSTER=mark)  # fmt: skip
     env.pop("RAY_ADDRESS", None)
     node = ["--num-cpus", "1", "--resources", json.dumps({"teacher_slot": 2}), "--object-store-memory", "100000000"]
     address = f"127.0.0.1:{port}"
     try:
-        subprocess.run(["ray", "start", "--head", "--port", str(port), "--include-dashboard", "false",
+        subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false",
                         "--disable-usage-stats", *node], env=env, check=True, capture_output=True)  # fmt: skip
-        subprocess.run(["ray", "start", "--address", address, *node], env=env, check=True, capture_output=True)
+        subprocess.run([RAY, "start", "--address", address, *node], env=env, check=True, capture_output=True)
         yield address, env
     finally:
         deadline = time.monotonic() + 120
