@@ -237,7 +237,7 @@ def test_killed_retried_and_invalid_calls_export_what_the_model_received(tmp_pat
     kept = exported(data, "odd", "chat", "--invalid-calls", "drop")
     assert sorted(s["metadata"]["leaf_id"] for s in kept) == ["T001.1.1", "T001.2.1"]
     # ATIF keeps the arguments' keys in the order the model wrote them.
-    for case in cases:
+    for case in cases.values():
         chat_calls = [c for m in facts[case]["sample"]["messages"] for c in m.get("tool_calls") or []]
         atif_calls = [c for s in facts[case]["atif"]["steps"] for c in s.get("tool_calls") or []]
         assert [list(json.loads(c["function"]["arguments"])) for c in chat_calls] == [

@@ -68,8 +68,8 @@ def test_the_readme_training_code_trains_on_the_export(export_dir, monkeypatch):
     enc = tokenizer.apply_chat_template(sample["messages"], tools=tools, return_dict=True,
                                         return_assistant_tokens_mask=True)  # fmt: skip
     ids, mask = enc["input_ids"], enc["assistant_masks"]
-    assert trainer.train_dataset[i]["input_ids"] == ids  # what the trainer trained on
-    assert trainer.train_dataset[i]["assistant_masks"] == mask
+    assert trainer.train_dataset[i]["input_ids"] == ids  # what the trainer trained on, and its labels:
+    assert [label != -100 for label in trainer.train_dataset[i]["labels"]] == [bool(m) for m in mask]
     spans = re.findall(r"<\|assistant\|>\n(.*?<\|end\|>)", rendered, re.S)
     trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     left = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])

@@ -25,6 +25,7 @@ from engine.teachers.opencode.recorder import INTERRUPTED
 from ingest.log import EventLog
 
 TurnKey = tuple[str, int]  # (edge_id, turn)
+REPAIRED = "invalid"  # the tool OpenCode puts in place of a call of an unknown one (never a call the model made)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def invalid_calls(conv: PathConversation) -> list[str]:
     OpenCode rewrote it (a call of ``invalid`` with the error in its arguments): what
     the model received, but no call the model made.
     """
-    offered = {(t.get("function") or {}).get("name") for t in conv.tools}
+    offered = {(t.get("function") or {}).get("name") for t in conv.tools} - {REPAIRED}
     return [c.get("id") for m in conv.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []
             if (c.get("function") or {}).get("name") not in offered]  # fmt: skip
 
