@@ -9,13 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 from fake_model import FakeModel
 
-from engine.teachers.opencode.recorder import (
-    Recorder,
-    conversation_facts,
-    digest,
-    parse_answer,
-    unreported_steps,
-)
+from engine.teachers.opencode.recorder import Recorder, conversation_facts, digest, parse_answer
 from ingest.events import ContentRecorded, ConversationRecorded
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}}]
@@ -143,6 +137,9 @@ def test_a_request_cut_off_before_its_first_byte_is_what_the_model_received_and_
     results and must stay the turn's conversation (not 'refused'); the tokens the
     endpoint reported for an answer whose step the stream never printed make a step."""
     from fake_model import Stall
+
+    from engine.teachers.opencode.recorder import unreported_steps
+
 
     def stalls(edge, turn, step, workdir):
         return [("read", {"filePath": "/w/a.py"})] if step == 0 else Stall()

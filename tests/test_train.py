@@ -80,10 +80,10 @@ def test_the_readme_training_code_trains_on_the_export(export_dir, monkeypatch):
     assert left == rest
     for m in sample["messages"]:
         if m["role"] == "assistant":
-            assert (m["content"] or "") in trained and (m["reasoning_content"] or "") in trained
+            assert (m.get("content") or "") in trained and (m.get("reasoning_content") or "") in trained
             for c in m.get("tool_calls") or []:
                 assert c["function"]["arguments"] in trained
-        elif m["content"]:
+        elif m.get("content"):
             assert m["content"] in left
     assert json.dumps(tools[0]) in left
 
