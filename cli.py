@@ -984,9 +984,16 @@ def _render_audit(report: Any) -> None:
               help="The path that replaces every worktree directory in the samples.")  # fmt: skip
 @click.option("--no-reasoning", "no_reasoning", is_flag=True, help="Leave out the model's reasoning text.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@click.option("--invalid-calls", "invalid", type=click.Choice(["keep", "drop"]), default="keep", show_default=True,
+              help="Keep or leave out the samples holding a call of a tool the model was not offered "
+                   "(OpenCode re-sends it as a call of 'invalid'; metadata.invalid_calls marks them).")  # fmt: skip
+@click.option("--tokenizer", default=None, type=click.Path(exists=True, file_okay=False),
+              help="A local Hugging Face tokenizer directory: the manifest gives each sample's tokens "
+                   "as its chat template renders it (needs the train extra).")  # fmt: skip
 @json_option
 def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str, task: str | None,
-           stage: str | None, workspace: str, no_reasoning: bool, overwrite: bool, as_json: bool) -> None:  # fmt: skip
+           stage: str | None, workspace: str, no_reasoning: bool, overwrite: bool, invalid: str,
+           tokenizer: str | None, as_json: bool) -> None:  # fmt: skip
     """Export the selected paths of runs as a training set: one sample per path.
 
     Each sample is the conversation the model had along the path, root to leaf
@@ -1003,7 +1010,7 @@ def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str,
     from engine.export import export_runs
 
     result = export_runs(_data_dir(), list(run_ids), out, selection, fmt, task, stage, workspace,
-                         not no_reasoning, overwrite)  # fmt: skip
+                         not no_reasoning, overwrite, invalid, tokenizer)  # fmt: skip
     m = result.manifest
     if as_json:
         _echo_json({"out": str(result.out), **m})
@@ -1013,6 +1020,12 @@ def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str,
                        f"{run['file']}")  # fmt: skip
         counts = ", ".join(f"{t} {s} {n}" for t, stages in m["counts"].items() for s, n in stages.items())
         click.echo(f"{m['samples']} {m['format']} samples ({counts}) in {result.out}")
+        flagged = sum(r["invalid_call_samples"] for r in m["runs"])
+        if flagged:
+            what = "left out" if invalid == "drop" else "kept; --invalid-calls drop leaves them out"
+            click.echo(f"{flagged} samples hold a call of a tool the model was not offered ({what})")
+        longest = f", {m['max_tokens']} tokens" if "max_tokens" in m else ""
+        click.echo(f"longest sample: {m['max_chars']} characters{longest} (a trainer's max_length must hold it)")
     _name_damaged(result.damaged)
 
 

@@ -84,6 +84,7 @@ class TurnStream:
     errors: list[str] = field(default_factory=list)
     lines: int = 0
     shell_calls: list[ShellCall] = field(default_factory=list)  # read for the eval result
+    results: dict[str, str] = field(default_factory=dict)  # call id -> what OpenCode gives the model as its result
 
 
 class StreamParser:
@@ -171,12 +172,16 @@ class StreamParser:
         inputs = state.get("input")
         if tool in SHELL_TOOLS and state.get("status") == "completed" and isinstance(inputs, dict):
             self.summary.shell_calls.append(ShellCall(str(inputs.get("command", "")), str(state.get("output") or "")))
+        call_id = str(part.get("callID") or part.get("id"))
+        if state.get("status") in ("completed", "error"):  # a finished call: its result, as OpenCode sends it
+            self.summary.results[call_id] = str(state.get("output") if state["status"] == "completed"
+                                                else state.get("error") or "")  # fmt: skip
         failed = state.get("status") == "error" or tool == "invalid"
         error = state.get("error") if state.get("status") == "error" else None
         if tool == "invalid" and error is None:
             error = str(state.get("output") or (state.get("input") or {}).get("error") or "")
         fact = ToolCalled(
-            **self.ids, step=max(self._step, 1), call_id=str(part.get("callID") or part.get("id")),
+            **self.ids, step=max(self._step, 1), call_id=call_id,
             tool=tool, status="error" if failed else "ok",
             target=_clip(tool_target(tool, state.get("input"))), error=_clip(error),
         )  # fmt: skip

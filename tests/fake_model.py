@@ -4,8 +4,10 @@ It answers ``POST /v1/chat/completions`` with streamed (SSE) chunks. Each rollou
 prompt carries a marker ``[edge <id> turn <n>]``; the server finds the last marker in
 the conversation and counts the assistant messages after it to know which step of the
 turn to play. ``script(edge_id, turn, step, workdir)`` returns the step: a list of tool
-calls ``(name, arguments)`` or a final text. Every request is logged (headers and
-messages) so tests can check what a forked session sent.
+calls ``(name, arguments)``, a final text, or a misbehaving endpoint: :class:`Stall`
+(silent before its first byte, or after its headers) or :class:`Fail` (an HTTP
+error). Every request is logged - headers, the whole body as the model received it,
+and the usage the server reported for it - so tests compare exports with it.
 """
 
 from __future__ import annotations
@@ -13,15 +15,31 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MARKER = re.compile(r"\[edge (\S+) turn (\d+)\]")
 WORKDIR = re.compile(r"Working directory:\s*(\S+)")
 
-Step = list[tuple[str, dict[str, Any]]] | str
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Answer nothing until the server stops: before the first byte, or after the headers."""
+
+    after_headers: bool = False
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Answer with this HTTP status and an error body."""
+
+    status: int = 500
+
+
+Step = list[tuple[str, dict[str, Any]]] | str | Stall | Fail
 Script = Callable[[str, int, int, str], Step]
 
 
@@ -43,6 +61,7 @@ class FakeModel:
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
         self.calls = 0
+        self.stopping = threading.Event()  # releases the stalled answers
 
     @property
     def base_url(self) -> str:
@@ -57,6 +76,7 @@ class FakeModel:
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         if self.server:
             self.server.shutdown()
             self.server.server_close()
@@ -95,30 +115,41 @@ class FakeModel:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 step, where = fake._answer(body)
+                record = {
+                    "session": self.headers.get("x-session-id"), "where": where,
+                    "authorization": self.headers.get("authorization"), "body": body,
+                    "messages": body.get("messages", []), "tools": bool(body.get("tools")),
+                    "tool_list": body.get("tools") or [], "usage": None, "answered": None,
+                }  # fmt: skip
                 with fake.lock:
                     fake.calls += 1
-                    fake.requests.append({
-                        "session": self.headers.get("x-session-id"), "where": where,
-                        "authorization": self.headers.get("authorization"),
-                        "messages": body.get("messages", []), "tools": bool(body.get("tools")),
-                        "tool_list": body.get("tools") or [],
-                    })  # fmt: skip
-                if fake.stall:
-                    time.sleep(3600)
+                    fake.requests.append(record)
+                if fake.stall or isinstance(step, Stall):
+                    if isinstance(step, Stall) and step.after_headers:
+                        self._headers()
+                    fake.stopping.wait()
                     return
-                if fake.fail_status:
-                    self.send_response(fake.fail_status)
+                status = fake.fail_status or (step.status if isinstance(step, Fail) else None)
+                if status:
+                    record["answered"] = status
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.end_headers()
                     self.wfile.write(json.dumps({"error": {"message": "model not found"}}).encode())
                     return
+                self._headers()
+                chunks = _chunks(step, body)
+                record["usage"], record["answered"] = chunks[-1]["usage"], 200
+                for chunk in chunks:
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+            def _headers(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Cache-Control", "no-cache")
                 self.end_headers()
-                for chunk in _chunks(step, body):
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 
         return Handler

@@ -108,7 +108,7 @@ def events() -> list[Event]:
     ]
     t2 = [
         user("Improve it further [edge T1/e1-1 turn 2]"),
-        assistant("", call("c3", "write", filePath=f"{ws1}/solution.py", content="TILE = 64"),
+        assistant("", call("c3", "write", filePath=f"{ws1}/solution.py", content="TILE = 64", alpha=1),
                   call("c3b", "read", filePath=f"{ws1}/solution.py")),
         tool("c3", "Wrote file successfully."),
         tool("c3b", "TILE = 64"),
@@ -125,7 +125,7 @@ def events() -> list[Event]:
                      stage="late")  # fmt: skip
     out: list[Event] = [root]
     out.append(EdgeStarted(tree_id="T1", edge_id="T1/e1-1", parent_id="T1", slot=1, attempt=1))
-    out += turn_facts("T1/e1-1", 1, 1.2, t1, 0, 0, [("c2", "read", "error", "File not found"),
+    out += turn_facts("T1/e1-1", 1, 1.2, t1, 0, 0, [("c2", "read", "error", f"File not found: {ws1}/missing.py"),
                                                    ("c1", "read", "ok", None)], 2, 2)  # fmt: skip
     out += turn_facts("T1/e1-1", 2, 1.3, t2, len(t1), len(t1), [("c3", "write", "ok", None),
                                                                  ("c3b", "read", "ok", None)], 2, 2,

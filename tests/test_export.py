@@ -105,8 +105,13 @@ def test_atif_golden_file_of_the_hand_built_run(hand, tmp_path):
     assert [c["tool_call_id"] for c in first["tool_calls"]] == ["c1", "c2"]
     assert first["tool_calls"][0]["arguments"] == {"filePath": "/workspace/.opencode/notes/tiling.md"}
     assert [r["source_call_id"] for r in first["observation"]["results"]] == ["c1", "c2"]
+    # The tool error names the worktree as the call's result does: both get the placeholder.
     assert first["extra"]["tool_errors"] == [{"tool_call_id": "c2", "function_name": "read",
-                                              "error": "File not found"}]  # fmt: skip
+                                              "error": "File not found: /workspace/missing.py"}]  # fmt: skip
+    assert first["observation"]["results"][1]["content"] == "File not found: /workspace/missing.py"
+    # The arguments keep the model's key order (filePath, content, alpha), not a sorted one.
+    write = steps[5]["tool_calls"][0]
+    assert list(write["arguments"]) == ["filePath", "content", "alpha"]
     assert first["metrics"] == {"prompt_tokens": 1200, "completion_tokens": 55, "cached_tokens": 200,
                                 "cost_usd": 0.001}  # fmt: skip
     assert first["reasoning_content"] == "Read the note first."
@@ -239,3 +244,31 @@ def test_export_of_several_runs_and_an_earlier_export_replaced(hand, runs, tmp_p
 
     digest = hashlib.sha256((out / "hand.atif.jsonl").read_bytes()).hexdigest()
     assert on_disk["files"]["hand.atif.jsonl"]["sha256"] == digest
+
+
+def test_the_manifest_gives_each_samples_length(hand, tmp_path):
+    """A trainer's max_length must hold a sample: the manifest says how long each one is."""
+    out = tmp_path / "chat"
+    code, stdout, err = export(hand, "hand", "--out", str(out))
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    rows = samples(out / "hand.chat.jsonl")
+    assert [(r["file"], r["leaf_id"]) for r in manifest["lengths"]] == [
+        ("hand.chat.jsonl", s["metadata"]["leaf_id"]) for s in rows]
+    for row, sample in zip(manifest["lengths"], rows, strict=True):
+        texts = [m.get("content") or "" for m in sample["messages"]] + [m.get("reasoning_content") or "" for m in
+                 sample["messages"]] + [c["function"]["name"] + c["function"]["arguments"]
+                 for m in sample["messages"] for c in m.get("tool_calls") or []] + [sample["tools"]]  # fmt: skip
+        assert row["chars"] == sum(map(len, texts))
+    assert manifest["max_chars"] == max(r["chars"] for r in manifest["lengths"]) and manifest["tokenizer"] is None
+    assert f"longest sample: {manifest['max_chars']} characters" in stdout
+
+
+def test_a_call_of_a_tool_not_offered_is_marked():
+    from engine.export.conversations import PathConversation, invalid_calls
+
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+    calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": "{}"}}
+             for i, n in (("a", "read"), ("b", "invalid"))]  # fmt: skip
+    conv = PathConversation([], tools, [{"role": "assistant", "content": "", "tool_calls": calls}], [None])
+    assert invalid_calls(conv) == ["b"]

@@ -63,6 +63,22 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
         ("T001/e1-2", "1"), ("T001/e1-2", "2"), ("T001.1/e1-1", "1"), ("T001.1/e1-1", "2")]
     text = (out / "oc.chat.jsonl").read_text()
     assert "/worktrees/" not in text and "/workspace/solution.py" in text
+    # transformers renders the sample as loaded by a trainer, its tools parsed from JSON.
+    from datasets import load_dataset
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.export.training import CHAT_TEMPLATE, EOS, PAD
+
+    loaded = load_dataset("json", data_files=str(out / "oc.chat.jsonl"), split="train",
+                          cache_dir=str(tmp_path / "hf-cache"))  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), eos_token=EOS, pad_token=PAD,
+                                        chat_template=CHAT_TEMPLATE)  # fmt: skip
+    for row in loaded:
+        rendered = tokenizer.apply_chat_template(row["messages"], tools=json.loads(row["tools"]), tokenize=False)
+        assert all((m["content"] or "") in rendered for m in sample["messages"] if isinstance(m["content"], str))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["lengths"][0]["chars"] > 20_000  # the system prompt and the tools (README: max_length)
     # The forks record only what they add; the key reaches the endpoint and nothing recorded.
     bases = {(b["edge_id"], b["turn"]): b["base"] for b in
              cat.query("select edge_id, turn, base from stg_conversation_recorded")}  # fmt: skip
@@ -92,7 +108,7 @@ def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roo
     from engine.config import RunConfig
     from engine.teachers import RootInfo, TurnRequest
     from engine.teachers.opencode import OpenCodeTeacher
-    from ingest.events import ConversationRecorded, ToolCalled, TurnFinished
+    from ingest.events import ConversationRecorded, StepFinished, ToolCalled, TurnFinished
 
     model = FakeModel(sleepy).start()
     config = RunConfig(task="speedup", backend="opencode",
@@ -116,12 +132,18 @@ def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roo
     assert not [f for f in first if isinstance(f, ToolCalled)]  # the stream never showed the call
     (killed,) = [f for f in first if isinstance(f, ConversationRecorded)]
     assert killed.model_calls == 1 and killed.base == 0
-    assert [m["role"] for m in killed.messages] == ["user", "assistant"]
+    # After the answer, the result OpenCode sends the model when the session goes on.
+    assert [m["role"] for m in killed.messages] == ["user", "assistant", "tool"]
     call = killed.messages[1]["tool_calls"][0]
     assert call["function"] == {"name": "bash", "arguments": '{"command":"sleep 600"}'}
-    (fork,) = [f for f in second if isinstance(f, ConversationRecorded)]
-    assert fork.base == 2  # turn 1's conversation, as the fork received it
     interrupted = {"role": "tool", "tool_call_id": call["id"], "content": "[Tool execution was interrupted]"}
-    assert fork.messages[0] == interrupted
-    assert fork.turn_start == 3 and fork.messages[1]["role"] == "user"
+    assert killed.messages[2] == interrupted
+    (fork,) = [f for f in second if isinstance(f, ConversationRecorded)]
+    assert fork.base == 3  # turn 1's conversation, its continuation included, as the fork received it
+    assert fork.turn_start == 3 and fork.messages[0]["role"] == "user"
     assert fork.messages[-1] == {"role": "assistant", "content": "Done."}
+    # The endpoint's tokens of the killed call stand in for those the stream never printed.
+    (step,) = [f for f in first if isinstance(f, StepFinished)]
+    usage = next(q["usage"] for q in model.requests if q["where"].get("turn") == 1 and q["tools"])
+    assert (step.step, step.tokens_input, step.tokens_output) == (1, usage["prompt_tokens"], usage["completion_tokens"])
+    assert first[-1].context_tokens == usage["total_tokens"]

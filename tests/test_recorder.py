@@ -102,16 +102,21 @@ def test_a_fork_records_only_what_it_adds_to_the_conversation_it_inherited(model
     assert isinstance(tools, ContentRecorded) and json.loads(tools.body) == TOOLS
     assert isinstance(recorded, ConversationRecorded)
     assert (recorded.base, recorded.turn_start, recorded.model_calls) == (0, 0, 1)  # the title call is not one
-    assert recorded.messages == [user, first[0].answer]
-    assert state == {"messages": 2, "sha": digest(recorded.messages)}
-    # The next turn's requests begin with that conversation: only the rest is recorded.
+    # The turn ended while its calls ran: after the answer, what OpenCode sends on, the
+    # finished call's output and the interrupted text for the other.
     answer = first[0].answer
-    results = [{"role": "tool", "tool_call_id": c["id"], "content": "x"} for c in answer["tool_calls"]]
+    a, b = (c["id"] for c in answer["tool_calls"])
+    results = [{"role": "tool", "tool_call_id": a, "content": "a's output"},
+               {"role": "tool", "tool_call_id": b, "content": "[Tool execution was interrupted]"}]  # fmt: skip
+    facts, state = conversation_facts(first, ids, None, "/w", {a: "a's output"})
+    assert facts[2].messages == [user, answer, *results]
+    assert state == {"messages": 4, "sha": digest(facts[2].messages)}
+    # The next turn's requests begin with that conversation: only the rest is recorded.
     later = [type(first[0])("ses_2", request(user, answer, *results, {"role": "user", "content": "again"}), 200,
                             {"role": "assistant", "content": "ok"})]  # fmt: skip
     _, _, fork = conversation_facts(later, ids | {"turn": 2}, state, "/w")[0]
-    assert (fork.base, fork.turn_start) == (2, 4)
-    assert fork.messages == [*results, {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]
+    assert (fork.base, fork.turn_start) == (4, 4)
+    assert fork.messages == [{"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]
     # Had the fork received another history, it would record the whole conversation.
     other = dict(state, sha="0" * 32)
     _, _, whole = conversation_facts(later, ids | {"turn": 2}, other, "/w")[0]
@@ -125,3 +130,43 @@ def test_an_unfinished_answer_is_none_and_reasoning_is_kept():
     assert parse_answer(stream) is None  # cut off before its finish_reason
     done = stream + b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
     assert parse_answer(done) == {"role": "assistant", "content": "Hi", "reasoning_content": "think more"}
+
+
+def test_a_request_cut_off_before_its_first_byte_is_what_the_model_received_and_usage_makes_steps():
+    """A turn killed while the endpoint was silent: its last request carried real tool
+    results and must stay the turn's conversation (not 'refused'); the tokens the
+    endpoint reported for an answer whose step the stream never printed make a step."""
+    from fake_model import Stall
+
+    from engine.teachers.opencode.recorder import unreported_steps
+
+
+    def stalls(edge, turn, step, workdir):
+        return [("read", {"filePath": "/w/a.py"})] if step == 0 else Stall()
+
+    model = FakeModel(stalls).start()
+    recorder = Recorder(model.base_url, timeout_s=30)
+    ids = {"tree_id": "T1", "edge_id": "T1/e1-1", "turn": 1}
+    try:
+        token = recorder.open()
+        user = {"role": "user", "content": "Go [edge T1/e1-1 turn 1]"}
+        post(recorder.url(token), request(user))
+        answer = recorder._turns[token][0].answer
+        result = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "a"}
+        import threading
+        threading.Thread(target=post, args=(recorder.url(token), request(user, answer, result)), daemon=True).start()
+        while len(model.requests) < 2:  # the second request reached the endpoint, which stays silent
+            threading.Event().wait(0.05)
+        exchanges = recorder.close(token, grace_s=0.5)
+    finally:
+        recorder.stop()
+        model.stop()
+    assert [x.status for x in exchanges] == [200, None] and exchanges[1].answer is None
+    _, _, recorded = conversation_facts(exchanges, ids, None, "/w")[0]
+    assert recorded.messages == [user, answer, result] and recorded.model_calls == 2
+    assert exchanges[0].usage == model.requests[0]["usage"]
+    (step,) = unreported_steps(exchanges, ids, reported=set())
+    usage = model.requests[0]["usage"]
+    assert (step.step, step.tokens_input, step.tokens_output, step.tokens_total) == (
+        1, usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
+    assert unreported_steps(exchanges, ids, reported={1}) == []

@@ -24,8 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.export.conversations import Contents, Placeholder, TurnConversations, join_turns
-from engine.export.formats import atif_trajectory, chat_sample
+from engine.export.conversations import (
+    Contents,
+    Placeholder,
+    TurnConversations,
+    invalid_calls,
+    join_turns,
+)
+from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
 from engine.runs import DamagedRun, over_runs, recorded_config, runs_to_read
 from engine.selections import recorded_selection
@@ -34,6 +40,7 @@ from ingest.log import EventLog
 from ingest.paths import outside_data
 
 FORMATS = ("chat", "atif")
+INVALID_CALLS = ("keep", "drop")
 DEFAULT_WORKSPACE = "/workspace"
 PATH_FIELDS = ("rank", "path_score", "max_score", "max_score_rank", "avg_score", "avg_score_rank",
                "avg_cleanliness", "avg_knowledge")  # fmt: skip
@@ -61,6 +68,8 @@ def export_runs(
     workspace: str = DEFAULT_WORKSPACE,
     reasoning: bool = True,
     overwrite: bool = False,
+    invalid: str = "keep",
+    tokenizer: str | None = None,
 ) -> ExportResult:
     """Export the selected paths of ``run_ids`` (when none: every run holding a selection but the
     damaged ones, named in the result's ``damaged``) to ``out``.
@@ -69,10 +78,15 @@ def export_runs(
     then ``manifest.json``. What a run's samples are made of (its paths, their turns'
     conversations) is read while the run before is written (:func:`~engine.runs.over_runs`:
     a run per core at once, so at most that many runs' conversations are held). Any
-    error leaves ``out`` as it was.
+    error leaves ``out`` as it was. ``invalid``: keep or drop the samples with a call
+    of a tool the model was not offered; ``tokenizer``: a local Hugging Face tokenizer
+    directory whose chat template counts each sample's tokens for the manifest.
     """
     if fmt not in FORMATS:
         raise InputError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if invalid not in INVALID_CALLS:
+        raise InputError(f"--invalid-calls must be one of {', '.join(INVALID_CALLS)}, not {invalid!r}")
+    lengths = Lengths(tokenizer)
     if not workspace.startswith("/") or len(workspace) < 2:
         raise InputError(f"--workspace must be an absolute directory path, not {workspace!r}")
     runs, damaged = runs_to_read(data_dir, run_ids)
@@ -83,11 +97,15 @@ def export_runs(
         def prepare(log: EventLog, catalog: Catalog, _started: float) -> _RunExport:
             return _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
 
-        records = [_write_run(target, run, fmt, workspace, reasoning) for run in over_runs(data_dir, runs, prepare)]
+        records = [_write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
+                   for run in over_runs(data_dir, runs, prepare)]  # fmt: skip
         if not any(r["samples"] for r in records):
             wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
-            raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}")
-        manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning)
+            dropped = sum(r["invalid_call_samples"] for r in records)
+            left = f" ({dropped} with invalid calls left out: --invalid-calls drop)" if dropped else ""
+            raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}{left}")
+        manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning, invalid,
+                             lengths)  # fmt: skip
         return ExportResult(target.commit(manifest), manifest, damaged)
     except OSError as err:
         target.abandon()
@@ -142,21 +160,28 @@ def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: st
     conversations = TurnConversations.read(log, tail, needed, placeholder)
     ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
     contents = Contents.read(log, tail, ids, placeholder)
-    extras = _turn_facts(catalog, chosen["selection_id"]) if fmt == "atif" else None
+    extras = _turn_facts(catalog, chosen["selection_id"], placeholder) if fmt == "atif" else None
     return _RunExport(run_id, chosen, tail, paths, walks, conversations, contents, extras, _agent(catalog, log))
 
 
-def _write_run(target: ExportDir, run: _RunExport, fmt: str, workspace: str, reasoning: bool) -> dict[str, Any]:
+def _write_run(target: ExportDir, run: _RunExport, fmt: str, workspace: str, reasoning: bool, invalid: str,
+               lengths: Lengths) -> dict[str, Any]:  # fmt: skip
     """Write one run's samples; return what the manifest says of it."""
     run_id, chosen = run.run_id, run.chosen
     name = f"{run_id}.{fmt}.jsonl"
     target.start(name)
     counts: Counter[tuple[str, str]] = Counter()
+    with_invalid = 0
     for path in run.paths:
         walk = run.walks[(path["tree_id"], path["leaf_id"])]
         turns = [run.conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
         conv = join_turns(turns, run.contents)  # the workspaces already replaced in each turn's messages
-        metadata = _metadata(run_id, chosen["selection_id"], path, walk, conv.interrupted, workspace)
+        bad = invalid_calls(conv)
+        with_invalid += bool(bad)
+        if bad and invalid == "drop":
+            continue
+        metadata = _metadata(run_id, chosen["selection_id"], path, walk, conv.interrupted, bad, workspace)
+        lengths.add(name, path, conv, reasoning)
         if fmt == "chat":
             target.write(chat_sample(conv, metadata, reasoning))
         else:
@@ -168,7 +193,7 @@ def _write_run(target: ExportDir, run: _RunExport, fmt: str, workspace: str, rea
     target.end()
     return {"run_id": run_id, "log_tail": run.tail, "selection_id": chosen["selection_id"],
             "weights": chosen["weights"], "top_k": chosen["top_k"], "file": name,
-            "samples": sum(counts.values()), "counts": counts}  # fmt: skip
+            "samples": sum(counts.values()), "invalid_call_samples": with_invalid, "counts": counts}  # fmt: skip
 
 
 def _walks(catalog: Catalog, selection_id: str, run_id: str,
@@ -193,8 +218,11 @@ def _walks(catalog: Catalog, selection_id: str, run_id: str,
     return walks
 
 
-def _turn_facts(catalog: Catalog, selection_id: str) -> tuple[dict, dict]:
-    """The model calls' tokens and the tool calls' statuses of the selection's turns (for ATIF)."""
+def _turn_facts(catalog: Catalog, selection_id: str, placeholder: Placeholder) -> tuple[dict, dict]:
+    """The model calls' tokens and the tool calls' statuses of the selection's turns (for ATIF).
+
+    A tool error names the worktree as the call's result does: it gets the placeholder too.
+    """
     turns = ("(edge_id, turn) in (select (edge_id, turn) from int_path_turns "
              "where selection_id = ? and turn > 0)")  # fmt: skip
     steps = {
@@ -205,7 +233,7 @@ def _turn_facts(catalog: Catalog, selection_id: str) -> tuple[dict, dict]:
         )
     }  # fmt: skip
     calls = {  # only the failed ones are reported
-        (r["edge_id"], r["turn"], r["call_id"]): r
+        (r["edge_id"], r["turn"], r["call_id"]): r | {"error": r["error"] and placeholder.text(r["error"])}
         for r in catalog.query(f"select edge_id, turn, call_id, status, error from stg_tool_called "
                                f"where status = 'error' and {turns} order by seq", [selection_id])
     }  # fmt: skip
@@ -221,7 +249,7 @@ def _agent(catalog: Catalog, log: EventLog) -> dict[str, Any]:
 
 
 def _metadata(run_id: str, selection_id: str, path: dict[str, Any], walk: list[dict[str, Any]],
-              interrupted: list[str], workspace: str) -> dict[str, Any]:  # fmt: skip
+              interrupted: list[str], invalid: list[str], workspace: str) -> dict[str, Any]:  # fmt: skip
     nodes: dict[str, dict[str, Any]] = {}
     for t in walk:
         nodes.setdefault(t["node_id"], {"node_id": t["node_id"], "depth": t["depth"],
@@ -232,12 +260,13 @@ def _metadata(run_id: str, selection_id: str, path: dict[str, Any], walk: list[d
         "node_ids": path["node_ids"], **{k: path[k] for k in PATH_FIELDS},
         "nodes": list(nodes.values()),
         "turns": [{k: t[k] for k in TURN_FIELDS} for t in walk if t["turn"]],
-        "interrupted_calls": interrupted, "workspace": workspace,
+        "interrupted_calls": interrupted, "invalid_calls": invalid, "workspace": workspace,
     }  # fmt: skip
 
 
 def _manifest(records: list[dict[str, Any]], files: dict[str, dict[str, Any]], fmt: str, selection: str | None,
-              task: str | None, stage: str | None, workspace: str, reasoning: bool) -> dict[str, Any]:  # fmt: skip
+              task: str | None, stage: str | None, workspace: str, reasoning: bool, invalid: str,
+              lengths: Lengths) -> dict[str, Any]:  # fmt: skip
     counts: dict[str, dict[str, int]] = {}
     for record in records:
         for (t, s), n in sorted(record.pop("counts").items()):
@@ -245,5 +274,6 @@ def _manifest(records: list[dict[str, Any]], files: dict[str, dict[str, Any]], f
     return {
         "made_by": MADE_BY, "format": fmt, "selection": selection or "default",
         "filters": {"task": task, "stage": stage}, "workspace": workspace, "reasoning": reasoning,
-        "runs": records, "counts": counts, "samples": sum(r["samples"] for r in records), "files": files,
+        "invalid_calls": invalid, "runs": records, "counts": counts, "samples": sum(r["samples"] for r in records),
+        "files": files, **lengths.manifest(),
     }  # fmt: skip

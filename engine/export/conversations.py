@@ -21,13 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.teachers.opencode.recorder import INTERRUPTED
 from ingest.log import EventLog
 
-# What OpenCode sends the model for a tool call that a killed turn never finished
-# (measured on 1.18.33); a conversation ending on such a call gets it as its result.
-INTERRUPTED = "[Tool execution was interrupted]"
-
 TurnKey = tuple[str, int]  # (edge_id, turn)
+REPAIRED = "invalid"  # the tool OpenCode puts in place of a call of an unknown one (never a call the model made)
 
 
 @dataclass(frozen=True)
@@ -107,14 +105,15 @@ class PathConversation:
     tools: list[dict[str, Any]]
     messages: list[dict[str, Any]]
     owners: list[TurnKey | None]  # the turn each message belongs to (None: before the first)
-    interrupted: list[str] = field(default_factory=list)  # call ids given INTERRUPTED here
+    interrupted: list[str] = field(default_factory=list)  # call ids whose result is INTERRUPTED
 
 
 def join_turns(turns: list[TurnConversation], contents: Contents) -> PathConversation:
     """Cut-and-append the turns' conversations in path order (see the module docstring).
 
     A message belongs to the latest turn whose own messages start at or before it.
-    Tool calls no later message answers (a killed last turn) get INTERRUPTED results.
+    Tool calls no later message answers (a killed last turn recorded before the recorder
+    kept the results OpenCode sends on) get INTERRUPTED results.
     """
     messages: list[dict[str, Any]] = []
     starts: list[tuple[int, TurnKey]] = []
@@ -122,7 +121,8 @@ def join_turns(turns: list[TurnConversation], contents: Contents) -> PathConvers
         messages = messages[: turn.base] + turn.messages
         starts.append((turn.turn_start, (turn.edge_id, turn.turn)))
     last = turns[-1]
-    messages, interrupted = _answer_dangling_calls(messages)
+    messages = _answer_dangling_calls(messages)
+    interrupted = [m["tool_call_id"] for m in messages if m.get("role") == "tool" and m.get("content") == INTERRUPTED]
     owners: list[TurnKey | None] = []
     for i in range(len(messages)):
         owned = [key for start, key in starts if start <= i]
@@ -132,10 +132,9 @@ def join_turns(turns: list[TurnConversation], contents: Contents) -> PathConvers
     return PathConversation(list(system), list(tools), messages, owners, interrupted)
 
 
-def _answer_dangling_calls(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def _answer_dangling_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     answered = {m.get("tool_call_id") for m in messages if m.get("role") == "tool"}
     out: list[dict[str, Any]] = []
-    interrupted: list[str] = []
     pending: list[str] = []
     for message in messages:
         if pending and message.get("role") != "tool":
@@ -145,9 +144,20 @@ def _answer_dangling_calls(messages: list[dict[str, Any]]) -> tuple[list[dict[st
         if message.get("role") == "assistant":
             missing = [c["id"] for c in message.get("tool_calls") or [] if c.get("id") not in answered]
             pending += missing
-            interrupted += missing
     out += [{"role": "tool", "tool_call_id": c, "content": INTERRUPTED} for c in pending]
-    return out, interrupted
+    return out
+
+
+def invalid_calls(conv: PathConversation) -> list[str]:
+    """The ids of the sample's tool calls of a tool the model was not offered.
+
+    A model's call of an unknown tool reaches the model again, in later requests, as
+    OpenCode rewrote it (a call of ``invalid`` with the error in its arguments): what
+    the model received, but no call the model made.
+    """
+    offered = {(t.get("function") or {}).get("name") for t in conv.tools} - {REPAIRED}
+    return [c.get("id") for m in conv.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []
+            if (c.get("function") or {}).get("name") not in offered]  # fmt: skip
 
 
 class Placeholder:

@@ -4,7 +4,8 @@
 user, assistant with ``tool_calls`` whose ``function.arguments`` is a JSON string,
 ``tool`` with ``tool_call_id``; reasoning as ``reasoning_content``), ``tools`` (the
 tool definitions the model was offered, as a JSON string: their JSON schemas differ
-from tool to tool, which one Arrow column type cannot hold) and ``metadata``.
+from tool to tool, which one Arrow column type cannot hold; a chat template wants
+``json.loads(sample["tools"])``) and ``metadata``.
 
 ``atif``: the Agent Trajectory Interchange Format v1.4 (Harbor): system, user and
 agent steps; an agent step's tool calls, their results as its observation, its
@@ -18,6 +19,7 @@ import json
 from typing import Any
 
 from engine.export.conversations import PathConversation, TurnKey
+from ingest.errors import InputError
 
 ATIF_VERSION = "ATIF-v1.4"
 
@@ -32,8 +34,7 @@ def chat_sample(conv: PathConversation, metadata: dict[str, Any], reasoning: boo
     messages = [*conv.system, *conv.messages]
     if not reasoning:
         messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
-    return {"messages": messages, "tools": json.dumps(conv.tools, ensure_ascii=False, sort_keys=True),
-            "metadata": metadata}  # fmt: skip
+    return {"messages": messages, "tools": json.dumps(conv.tools, ensure_ascii=False), "metadata": metadata}
 
 
 def atif_trajectory(
@@ -151,3 +152,67 @@ def _final_metrics(steps: list[dict[str, Any]]) -> dict[str, Any]:
         "total_cost_usd": float(sum(m["cost_usd"] for m in measured)),
         "total_steps": len(steps),
     }
+
+
+def _sample_text(conv: PathConversation, reasoning: bool) -> int:
+    """The characters of a sample's text: contents, reasoning, calls' names and arguments, tools' JSON."""
+    total = len(json.dumps(conv.tools, ensure_ascii=False))
+    for m in [*conv.system, *conv.messages]:
+        total += len(_text(m.get("content"))) + (len(m.get("reasoning_content") or "") if reasoning else 0)
+        for c in m.get("tool_calls") or []:
+            function = c.get("function") or {}
+            total += len(function.get("name") or "") + len(_text(function.get("arguments")))
+    return total
+
+
+class Lengths:
+    """Each sample's length for the manifest: characters, and tokens with a tokenizer.
+
+    ``tokenizer`` is a local Hugging Face tokenizer directory (``transformers``, the
+    ``train`` extra); its chat template renders the sample as a trainer does, with
+    the tools, and the rendering's tokens are counted.
+    """
+
+    def __init__(self, tokenizer: str | None) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.tokenizer = _load_tokenizer(tokenizer) if tokenizer else None
+        self.name = tokenizer
+
+    def add(self, file: str, path: dict[str, Any], conv: PathConversation, reasoning: bool) -> None:
+        row = {"file": file, "tree_id": path["tree_id"], "leaf_id": path["leaf_id"],
+               "chars": _sample_text(conv, reasoning)}  # fmt: skip
+        if self.tokenizer is not None:
+            messages = [*conv.system, *conv.messages]
+            if not reasoning:
+                messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+            try:
+                ids = self.tokenizer.apply_chat_template(messages, tools=conv.tools, tokenize=True)
+            except Exception as err:  # noqa: BLE001 - a template error names the sample, not a traceback
+                raise InputError(f"--tokenizer {self.name}: its chat template cannot render the sample of "
+                                 f"{path['tree_id']} {path['leaf_id']} ({err})") from err  # fmt: skip
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            row["tokens"] = len(ids)
+        self.rows.append(row)
+
+    def manifest(self) -> dict[str, Any]:
+        """``lengths`` (one row per sample, in file order) and their maxima."""
+        out: dict[str, Any] = {"lengths": self.rows, "tokenizer": self.name,
+                               "max_chars": max((r["chars"] for r in self.rows), default=0)}  # fmt: skip
+        if self.tokenizer is not None:
+            out["max_tokens"] = max((r["tokens"] for r in self.rows), default=0)
+        return out
+
+
+def _load_tokenizer(directory: str) -> Any:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise InputError("--tokenizer needs transformers: pip install -e '.[train]'") from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - any loading problem is the directory's
+        raise InputError(f"--tokenizer {directory}: not a local tokenizer directory ({err})") from err
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"--tokenizer {directory}: the tokenizer has no chat template to render samples with")
+    return tokenizer

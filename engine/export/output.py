@@ -72,11 +72,14 @@ class ExportDir:
         self.files[name] = {"samples": 0}
 
     def write(self, sample: dict[str, Any]) -> None:
-        """Append one sample (one line of canonical JSON) to the current file."""
+        """Append one sample (one line of compact JSON) to the current file.
+
+        Keys keep the order the sample was built in (a tool call's arguments as the model
+        wrote them): the same logs build the same samples, so the files are byte-identical.
+        """
         assert self._open is not None
         name, fh, digest = self._open
-        line = (json.dumps(sample, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
-                           allow_nan=False) + "\n").encode()  # fmt: skip
+        line = (json.dumps(sample, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode()
         fh.write(line)
         digest.update(line)
         self.files[name]["samples"] += 1

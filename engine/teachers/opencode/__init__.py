@@ -51,7 +51,7 @@ from engine.teachers.opencode.coral import (
 )
 from engine.teachers.opencode.environment import Environment, node_store
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
-from engine.teachers.opencode.recorder import Recorder, conversation_facts
+from engine.teachers.opencode.recorder import Recorder, conversation_facts, unreported_steps
 from engine.teachers.opencode.sessions import (
     export_session,
     has_session,
@@ -61,7 +61,7 @@ from engine.teachers.opencode.sessions import (
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
 from ingest.errors import InputError
-from ingest.events import EvalFinished, Event, TurnFinished
+from ingest.events import EvalFinished, Event, StepFinished, TurnFinished
 from ingest.opencode_stream import StreamParser
 
 TURN1 = (
@@ -239,9 +239,18 @@ class OpenCodeTeacher:
         copy_dir(shared, snapshot)
         ids = {"tree_id": request.tree_id, "edge_id": request.edge_id, "turn": request.turn}
         conversation = start.get("conversation")
+        context_tokens = parser.summary.context_tokens
         if exchanges is not None:
-            recorded, conversation = conversation_facts(exchanges, ids, conversation, str(worktree))
+            recorded, conversation = conversation_facts(exchanges, ids, conversation, str(worktree),
+                                                        parser.summary.results)  # fmt: skip
             facts += recorded
+            # A model call whose tokens the stream never printed (killed during its tool
+            # calls): the endpoint's usage stands in, and the last call's is the context.
+            reported = {f.step for f in facts if isinstance(f, StepFinished)}
+            unreported = unreported_steps(exchanges, ids, reported)
+            facts += unreported
+            if unreported and unreported[-1].step > max(reported, default=0):
+                context_tokens = unreported[-1].tokens_total
         facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
                                   source=result.source, feedback=result.feedback,
                                   grader_log=_tail(grader_log) if self.coral else None))  # fmt: skip
@@ -256,7 +265,7 @@ class OpenCodeTeacher:
                 export_session(self.environment.bin, self.environment.env, parser.summary.session_id,
                                Path(state["session_file"]))  # fmt: skip
         facts.append(TurnFinished(
-            **ids, session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
+            **ids, session_id=parser.summary.session_id, context_tokens=context_tokens,
             outcome=outcome, error=error, state=state,
             started_at=started_at.isoformat(), wall_seconds=round(wall, 3),
             prompt=prompt, transcript="".join(lines),

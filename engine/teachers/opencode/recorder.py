@@ -32,9 +32,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from ingest.events import ConversationRecorded, Event, canonical_json, content_fact
+from ingest.events import ConversationRecorded, Event, StepFinished, canonical_json, content_fact
 
 RECORDER = "opencode-proxy"
+# What OpenCode sends the model for a tool call that a killed turn never finished
+# (measured on 1.18.33: a forked session's first request), in place of its result.
+INTERRUPTED = "[Tool execution was interrupted]"
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding",
                "proxy-connection", "te", "trailer", "upgrade"}  # fmt: skip
 PATH_RE = re.compile(r"^/turn/([0-9a-f]+)(/.*)$")
@@ -46,8 +49,9 @@ class Exchange:
 
     session: str | None
     request: dict[str, Any] | None
-    status: int | None = None
+    status: int | None = None  # the endpoint's HTTP status; None when it never answered (cut off)
     answer: dict[str, Any] | None = None  # None until the model finished answering
+    usage: dict[str, Any] | None = None  # the endpoint's ``usage`` of that answer, when it sent one
 
 
 class Recorder:
@@ -166,10 +170,17 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
             headers["Accept-Encoding"] = "identity"  # the answer is read as it streams
             try:
                 conn.request(method, recorder.endpoint.path + rest, body=body or None, headers=headers)
-                answer = conn.getresponse()
-            except (OSError, http.client.HTTPException) as err:
+            except (OSError, http.client.HTTPException) as err:  # never sent: the model received nothing
                 conn.close()
                 self._fail(502, f"the endpoint {recorder.endpoint.geturl()} did not answer: {err}", exchange)
+                return
+            try:
+                answer = conn.getresponse()
+            except (OSError, http.client.HTTPException) as err:
+                # Sent, and cut off before any answer (a turn killed while the endpoint was
+                # silent): the model received it, so no status marks it refused.
+                conn.close()
+                self._fail(502, f"the endpoint {recorder.endpoint.geturl()} did not answer: {err}")
                 return
             if exchange is not None:
                 exchange.status = answer.status
@@ -190,6 +201,7 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
                 conn.close()
             if exchange is not None and answer.status < 400:
                 exchange.answer = parse_answer(bytes(received))
+                exchange.usage = parse_usage(bytes(received))
 
         def _fail(self, status: int, message: str, exchange: Exchange | None = None) -> None:
             if exchange is not None:
@@ -204,13 +216,8 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def parse_answer(raw: bytes) -> dict[str, Any] | None:
-    """The assistant message of a finished answer (SSE chunks or one JSON body); None if unfinished.
-
-    In the form OpenCode sends it back in later requests: ``content`` (``""`` without
-    text), ``reasoning_content`` when there is reasoning, ``tool_calls`` with their
-    arguments as compact JSON.
-    """
+def _chunks(raw: bytes) -> list[dict[str, Any]]:
+    """The chunks of an answer: its SSE ``data:`` lines, or one JSON body as a chunk."""
     text = raw.decode("utf-8", errors="replace")
     chunks: list[dict[str, Any]] = []
     if text.lstrip().startswith("{"):
@@ -218,11 +225,31 @@ def parse_answer(raw: bytes) -> dict[str, Any] | None:
             body = json.loads(text)
             choice = (body.get("choices") or [{}])[0]
             delta = choice.get("message") or {}
-            chunks = [{"choices": [{"delta": delta, "finish_reason": choice.get("finish_reason")}]}]
+            chunks = [{"choices": [{"delta": delta, "finish_reason": choice.get("finish_reason")}],
+                       "usage": body.get("usage")}]  # fmt: skip
     for line in text.splitlines():
         if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
             with contextlib.suppress(ValueError):
-                chunks.append(json.loads(line[5:]))
+                chunk = json.loads(line[5:])
+                if isinstance(chunk, dict):
+                    chunks.append(chunk)
+    return chunks
+
+
+def parse_usage(raw: bytes) -> dict[str, Any] | None:
+    """The last ``usage`` object of an answer (the endpoint's token counts), None without one."""
+    found = [c["usage"] for c in _chunks(raw) if isinstance(c.get("usage"), dict)]
+    return found[-1] if found else None
+
+
+def parse_answer(raw: bytes) -> dict[str, Any] | None:
+    """The assistant message of a finished answer (SSE chunks or one JSON body); None if unfinished.
+
+    In the form OpenCode sends it back in later requests: ``content`` (``""`` without
+    text), ``reasoning_content`` when there is reasoning, ``tool_calls`` with their
+    arguments as compact JSON.
+    """
+    chunks = _chunks(raw)
     content, reasoning, finished = [], [], False
     calls: dict[int, dict[str, Any]] = {}
     for chunk in chunks:
@@ -262,12 +289,16 @@ def digest(messages: list[dict[str, Any]]) -> str:
 
 
 def conversation_facts(exchanges: list[Exchange], ids: dict[str, Any], inherited: dict[str, Any] | None,
-                       workspace: str) -> tuple[list[Event], dict[str, Any]]:  # fmt: skip
-    """A turn's ContentRecorded and ConversationRecorded facts, and its conversation's checkpoint."""
-    agent = [x for x in exchanges if x.request and x.request.get("tools")
-             and isinstance(x.request.get("messages"), list) and (x.status or 0) < 400]  # fmt: skip
-    if agent:
-        agent = [x for x in agent if x.session == agent[0].session]
+                       workspace: str, results: dict[str, str] | None = None,
+                       ) -> tuple[list[Event], dict[str, Any]]:  # fmt: skip
+    """A turn's ContentRecorded and ConversationRecorded facts, and its conversation's checkpoint.
+
+    ``results`` are the outputs of the tool calls the turn's stream showed finished, by
+    call id. A turn that ended while the calls of its last answer ran (killed) records,
+    after the answer, the tool messages OpenCode sends when the session goes on: a
+    finished call's output, :data:`INTERRUPTED` for the others.
+    """
+    agent = agent_exchanges(exchanges)
     inherited = inherited or {}
     length = int(inherited.get("messages") or 0)
     if not agent:  # no model call: the conversation is the inherited one
@@ -277,7 +308,8 @@ def conversation_facts(exchanges: list[Exchange], ids: dict[str, Any], inherited
     lead = next((i for i, m in enumerate(last) if m.get("role") != "system"), len(last))
     system, rest = last[:lead], last[lead:]
     first_rest = first[next((i for i, m in enumerate(first) if m.get("role") != "system"), len(first)):]
-    conversation = rest + ([agent[-1].answer] if agent[-1].answer else [])
+    answer = agent[-1].answer
+    conversation = rest + ([answer] if answer else []) + _continuation(answer, results or {})
     base = length if length and len(rest) >= length and digest(rest[:length]) == inherited.get("sha") else 0
     system_fact, tools_fact = content_fact("system", system), content_fact("tools", agent[-1].request["tools"])
     recorded = ConversationRecorded(
@@ -286,3 +318,46 @@ def conversation_facts(exchanges: list[Exchange], ids: dict[str, Any], inherited
         recorder=RECORDER, messages=conversation[base:],
     )  # fmt: skip
     return [system_fact, tools_fact, recorded], {"messages": len(conversation), "sha": digest(conversation)}
+
+
+def agent_exchanges(exchanges: list[Exchange]) -> list[Exchange]:
+    """The requests of the turn's own session that the model received (see the module docstring)."""
+    agent = [x for x in exchanges if x.request and x.request.get("tools")
+             and isinstance(x.request.get("messages"), list) and (x.status or 0) < 400]  # fmt: skip
+    return [x for x in agent if x.session == agent[0].session] if agent else []
+
+
+def _continuation(answer: dict[str, Any] | None, results: dict[str, str]) -> list[dict[str, Any]]:
+    """The tool messages that follow a last answer's calls when the session goes on."""
+    calls = (answer or {}).get("tool_calls") or []
+    return [{"role": "tool", "tool_call_id": c["id"], "content": results.get(c["id"], INTERRUPTED)} for c in calls]
+
+
+def unreported_steps(exchanges: list[Exchange], ids: dict[str, Any], reported: set[int]) -> list[StepFinished]:
+    """StepFinished facts, from the endpoint's usage, of the model calls the stream never finished.
+
+    OpenCode prints a step's tokens when its tool calls are done: a turn killed during a
+    call prints none for that model call, though the endpoint reported them. Step ``n``
+    is the ``n``-th request the model received; ``reported`` are the steps the stream
+    finished. The split is OpenCode's: input without the cached tokens, output without
+    the reasoning ones.
+    """
+    facts = []
+    for step, exchange in enumerate(agent_exchanges(exchanges), start=1):
+        usage = exchange.usage
+        if step in reported or exchange.answer is None or not usage:
+            continue
+        prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+        cached = _count((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+        reasoning = _count((usage.get("completion_tokens_details") or {}).get("reasoning_tokens"))
+        total = _count(usage.get("total_tokens")) or prompt + completion
+        facts.append(StepFinished(
+            **ids, step=step, reason="unreported", tokens_input=max(prompt - cached, 0),
+            tokens_output=max(completion - reasoning, 0), tokens_reasoning=reasoning, tokens_cache_read=cached,
+            tokens_total=total,
+        ))  # fmt: skip
+    return facts
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62 else 0
