@@ -362,19 +362,25 @@ def test_a_record_line_changed_is_damage_and_a_line_cut_short_was_never_committe
 
 
 def test_a_part_of_another_run_is_damage(data_dir):
+    """Its events name another run: every reader's footer check and verify's check of every event say so."""
+    from ingest.integrity import verify_log
+
     with _created(data_dir) as w:
         w.append(facts(2))
     other = LogWriter.create(data_dir, "other")
     other.append([RunStarted(command="t")] + facts(2))
     other.close()
     log = EventLog(data_dir, "r")
+    (log.log_dir / RECORD).unlink()  # a run before records: its part files are its log
     mine, theirs = log.parts()[1], EventLog(data_dir, "other").parts()[0]
-    mine.path.write_bytes(theirs.path.read_bytes())  # same seqs 2..3, named with its own checksum
-    os.rename(mine.path, mine.path.with_name(theirs.path.name))
-    record = log.log_dir / RECORD
-    record.write_bytes(record.read_bytes().replace(mine.path.name.encode(), theirs.path.name.encode()))
-    with pytest.raises(LogError):  # the chain of the record breaks first
+    mine.path.unlink()
+    copied = log.log_dir / theirs.path.name  # seqs 1..3 with a correct checksum: the widest cover
+    copied.write_bytes(theirs.path.read_bytes())
+    with pytest.raises(LogError, match=re.escape(f"{copied}: not a part of this log (it holds events of run "
+                                                 "'other', not of 'r')")):  # fmt: skip
         log.read_table()
+    found = verify_log(log)
+    assert not found.ok and found.first_bad.name == copied.name and "events of run 'other'" in found.problem
 
 
 @pytest.mark.parametrize("damage", ["footer", "page"])
