@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,7 +43,6 @@ from ingest.record import (
     legacy_cover,
     list_parts,
     locate,
-    read_record,
 )
 from ingest.writer import WriterLock, foreign_files
 
@@ -94,9 +94,9 @@ class Verification:
         return sum(not p.checksum for p in self.parts)
 
 
-def _check(part: Part) -> PartCheck:
+def _check(part: Part, source: BinaryIO | None = None) -> PartCheck:
     try:
-        data = part.path.read_bytes()
+        data = part.path.read_bytes() if source is None else source.read()
     except FileNotFoundError:
         raise
     except OSError as err:
@@ -114,7 +114,7 @@ def verify_log(log: EventLog) -> Verification:
     for _attempt in range(20):
         try:
             try:
-                record = read_record(log.log_dir, log.run_id)
+                record = log.record()
             except RecordDamagedError as err:
                 return _damaged_record(log, err)
             return _verify_legacy(log) if record is None else _verify(log, record)
@@ -124,21 +124,35 @@ def verify_log(log: EventLog) -> Verification:
 
 
 def _verify(log: EventLog, record: Record) -> Verification:
-    checks = []
-    for part in record.parts():
-        path = locate(record.log_dir, part.name)
-        if path is None:
-            newer = read_record(log.log_dir, log.run_id)
-            if newer is not None and newer.entries != record.entries:
-                raise FileNotFoundError(part.name)  # a merge removed it meanwhile: check the new record
-            checks.append(_part_check(part, MISSING))
-        else:
-            checks.append(_check(Part(part.first, part.last, part.level, path, part.digest)))
+    # Every live part is opened right after the record is read: an open file stays readable
+    # when a merge removes it meanwhile, so the check sees the log the record named.
+    handles: list[tuple[Part, BinaryIO | None]] = []
+    try:
+        for part in record.parts():
+            path = locate(record.log_dir, part.name)
+            if path is None:
+                newer = log.record()
+                if newer is not None and newer.entries != record.entries:
+                    raise FileNotFoundError(part.name)  # a merge removed it meanwhile: check the new record
+                handles.append((part, None))
+                continue
+            located = Part(part.first, part.last, part.level, path, part.digest)
+            handles.append((located, open(path, "rb")))  # noqa: SIM115 - closed below
+        checks = [_part_check(p, MISSING) if fh is None else _check(p, fh) for p, fh in handles]
+    finally:
+        for _p, fh in handles:
+            if fh is not None:
+                fh.close()
     names = set(os.listdir(log.log_dir))
+    foreign = foreign_files(record)
+    if foreign:  # or published since the record was read (a writer is at work): not foreign then
+        newer = log.record()
+        known = newer.known() if newer is not None else set()
+        foreign = [n for n in foreign if n not in known]
     superseded = [_part_check(record.removed[n], "superseded") for n in sorted(names & set(record.removed))]
     temporary = sorted(n for n in names if n.startswith(TMP) and n[len(TMP) :] not in record.live)
     result = Verification(log.run_id, log.log_dir, checks, intact_to=record.tail, tail=record.tail,
-                          superseded=superseded, temporary=temporary, foreign=foreign_files(record))  # fmt: skip
+                          superseded=superseded, temporary=temporary, foreign=foreign)  # fmt: skip
     _first_problem(result, checks)
     return result
 
@@ -231,7 +245,7 @@ def quarantine(log: EventLog, part: str) -> Quarantined:
         moving.sort(key=lambda c: (c.first, -c.last, c.name))
         turns, finished = _turns_in(moving)
         if found.recorded:
-            record = read_record(log.log_dir, log.run_id)
+            record = log.record()
             assert record is not None
             record.commit([], [record.live[p.name] for p in moving if p.name in record.live], note="quarantined")
         destination.mkdir(exist_ok=True)

@@ -46,10 +46,16 @@ class EventLog:
             msg = f"{as_utf8(str(self.data_dir))}: the data directory's path is not UTF-8 - use another --data"
             raise LogError(msg)
         self._checked_overlaps: dict[tuple[str, ...], str | None] = {}
+        self._record: Record | None = None
 
     def record(self) -> Record | None:
-        """The run's committed record of its parts (None: a run written before records)."""
-        return read_record(self.log_dir, self.run_id)
+        """The run's committed record of its parts (None: a run written before records).
+
+        Read again each time (the writer appends), parsing only what was appended since
+        this reader last read it.
+        """
+        self._record = read_record(self.log_dir, self.run_id, self._record)
+        return self._record
 
     def exists(self) -> bool:
         """Whether the run has at least one published event (or a record, damaged or not)."""

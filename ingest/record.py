@@ -48,6 +48,17 @@ class RecordDamagedError(PartDamagedError):
     """The run's record of its parts is damaged: a line changed, dropped or not of this run."""
 
 
+def _sha_matches(line: bytes, entry: dict) -> bool:
+    """Whether a line's checksum is that of its content: over its own bytes when it is canonical
+    (``"sha"`` is the last key), else over the canonical form of its entry."""
+    tail = f',"sha":"{entry["sha"]}"}}'.encode()
+    if line.endswith(tail):
+        body = line[: -len(tail)] + b"}"
+        if hashlib.sha256(body).hexdigest()[:32] == entry["sha"]:
+            return True
+    return _sha(entry) == entry["sha"]
+
+
 def _sha(entry: dict) -> str:
     body = {k: v for k, v in entry.items() if k != "sha"}
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()[:32]
@@ -67,6 +78,11 @@ class Record:
     identity: str = ""  # the first entry's checksum: this run, not another of the same id
     committed: int = 0  # bytes of the file that are committed entries
     torn: bool = False  # a line a crash cut short follows them
+    raw: bytes = b""  # the committed entries as read (to parse only what is appended later)
+
+    def copy(self) -> Record:
+        return Record(self.run_id, self.log_dir, dict(self.live), dict(self.removed), set(self.quarantined),
+                      self.entries, self.last_sha, self.identity, self.committed, self.torn, self.raw)  # fmt: skip
 
     @property
     def path(self) -> Path:
@@ -141,10 +157,13 @@ def new_record(log_dir: Path, run_id: str) -> Record:
     return Record(run_id, Path(log_dir))
 
 
-def read_record(log_dir: Path, run_id: str) -> Record | None:
+def read_record(log_dir: Path, run_id: str, known: Record | None = None) -> Record | None:
     """The committed record of a run (None: the run has no record, written before records).
 
-    RecordDamagedError names the first line that is not a committed entry of this run.
+    ``known``: a record read before from the same file; when the file still begins
+    with the entries it holds, only the lines appended since are parsed (the record
+    is append-only). RecordDamagedError names the first line that is not a
+    committed entry of this run.
     """
     path = Path(log_dir) / RECORD
     try:
@@ -153,14 +172,18 @@ def read_record(log_dir: Path, run_id: str) -> Record | None:
         return None
     except OSError as err:
         raise LogError(f"{path}: cannot read the run's record of its parts ({err.strerror or err})") from err
-    record = Record(run_id, Path(log_dir))
-    *lines, rest = data.split(b"\n")
-    for number, line in enumerate(lines, start=1):
+    if known is not None and known.committed and data.startswith(known.raw):
+        record, start = known.copy(), known.committed
+    else:
+        record, start = Record(run_id, Path(log_dir)), 0
+    *lines, rest = data[start:].split(b"\n")
+    for number, line in enumerate(lines, start=record.entries + 1):
         problem = _line_problem(record, line)
         if problem:
             raise RecordDamagedError(f"{path}: line {number} is damaged ({problem}) - 'verify {run_id}' "
                                      f"says what is intact")  # fmt: skip
         record._apply(json.loads(line), len(line) + 1)
+    record.raw = data[: record.committed]
     record.torn = bool(rest)
     problem = cover_problem(record.parts())
     if problem:
@@ -180,7 +203,7 @@ def _line_problem(record: Record, line: bytes) -> str | None:
         return f"an entry of run {entry['run_id']!r}, not of {record.run_id!r}"
     if entry["entry"] != record.entries + 1 or entry["prev"] != record.last_sha:
         return f"entry {entry['entry']} does not follow entry {record.entries}"
-    if entry["sha"] != _sha(entry):
+    if not isinstance(entry["sha"], str) or not _sha_matches(line, entry):
         return "its checksum does not match its content"
     for name in entry["add"]:
         part = parse_part(Path(name)) if isinstance(name, str) else None
