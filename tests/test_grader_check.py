@@ -144,9 +144,13 @@ def test_without_the_check_a_streak_of_crashed_evals_stops_the_run_and_replays(t
     with the same error, and the run stops with it (exit 1), those turns recorded."""
     other = make_student_coral(tmp_path / "other-task", grader=OTHER_GRADER)
     model = FakeModel(script).start()
+    config = tmp_path / "streak.toml"
     try:
         done = explore(tmp_path, roots, other, "streak", model, "parallel = 1\n[tree]\nroot_children = 3\n",
                        "--no-grader-check")  # fmt: skip
+        # A stop ends the streak: resumed (the grader still broken), the run stops after three more.
+        resumed = opencode_process(["--data", str(tmp_path / "data"), "explore", "--resume", "streak"], tmp_path,
+                                   model, config) if done.returncode == 1 else None  # fmt: skip
     finally:
         model.stop()
     assert done.returncode == 1, done.stderr
@@ -156,12 +160,17 @@ def test_without_the_check_a_streak_of_crashed_evals_stops_the_run_and_replays(t
     cat = catalog(tmp_path, "streak")
     assert count(cat, "stg_grader_checked") == 0, "the check ran although it was skipped"
     streak = cat.query("select edge_id, failed, streak from int_edges__eval_errors order by judged_seq")
-    assert [s["streak"] for s in streak] == [1, 2, 3], streak
-    assert cat.query("select count(*) as n from turns where not skipped and eval_status = 'crashed'")[0]["n"] == 3
-    stop = cat.query("select seq, reason from stg_run_stopped")
-    assert [s["reason"] for s in stop] == ["eval_errors"]
-    assert cat.query("select count(*) as n from stg_edge_started where seq > ?", [stop[0]["seq"]])[0]["n"] == 0
+    assert [s["streak"] for s in streak] == [1, 2, 3, 1, 2, 3], streak
+    assert cat.query("select count(*) as n from turns where not skipped and eval_status = 'crashed'")[0]["n"] == 6
+    stops = cat.query("select seq, reason from stg_run_stopped order by seq")
+    assert [s["reason"] for s in stops] == ["eval_errors", "eval_errors"]
+    resumed_at = cat.query("select seq from stg_run_resumed")[0]["seq"]
+    assert stops[0]["seq"] < resumed_at < stops[1]["seq"]
+    assert cat.query("select count(*) as n from stg_edge_started where seq > ? and seq < ?",
+                     [stops[0]["seq"], resumed_at])[0]["n"] == 0  # fmt: skip
     assert count(cat, "stg_run_finished") == 0
+    assert resumed is not None and resumed.returncode == 1, resumed.stderr if resumed else done.stderr
+    assert "Error: the evals of the last 3 edges all failed" in resumed.stderr, resumed.stderr
     assert marked_processes(EventLog(tmp_path / "data", "streak").dir) == []
     r = replay(tmp_path, "streak")
     assert r.exit_code == 0 and "0 differ" in r.stdout, r.output
