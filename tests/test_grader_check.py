@@ -161,7 +161,8 @@ def test_without_the_check_a_streak_of_crashed_evals_stops_the_run_and_replays(t
     assert count(cat, "stg_grader_checked") == 0, "the check ran although it was skipped"
     streak = cat.query("select edge_id, failed, streak from int_edges__eval_errors order by judged_seq")
     assert [s["streak"] for s in streak] == [1, 2, 3, 1, 2, 3], streak
-    assert cat.query("select count(*) as n from turns where not skipped and eval_status = 'crashed'")[0]["n"] == 6
+    ran = cat.query("select eval_status, count(*) as n from turns where not skipped group by all")
+    assert [r["eval_status"] for r in ran] == ["crashed"] and ran[0]["n"] >= 6, ran  # every eval crashed
     stops = cat.query("select seq, reason from stg_run_stopped order by seq")
     assert [s["reason"] for s in stops] == ["eval_errors", "eval_errors"]
     resumed_at = cat.query("select seq from stg_run_resumed")[0]["seq"]
@@ -173,7 +174,9 @@ def test_without_the_check_a_streak_of_crashed_evals_stops_the_run_and_replays(t
     assert "Error: the evals of the last 3 edges all failed" in resumed.stderr, resumed.stderr
     assert marked_processes(EventLog(tmp_path / "data", "streak").dir) == []
     r = replay(tmp_path, "streak")
-    assert r.exit_code == 0 and "0 differ" in r.stdout, r.output
+    events = cat.query("select seq, kind, edge_id, turn from events where kind in ('edge_started', 'turn_finished', "
+                       "'edge_judged', 'run_stopped', 'run_resumed', 'turn_skipped') order by seq")  # fmt: skip
+    assert r.exit_code == 0 and "0 differ" in r.stdout, (r.output, events)
     # Replay re-derives the stop: one recorded where no streak was due is a difference.
     with LogWriter.open(tmp_path / "data", "streak") as writer:
         writer.append([RunStopped(watermark=3, reason="eval_errors", error="made up")])

@@ -303,8 +303,8 @@ class Explorer:
                 "--no-grader-check (backend_options.grader_check = false)"
             )  # fmt: skip
         raise RunStoppedError(
-            f"{error} - the grader cannot grade this task's code (is --coral-dir the Student run of this "
-            f"task?); the run stopped, its turns recorded: fix the cause and continue with "
+            f"{error} - the grader cannot grade this task's code (another task's grader? one missing "
+            f"something?); the run stopped, its turns recorded: fix the cause and continue with "
             f"'explore --resume {run_id}'"
         )  # fmt: skip
 
