@@ -356,6 +356,8 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
     if kw.get("num_roots") is not None:
         out["selection"] = {"num_roots": kw["num_roots"]}
     backend = {opt: kw[key] for key, opt in OPENCODE_OPTIONS.items() if kw.get(key) is not None}
+    if kw.get("no_grader_check"):
+        backend["grader_check"] = False
     if backend:
         out["backend_options"] = backend
     return out
@@ -392,6 +394,8 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--coral-dir", default=None,
               help="opencode: the Student run's .coral; every edge gets a CORAL run of its own, graded by "
                    "CORAL's daemon (the Student run is only read).")  # fmt: skip
+@click.option("--no-grader-check", is_flag=True, default=None,
+              help="opencode with --coral-dir: do not grade a root's own code before the first turn.")  # fmt: skip
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where turns run: this machine, or the workers of a Ray cluster.")  # fmt: skip
 @click.option("--ray-address", default=None,

@@ -163,6 +163,9 @@ class RunConfig(_Strict):
     lookahead: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     # Turns in a row that end with a backend error before the run stops (resumable).
     backend_error_limit: int = Field(3, ge=1)
+    # Edges in a row whose every eval failed (crashed or timed out) with the same error
+    # before the run stops (views/int_edges__eval_errors.sql): a grader that cannot grade.
+    eval_error_limit: int = Field(3, ge=1)
     selection: SelectionConfig = SelectionConfig()
     tree: TreeConfig = TreeConfig()
     soft: SoftWeights = SoftWeights()

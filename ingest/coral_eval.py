@@ -40,6 +40,14 @@ class EvalResult:
     feedback: str | None
     source: str  # attempt_json, printed_block or none
 
+    @property
+    def error(self) -> str | None:
+        """What went wrong, when no number came back: the feedback's first line (at most 500 characters)."""
+        if self.score is not None or not self.feedback:
+            return None
+        first = next((line.strip() for line in self.feedback.splitlines() if line.strip()), None)
+        return first[:500] if first else None
+
 
 NO_EVAL = EvalResult(None, "no_eval", None, "none")
 

@@ -197,7 +197,9 @@ class EvalFinished(Event):
     """The turn's ``coral eval`` returned; ``score`` is null when no number came back.
 
     ``grader_log`` is the output of the CORAL grader daemon that ran beside the turn
-    (with ``--coral-dir``).
+    (with ``--coral-dir``). ``error`` is the first line of the feedback of an eval
+    that gave no number in a turn that completed (what the grader said went wrong;
+    the view ``int_edges__eval_errors`` compares it across edges).
     """
 
     tree_id: str
@@ -207,6 +209,29 @@ class EvalFinished(Event):
     eval_status: str | None = None
     commit_hash: str | None = None
     source: str | None = None
+    error: str | None = None
+    feedback: str | None = Field(default=None, json_schema_extra=HEAVY)
+    grader_log: str | None = Field(default=None, json_schema_extra=HEAVY)
+
+
+class GraderChecked(Event):
+    """Before the first turn, the task's grader graded a root's own code unchanged.
+
+    With ``--coral-dir``: CORAL's grader daemon graded a pending attempt of the root's
+    commit in a throwaway edge layout, as it grades every turn's eval. ``score`` and
+    ``eval_status`` are what it gave (null: no number), ``recorded_score`` the score
+    the Student run recorded for the root, ``error`` the first line of its feedback
+    when it gave no number; ``feedback`` and ``grader_log`` (the daemon's output)
+    are kept for the user. The view ``int_grader_checks`` derives the outcome.
+    """
+
+    tree_id: str
+    commit_hash: str | None = None
+    score: float | None = None
+    recorded_score: float | None = None
+    eval_status: str | None = None
+    error: str | None = None
+    wall_seconds: float | None = None
     feedback: str | None = Field(default=None, json_schema_extra=HEAVY)
     grader_log: str | None = Field(default=None, json_schema_extra=HEAVY)
 
@@ -348,6 +373,15 @@ class TreeStopped(Decision):
 
     tree_id: str
     reason: Literal["good_leaves", "max_edges", "exhausted"]
+
+
+class RunStopped(Decision):
+    """The run stops before its trees are done (``int_run__stopping``): its grader failed
+    the check before the first turn (``grader_check``), or ``eval_error_limit`` edges in
+    a row had every eval fail with the same error (``eval_errors``). ``error`` says why."""
+
+    reason: Literal["grader_check", "eval_errors"]
+    error: str
 
 
 class PathsSelected(Decision):

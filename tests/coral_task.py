@@ -35,6 +35,18 @@ class Grader(TaskGrader):
         return self.score(value, feedback=f"VALUE = {value}")
 '''
 
+# The grader of another task: it scores kernel.cu, which this task's code has not.
+OTHER_GRADER = '''\
+from pathlib import Path
+
+from coral.grader.task_grader import TaskGrader
+
+
+class Grader(TaskGrader):
+    def evaluate(self):
+        return self.score(float(len((Path(self.codebase_path) / "kernel.cu").read_text())))
+'''
+
 CONFIG = """\
 task:
   name: speedup
@@ -49,11 +61,11 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "student", "GIT_AUTHOR_EMAIL": "student@localhost"
            "GIT_COMMITTER_NAME": "student", "GIT_COMMITTER_EMAIL": "student@localhost"}  # fmt: skip
 
 
-def make_student_coral(run_dir: Path, direction: str = "maximize") -> Path:
+def make_student_coral(run_dir: Path, direction: str = "maximize", grader: str = GRADER) -> Path:
     """A Student run ``run_dir`` of the task: ``.coral/`` (config, grader, shared dirs) and ``repo/``."""
     coral = run_dir / ".coral"
     (coral / "private" / "eval").mkdir(parents=True)
-    (coral / "private" / "eval" / "grader.py").write_text(GRADER)
+    (coral / "private" / "eval" / "grader.py").write_text(grader)
     (coral / "private" / "eval" / "data.txt").write_text("held-out data the agents never see\n")
     (coral / "config.yaml").write_text(CONFIG.format(direction=direction))
     for sub in ("attempts", "notes", "skills", "logs"):

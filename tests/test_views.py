@@ -143,7 +143,11 @@ def test_a_query_computes_only_the_tables_it_reads(sim_log):
     live = Catalog.empty(threads=1)
     live.insert(events.slice(0, cut))  # holds RunStarted: every table is computed whole
     live.query("select count(*) from event_log")
-    assert live.stale() == {n: ["*"] for n in live.tables}
+    # Nothing computed: a table reading the run's config or events is stale whole, one
+    # reading only tree facts (int_edges__evals) for every tree whose facts arrived.
+    trees = [r["tree_id"] for r in live.query("select distinct tree_id from stg_eval_finished order by 1")]
+    assert set(live.stale()) == set(live.tables) and all(v in (["*"], trees) for v in live.stale().values())
+    assert [n for n, v in live.stale().items() if v != ["*"]] == ["int_edges__evals"]
     live.query("select * from int_turns")
     assert "int_turns" not in live.stale() and live.stale()["int_nodes__asof"] == ["*"]
     live.insert(events.slice(cut))  # int_turns: some trees stale; the tree tables: whole
@@ -178,10 +182,11 @@ def test_an_edge_starting_makes_only_the_as_of_tables_stale(sim_log):
     log = EventLog(*sim_log)
     live = Catalog.for_log(log, threads=1)
     live.query("select * from int_next_work")
-    unread = {"int_paths__measured", "paths", "int_snapshots__staged", "int_snapshots__picked"}
+    unread = {"int_paths__measured", "paths", "int_snapshots__staged", "int_snapshots__picked", "int_edges__evals"}
     assert live.stale() == dict.fromkeys(unread, ["*"])  # a query refreshes only what it reads
     live.query("select * from paths")
     live.query("select * from int_snapshots__picked")
+    live.query("select * from int_run__stopping")
     assert live.stale() == {}
     tree = live.query("select tree_id from stg_root_added order by 1 limit 1")[0]["tree_id"]
     started = EdgeStarted(tree_id=tree, edge_id=f"{tree}/e9-1", parent_id=tree, slot=9, attempt=1)

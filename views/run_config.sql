@@ -5,6 +5,8 @@
 -- variables: knowledge_path_regex = path_regex, knowledge_command_regex = command_regex
 --
 -- Every parameter and weight of ALGORITHM §1-§4; views cross join this single row.
+-- eval_error_limit and the grader check's tolerance are null in runs recorded before
+-- them (no such stop is then due).
 -- The two knowledge regexes are the defaults of the variables knowledge_path_regex
 -- and knowledge_command_regex, which tool_calls reads (a regex must be a constant
 -- for DuckDB to compile it once); set those variables to re-classify tool calls
@@ -68,7 +70,12 @@ final as (
         cast(json_extract(config, '$.knowledge.shell_tools') as varchar[]) as shell_tools,
         cast(json_extract(config, '$.knowledge.knowledge_tools') as varchar[]) as knowledge_tools,
         json_extract_string(config, '$.knowledge.path_regex') as path_regex,
-        json_extract_string(config, '$.knowledge.command_regex') as command_regex
+        json_extract_string(config, '$.knowledge.command_regex') as command_regex,
+        cast(json_extract_string(config, '$.eval_error_limit') as bigint) as eval_error_limit,
+        cast(json_extract_string(config, '$.backend_options.grader_check_tolerance.relative') as double)
+            as grader_check_relative,
+        cast(json_extract_string(config, '$.backend_options.grader_check_tolerance.absolute') as double)
+            as grader_check_absolute
     from first_start
 )
 

@@ -9,6 +9,7 @@ select
     score,
     eval_status,
     commit_hash,
-    source
+    source,
+    error
 from log_eval_finished
 where in_prefix(seq) and in_scope(tree_id)

@@ -29,6 +29,13 @@ a rollout result worth keeping until another turn shows the backend works: while
 the trailing streak of such turns is above zero nothing is published, and when it
 reaches ``backend_error_limit`` the run stops with the error (exit 1), its failed
 turns unpublished, so ``--resume`` after the fix runs them again.
+
+A grader that cannot grade. Before the first turn (and on a resume whose last check
+failed) a backend that can (``check_grader``: OpenCode with ``--coral-dir``) grades
+the first root's own code, recorded as ``GraderChecked``; after every verdict the
+streak of edges whose evals all failed with one error is read. ``int_run__stopping``
+says when either stops the run: the engine records ``RunStopped`` and ends with the
+error (exit 1), the turns before it recorded.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from engine.mcts.spool import Spool
 from engine.mcts.turns import Runner, TeacherFailedError, TurnPool, moving_average
 from engine.selections import default_parameters, selection_decision
 from engine.teachers import RootInfo, Teacher, TurnRequest
-from ingest.events import ContentRecorded, Event, RunFinished, RunResumed
+from ingest.events import ContentRecorded, Event, RunFinished, RunResumed, RunStopped
 from ingest.faults import crash_point
 from ingest.log import LogWriter
 
@@ -73,6 +80,13 @@ def lookahead(setting: int | str, parallel: int, turn_seconds: float | None, pas
 
 class BackendFailingError(TeacherFailedError):
     """Turns keep failing with a backend error: the run stops, resumable after the fix."""
+
+
+class RunStoppedError(TeacherFailedError):
+    """The run stopped before its trees were done (a RunStopped decision: see the module doc)."""
+
+
+GRADER_OUTPUT_LINES = 30  # of the grader's output, shown when its check stops the run
 
 
 class Explorer:
@@ -110,6 +124,7 @@ class Explorer:
         self._unpublished: list[tuple[str, int]] = []  # spooled turns staged, not yet published
         self._held = False  # a streak of backend errors is open: publishing waits
         self._pass_seconds: float | None = None  # async: a moving average of the passes' times
+        self._grader_output = ""  # what the grader printed in this process's check
 
     # ------------------------------------------------------------------ run
 
@@ -119,6 +134,8 @@ class Explorer:
             if resumed:
                 self._stage([RunResumed(note="resumed from the log")])
                 self._check_backend()
+            self._check_grader()
+            self._check_run()
             if self.config.schedule == "rounds":
                 self._run_rounds()
             else:
@@ -232,6 +249,7 @@ class Explorer:
                 for state in (edge["turn1_state"], edge["end_state"]):
                     if state:
                         self.teacher.discard(json.loads(state))
+        self._check_run()
         return self._open()
 
     def _fill(self, free: int) -> int:
@@ -272,6 +290,46 @@ class Explorer:
                 f"with 'explore --resume {self.writer.log.run_id}'"
             )
             raise BackendFailingError(msg)
+
+    def _check_grader(self) -> None:
+        """Before the first turn: the backend grades the first root's own code (GraderChecked).
+
+        Not again once a check passed (a resume of a run whose check failed checks again).
+        """
+        check = getattr(self.teacher, "check_grader", None)
+        if check is None:
+            return
+        last = self._query("select outcome from int_grader_checks order by seq desc limit 1")
+        if last and last[0]["outcome"] == "passed":
+            return
+        root = next((r for _, r in sorted(self.roots.items()) if r.score is not None), None)
+        fact = check(root, self._root_state(root.tree_id)) if root else None
+        if fact is not None:
+            self._stage([fact])
+            log, feedback = fact.grader_log or "", fact.feedback or ""
+            self._grader_output = log if feedback.strip() in log else f"{log}\n{feedback}"
+
+    def _check_run(self) -> None:
+        """Record the stop of the run that is due (int_run__stopping), and end with its error."""
+        due = self._query("select reason, error from int_run__stopping order by reason")
+        if not due:
+            return
+        reason, error = due[0]["reason"], due[0]["error"]
+        self._stage([RunStopped(watermark=self.writer.tail, reason=reason, error=error)])
+        run_id = self.writer.log.run_id
+        if reason == "grader_check":
+            shown = "\n".join(self._grader_output.strip().splitlines()[-GRADER_OUTPUT_LINES:])
+            raise RunStoppedError(
+                f"the grader check before the first turn failed: {error}. The grader printed:\n{shown}\n"
+                "Is --coral-dir the Student run of this task? Start a new run with the right one; or fix the "
+                f"grader and continue with 'explore --resume {run_id}'; or skip the check with "
+                "--no-grader-check (backend_options.grader_check = false)"
+            )  # fmt: skip
+        raise RunStoppedError(
+            f"{error} - the grader cannot grade this task's code (another task's grader? one missing "
+            f"something?); the run stopped, its turns recorded: fix the cause and continue with "
+            f"'explore --resume {run_id}'"
+        )  # fmt: skip
 
     # ----------------------------------------------------------------- views
 

@@ -11,6 +11,11 @@ Real backends take minutes per turn: they must honour ``request.timeout_s`` (the
 turn then ends with outcome ``timeout`` and a failed eval) and ``cancel`` (stop
 promptly, leave no process behind, and return or raise ``TurnCancelled``). A turn
 whose Teacher process itself failed ends with outcome ``error``.
+
+A backend that can grade a root's own code with the task's grader offers
+``check_grader(root, root_state)``, returning a ``GraderChecked`` fact (or None when
+it does not check); the engine calls it before the first turn (``opencode`` with
+``--coral-dir``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ A turn, in the rooms of this package:
 
 With ``coral_dir`` (the Student run's ``.coral``), ``coral`` gives every edge a
 CORAL run of its own around its worktree, and CORAL's grader daemon runs beside
-the turn's OpenCode process, so that the real ``coral eval`` grades there.
+the turn's OpenCode process, so that the real ``coral eval`` grades there. Before
+the first turn, ``check_grader`` has the same daemon grade a root's own commit in a
+throwaway edge layout (``GraderChecked``; the engine stops the run when it fails).
 
 Every recorded state - commit, session, shared-dir snapshot - stays immutable and
 can be forked again: by the edge's turn 2, by the node's children, or by a resumed
@@ -61,7 +63,7 @@ from engine.teachers.opencode.sessions import (
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
 from ingest.errors import InputError
-from ingest.events import EvalFinished, Event, StepFinished, TurnFinished
+from ingest.events import EvalFinished, Event, GraderChecked, StepFinished, TurnFinished
 from ingest.opencode_stream import StreamParser
 
 TURN1 = (
@@ -76,6 +78,16 @@ TURN2 = (
     "again by running `{eval_command} \"<one-line summary of the change>\"`.\n"
     "[edge {edge_id} turn {turn}]"
 )
+
+
+class GraderTolerance(BaseModel):
+    """How far the grader's score of a root may be from the recorded one:
+    ``absolute + relative * |recorded|`` (a timing grader varies by a few percent)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    relative: float = Field(0.05, ge=0, allow_inf_nan=False)
+    absolute: float = Field(1e-6, ge=0, allow_inf_nan=False)
 
 
 class OpenCodeOptions(BaseModel):
@@ -102,6 +114,8 @@ class OpenCodeOptions(BaseModel):
     coral_python: str | None = Field(None, description="the Python CORAL is installed in (default: coral's)")
     node_store: str | None = Field(None, description="cluster nodes: where each keeps OpenCode's store "
                                    "(a local disk; default: the temporary directory)")
+    grader_check: bool = Field(True, description="with coral_dir: grade a root's own code before the first turn")
+    grader_check_tolerance: GraderTolerance = GraderTolerance()
 
 
 def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -253,6 +267,7 @@ class OpenCodeTeacher:
                 context_tokens = unreported[-1].tokens_total
         facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
                                   source=result.source, feedback=result.feedback,
+                                  error=result.error if outcome == "completed" else None,
                                   grader_log=_tail(grader_log) if self.coral else None))  # fmt: skip
         state = {"repo": str(repo), "worktree": str(worktree), "commit": after,
                  "session": parser.summary.session_id or source, "shared": str(snapshot),
@@ -271,6 +286,69 @@ class OpenCodeTeacher:
             prompt=prompt, transcript="".join(lines),
         ))  # fmt: skip
         return facts
+
+    def check_grader(self, root: RootInfo, start: dict[str, Any]) -> GraderChecked | None:
+        """Grade the root's own code unchanged with CORAL's grader, as a turn's eval is graded.
+
+        None without ``coral_dir`` or with ``grader_check`` off. The root's commit
+        gets a throwaway edge layout (``<tree>/grader-check``: a worktree at it, a copy
+        of the root's shared dir, the edge's CORAL run) and a pending attempt
+        (``CoralLayout.submit_root``); CORAL's grader daemon then runs as it runs beside
+        a turn, until it has graded the attempt or ``turn_timeout_s`` passed, and is
+        stopped. The layout is removed; what the daemon printed is in the fact.
+        """
+        if self.coral is None or not self.opts.grader_check:
+            return None
+        repo, commit = Path(start["repo"]), start["commit"]
+        edge_dir = self.worktrees.edge_dir(root.tree_id, "grader-check")
+        worktree, t0 = edge_dir / "wt", time.monotonic()
+        shared = worktree / self.opts.shared_dir
+        self.worktrees.prepare(repo, worktree, commit, fresh=True)
+        try:
+            copy_dir(Path(start["shared"]) if start.get("shared") else None, shared)
+            coral = self.coral.prepare(edge_dir, worktree, shared, 0)
+            attempt = self.coral.submit_root(shared, commit)
+            daemon = self.coral.daemon(coral, self.environment.env, edge_dir / "grader-check.log")
+            finished, output = self._grade(attempt, daemon, edge_dir, root.tree_id)
+            result = coral_eval.from_attempt(attempt)
+            if result is None or result.status == "pending":
+                why = (f"the grader did not grade the root within {self.opts.turn_timeout_s:.0f} s"
+                       if finished.outcome == "timeout" else
+                       f"CORAL's grader daemon exited with {finished.returncode} before grading the root")  # fmt: skip
+                result = coral_eval.EvalResult(None, "timeout" if finished.outcome == "timeout" else "crashed",
+                                               why, "none")  # fmt: skip
+        finally:
+            self.coral.finish(edge_dir, worktree, shared, 0)
+            self.worktrees.discard(repo, worktree)
+        return GraderChecked(tree_id=root.tree_id, commit_hash=commit, score=result.score,
+                             recorded_score=root.score, eval_status=result.status, error=result.error,
+                             wall_seconds=round(time.monotonic() - t0, 3), feedback=result.feedback,
+                             grader_log=output)  # fmt: skip
+
+    def _grade(self, attempt: Path, daemon: Companion, edge_dir: Path, tree_id: str):
+        """Run the grader daemon until ``attempt`` is no longer pending (or the deadline); its output."""
+        graded = threading.Event()
+
+        def watch() -> None:  # the daemon never exits by itself: it is stopped once it has graded
+            while not graded.wait(0.2):
+                found = coral_eval.from_attempt(attempt)
+                if found is not None and found.status != "pending":
+                    graded.set()
+
+        lines: list[str] = []
+        stdin = edge_dir / "grader-check.stdin"
+        stdin.write_text("")
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            finished = self.processes.run(daemon.args, label=f"{tree_id}#grader-check", cwd=daemon.cwd,
+                                          env=daemon.env or self.environment.env, stdin=stdin, stderr=daemon.output,
+                                          on_line=lines.append, timeout_s=self.opts.turn_timeout_s,
+                                          cancel=graded)  # fmt: skip
+        finally:
+            graded.set()
+            watcher.join(timeout=10)
+        return finished, "".join(lines) + _tail(daemon.output)
 
     # -- the turn
 

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.teachers.opencode.processes import Companion
@@ -165,6 +166,24 @@ class CoralLayout:
             held.mkdir(exist_ok=True)
             os.replace(path, held / path.name)
         return coral
+
+    def submit_root(self, shared: Path, commit: str) -> Path:
+        """A pending attempt of ``commit`` in the edge's shared dir, as ``coral eval`` writes one.
+
+        ``coral eval`` refuses a tree with no change (it finds nothing to commit), so
+        the grader check (OpenCodeTeacher.check_grader) hands the grader daemon the
+        root's own commit this way: the daemon grades it in a checkout of the edge's
+        repository with the task's grader, as it grades every turn's commit.
+        """
+        attempt = {"commit_hash": commit, "agent_id": self.agent_id, "title": "teacher-mcts: grader check",
+                   "score": None, "status": "pending", "parent_hash": None,
+                   "timestamp": datetime.now(UTC).isoformat(), "feedback": ""}  # fmt: skip
+        folder = shared / "attempts"
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{commit}.json.tmp"
+        tmp.write_text(json.dumps(attempt, indent=2))
+        os.replace(tmp, folder / f"{commit}.json")
+        return folder / f"{commit}.json"
 
     def daemon(self, coral: Path, env: dict[str, str], output: Path) -> Companion:
         """CORAL's grader daemon for ``coral``, to run beside the turn."""
