@@ -187,7 +187,7 @@ ROOT_TEXT = ("task", "stage", "selection_reason")  # what select-snapshots adds 
 def root_problem(fact: SnapshotSeen, meta: dict[str, Any]) -> str | None:
     """Why a folder of explore's ROOTS cannot be a root (its fact and its ``metadata.json``), or None.
 
-    A root is an eligible snapshot: ``eval_ok`` JSON true (SPEC §8; not ``"yes"``,
+    A root is an eligible snapshot: ``eval_ok`` JSON true (ALGORITHM §1.8; not ``"yes"``,
     ``1`` or false, which explore took as roots before) and a numeric score. The
     fields select-snapshots adds must be text (a list-valued stage became null),
     and a stage one of the three.
