@@ -9,6 +9,7 @@ a traceback. The algorithm the commands run is explained in docs/ALGORITHM.md.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
@@ -21,13 +22,13 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from engine import __version__
 from ingest import steps
-from ingest.errors import ProjectError, os_problem
+from ingest.errors import OptionError, ProjectError, os_problem
 from ingest.events import as_utf8
 from ingest.log import DATA_ENV, default_data_dir
 
@@ -103,7 +104,10 @@ class _Command(click.Command):
                 if isinstance(text, str) and as_utf8(text) != text:
                     msg = f"{as_utf8(text)!r} is not UTF-8 text (shown with U+FFFD for its other bytes)"
                     raise click.BadParameter(msg, ctx=ctx, param=param)
-        return super().invoke(ctx)
+        try:
+            return super().invoke(ctx)
+        except OptionError as err:  # an option's value checked where it is used: a usage error too
+            raise click.UsageError(str(err), ctx) from err
 
 
 class _Group(click.Group):
@@ -173,6 +177,40 @@ def _data_dir() -> Path:
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 
+# Exit codes: a command-line option's value that no run could use (out of range, not a
+# number, malformed) is a usage error, exit 2, whether click's types refuse it or the
+# library does (OptionError); bad content of files and logs is exit 1 (README).
+INT64 = click.IntRange(-(2**63), 2**63 - 1)
+MAX_TURN_TIMEOUT_S = 7 * 86_400.0  # a week: any wait longer overflows somewhere (threading's at ~292 years)
+
+
+class FiniteFloat(click.FloatRange):
+    """A float in a range that is a finite number: click's FloatRange lets nan through."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def _run_id_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    from ingest.log import check_run_id
+
+    try:
+        return value if value is None else check_run_id(value)
+    except ProjectError as err:
+        raise click.BadParameter(str(err)) from err
+
+
+def _parallel_option(_ctx: click.Context, _param: click.Parameter, value: int | None) -> int | None:
+    from engine.config import parallel_problem
+
+    problem = None if value is None else parallel_problem(value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
+
 
 def _echo_json(value: Any) -> None:
     click.echo(json.dumps(_finite(value), indent=2, default=str, allow_nan=False))
@@ -238,8 +276,8 @@ def views(as_json: bool) -> None:
 @click.option("--task", required=True, help="Task name recorded with every fact and in the copies.")
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None,
               help="Score direction (default: the snapshots' CORAL config, else maximize).")  # fmt: skip
-@click.option("--num-roots", type=click.IntRange(min=1), default=30, show_default=True)
-@click.option("--run-id", default=None, help="Id of the run to record (default: generated).")
+@click.option("--num-roots", type=click.IntRange(min=1, max=2**63 - 1), default=30, show_default=True)
+@click.option("--run-id", default=None, callback=_run_id_option, help="Id of the run to record (default: generated).")
 @click.option("--overwrite", is_flag=True,
               help="Replace an earlier output in OUT (only snapshot folders are replaced).")  # fmt: skip
 @json_option
@@ -345,6 +383,7 @@ class ProgressLine:
             self.console.file.flush()
 
 
+RESUMABLE = ("parallel", "turn_timeout")  # how the run is deployed, not what it decides (DECISIONS.md)
 OPENCODE_OPTIONS = {"model": "model", "endpoint": "endpoint", "api_key_env": "api_key_env",
                     "eval_command": "eval_command", "turn_timeout": "turn_timeout_s",
                     "worktrees": "worktree_root", "coral_dir": "coral_dir"}  # fmt: skip
@@ -365,17 +404,17 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 
 @cli.command()
 @click.argument("roots", type=click.Path(path_type=Path), required=False)
-@click.option("--run-id", default=None, help="Id of the new run (default: generated).")
+@click.option("--run-id", default=None, callback=_run_id_option, help="Id of the new run (default: generated).")
 @click.option("--resume", "resume_id", default=None, metavar="RUN_ID",
               help="Continue an interrupted run from its log.")  # fmt: skip
 @click.option("--backend", type=click.Choice(["sim", "opencode"]), default=None,
               help="Teacher backend (default sim).")  # fmt: skip
-@click.option("--parallel", type=click.IntRange(min=1), default=None,
-              help="Teacher slots shared by all trees (default 4).")  # fmt: skip
+@click.option("--parallel", type=click.IntRange(min=1), default=None, callback=_parallel_option,
+              help="Teacher slots shared by all trees (default 4; at most 4096, or half of ulimit -u).")  # fmt: skip
 @click.option("--schedule", type=click.Choice(["rounds", "async"]), default=None,
               help="rounds: batches, reproducible (default for sim); async: a free slot is refilled "
                    "at once (default for opencode).")  # fmt: skip
-@click.option("--seed", type=int, default=None, help="Seed of the run (default 0).")
+@click.option("--seed", type=INT64, default=None, help="Seed of the run (default 0).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="TOML file with run configuration.")  # fmt: skip
 @click.option("--select", "select", is_flag=True,
@@ -383,13 +422,14 @@ def _explore_overrides(**kw: Any) -> dict[str, Any]:
 @click.option("--task", default=None,
               help="Task name (default: the one the roots were selected for; needed with --select).")  # fmt: skip
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
-@click.option("--num-roots", type=click.IntRange(min=1), default=None,
+@click.option("--num-roots", type=click.IntRange(min=1, max=2**63 - 1), default=None,
               help="Roots to select with --select (default 30).")  # fmt: skip
 @click.option("--model", default=None, help="opencode: provider/model.")
 @click.option("--endpoint", default=None, help="opencode: OpenAI-compatible base URL (.../v1).")
 @click.option("--api-key-env", default=None, help="opencode: variable holding the API key.")
 @click.option("--eval-command", default=None, help='opencode: eval command (default "coral eval -m").')
-@click.option("--turn-timeout", type=float, default=None, help="opencode: seconds per turn.")
+@click.option("--turn-timeout", type=FiniteFloat(min=0, min_open=True, max=MAX_TURN_TIMEOUT_S), default=None,
+              help="opencode: seconds per turn (at most a week).")  # fmt: skip
 @click.option("--worktrees", default=None, help="opencode: where worktrees go (default: in the run).")
 @click.option("--coral-dir", default=None,
               help="opencode: the Student run's .coral; every edge gets a CORAL run of its own, graded by "
@@ -433,8 +473,15 @@ def explore(roots: Path | None, run_id: str | None, resume_id: str | None, confi
         if resume_id:
             if roots is not None or run_id or select:
                 raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
+            fixed = [f"--{name.replace('_', '-')}" for name, value in options.items()
+                     if value is not None and name not in RESUMABLE]  # fmt: skip
+            fixed += ["--config"] if config_file else []
+            if fixed:
+                raise click.UsageError(f"--resume continues the run as its log records it: {', '.join(fixed)} "
+                                       "cannot change (the run keeps its recorded value); a resume may change "
+                                       "only --parallel, --turn-timeout, --executor and --ray-address")  # fmt: skip
             result = resume_run(_data_dir(), resume_id, progress, lambda p: _resuming(resume_id, p),
-                                executor, ray_address)  # fmt: skip
+                                executor, ray_address, options["parallel"], options["turn_timeout"])  # fmt: skip
         else:
             if roots is None:
                 raise click.UsageError("ROOTS is required (or --resume RUN_ID)")
@@ -652,8 +699,9 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool
 @click.argument("run_id")
 @click.option("--weights", default=None, metavar="max=W,avg=W,clean=W,know=W",
               help="PathScore weights (missing keys keep the run's; each within +-1e6, not all 0).")  # fmt: skip
-@click.option("--top-k", type=int, default=None, help="Paths per root (default: the run's).")
-@click.option("--diversity", "diversity", type=float, default=None, metavar="LAMBDA",
+@click.option("--top-k", type=click.IntRange(min=1, max=2**63 - 1), default=None,
+              help="Paths per root (default: the run's).")  # fmt: skip
+@click.option("--diversity", "diversity", type=FiniteFloat(min=0, max=1e6), default=None, metavar="LAMBDA",
               help="Pick each root's paths greedily by PathScore + LAMBDA x the N_eff each adds "
                    "(0 to 1e6).")  # fmt: skip
 @json_option
@@ -748,7 +796,7 @@ def _frame_view(frame: Any, height: int) -> Any:
 @cli.command()
 @click.argument("run_id")
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
-@click.option("--period", type=click.FloatRange(min=0.2), default=5.0, show_default=True,
+@click.option("--period", type=FiniteFloat(min=0.2, max=3600), default=5.0, show_default=True,
               help="Seconds between looks at the log when no new part is noticed.")  # fmt: skip
 def watch(run_id: str, once: bool, period: float) -> None:
     """Watch a run as another process writes it, until it finishes.
@@ -975,6 +1023,12 @@ def _render_audit(report: Any) -> None:
         click.echo("\naudit: no violations")
 
 
+def _workspace_option(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if not value.startswith("/") or len(value) < 2:
+        raise click.BadParameter(f"must be an absolute directory path, not {value!r}")
+    return value
+
+
 @cli.command("export")
 @click.argument("run_ids", nargs=-1, metavar="[RUN_ID ...]")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write (new or empty).")
@@ -984,7 +1038,7 @@ def _render_audit(report: Any) -> None:
 @click.option("--task", default=None, help="Only paths of this task.")
 @click.option("--stage", type=click.Choice(["early", "middle", "late"]), default=None,
               help="Only paths whose root is of this stage.")  # fmt: skip
-@click.option("--workspace", default="/workspace", show_default=True,
+@click.option("--workspace", default="/workspace", show_default=True, callback=_workspace_option,
               help="The path that replaces every worktree directory in the samples.")  # fmt: skip
 @click.option("--no-reasoning", "no_reasoning", is_flag=True, help="Leave out the model's reasoning text.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
@@ -1179,6 +1233,41 @@ def _open_standard_streams() -> None:
             setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115
 
 
-if __name__ == "__main__":
+def main() -> NoReturn:
+    """Run the command line, then end the process without tearing the interpreter down.
+
+    A thread of pyarrow's pool can still be finishing a task when the command
+    returns: dropping the task's last reference to a Python buffer needs the GIL,
+    and a thread that asks for it while the interpreter finalizes is ended by
+    Python 3.11 with ``pthread_exit``, which C++ turns into ``std::terminate``
+    ("terminate called without an active exception", exit 134 after ``verify``
+    had printed its result: 1 run in 5 to 40 on a loaded machine). So the process
+    ends as Python's exit does - threads joined, atexit handlers run, output
+    flushed - and then at once, without the teardown such a thread can trip over.
+    """
     _open_standard_streams()
-    cli()
+    try:
+        cli()
+        code: int = 0
+    except SystemExit as done:
+        code = _exit_status(done.code)
+    threading._shutdown()  # type: ignore[attr-defined] # noqa: SLF001 - what Python's exit does first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone (click has said so): quiet
+            stream.flush()
+    os._exit(code)
+
+
+def _exit_status(code: object) -> int:
+    """The exit status of ``sys.exit(code)``, its message printed as Python would."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    main()

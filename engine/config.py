@@ -6,6 +6,7 @@ The defaults are ALGORITHM §2-§4's. Views read the recorded values through the
 
 from __future__ import annotations
 
+import resource
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,6 +22,13 @@ SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
 # (a weight of 1e308 made PathScore inf: every path tied, recorded for good).
 MAX_WEIGHT = 1e6
 KNOWLEDGE_KINDS = r"(notes|skills|attempts|roles|logs)"
+# A slot is a thread of the exploring process (and on the Ray executor an actor):
+# --parallel 100000 ran for ~34 s and then failed with "can't start new thread".
+# The cap is this, or half of the user's limit of processes and threads
+# (RLIMIT_NPROC, ``ulimit -u``: the slots share it with everything else the user
+# runs), whichever is lower. It is checked where a run starts or resumes, not in
+# RunConfig: a run recorded with more slots stays readable, and resumes with fewer.
+MAX_PARALLEL = 4096
 
 
 class _Strict(BaseModel):
@@ -188,6 +196,22 @@ class RunConfig(_Strict):
         return self
 
 
+def parallel_cap() -> tuple[int, str]:
+    """The most slots a run may have on this machine, and why."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft == resource.RLIM_INFINITY or soft // 2 >= MAX_PARALLEL:
+        return MAX_PARALLEL, f"each slot is a thread of the exploring process, and {MAX_PARALLEL} is the most a run has"
+    cap = max(1, soft // 2)
+    return cap, (f"each slot is a thread of the exploring process, and this user may run {soft} processes "
+                 "and threads in all (ulimit -u), of which a run takes at most half")  # fmt: skip
+
+
+def parallel_problem(parallel: int) -> str | None:
+    """Why a run cannot have ``parallel`` slots on this machine, or None."""
+    cap, why = parallel_cap()
+    return None if parallel <= cap else f"{parallel} is above the cap of {cap}: {why}"
+
+
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
@@ -203,17 +227,24 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
         except OSError as err:
             raise InputError(f"{path}: cannot read the config file ({err.strerror})") from err
+        except UnicodeDecodeError as err:  # TOML is UTF-8 (a file saved as UTF-16 starts with a BOM)
+            raise InputError(f"{path}: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}); "
+                             "TOML files are UTF-8") from err  # fmt: skip
         except tomllib.TOMLDecodeError as err:
             raise InputError(f"{path}: invalid TOML ({err})") from err
     data = _merge(data, {k: v for k, v in overrides.items() if v is not None})
+    where = f"{path}: " if path else ""
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as err:
-        where = f"{path}: " if path else ""
         raise InputError(f"{where}invalid configuration ({problems(err)})") from err
+    problem = parallel_problem(config.parallel)
+    if problem:  # (a --parallel above the cap is refused as a usage error before this)
+        raise InputError(f"{where}invalid configuration (parallel: {problem})")
+    return config
 
 
 def problems(err: ValidationError) -> str:

@@ -10,16 +10,16 @@ from typing import Any
 
 from engine import __version__
 from engine.catalog import Catalog
-from engine.config import RunConfig
+from engine.config import RunConfig, parallel_problem
 from engine.mcts.explorer import Explorer
 from engine.mcts.spool import Spool
 from engine.roots import copy_snapshots, default_run_id, is_attempt, picked_detail, plan_selection
 from engine.runs import open_run, recorded_config
 from engine.teachers import make_teacher
-from ingest.errors import InputError, LogError
+from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, RunStarted, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
-from ingest.snapshots import read_direction, read_snapshot
+from ingest.snapshots import read_direction, read_snapshot, root_problem
 
 ENGINE_THREADS = 1  # deterministic float sums for recorded decisions (see Catalog.empty)
 Progress = Callable[[Callable[[], dict[str, Any]]], None]
@@ -60,13 +60,17 @@ def roots_from_dir(roots_dir: Path, task: str | None) -> tuple[list[RootAdded], 
     problems = [f"{f.snapshot}: {f.skip_reason}" for f in facts if f.skip_reason]
     problems += [f"{f.snapshot}: no numeric score ({f.score_problem})"
                  for f in facts if not f.skip_reason and f.score is None]  # fmt: skip
+    meta_of = {f.snapshot: json.loads((Path(f.path) / "metadata.json").read_text())
+               for f in facts if not f.skip_reason}  # fmt: skip
+    problems += [f"{f.snapshot}: {problem}" for f in facts if f.snapshot in meta_of
+                 if (problem := root_problem(f, meta_of[f.snapshot]))]  # fmt: skip
     if problems:
         shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
         raise InputError(f"{roots_dir}: cannot use every folder as a root: {shown}")
     if not facts:
         raise InputError(f"{roots_dir}: no snapshot folders to explore from")
     facts.sort(key=lambda f: (f.global_index, f.snapshot))
-    metas = [json.loads((Path(f.path) / "metadata.json").read_text()) for f in facts]
+    metas = [meta_of[f.snapshot] for f in facts]
     task = _roots_task(roots_dir, [_text(m, "task") for m in metas], task)
     roots = [
         RootAdded(
@@ -182,10 +186,11 @@ def _refuse_existing(data_dir: Path, run_id: str) -> None:
 
 
 EXECUTORS = ("local", "ray")
+RESUMED = "resumed from the log"
 
 
 def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, on_progress: Progress | None,
-             resumed: bool, executor: str, ray_address: str | None) -> None:  # fmt: skip
+             resumed: bool, executor: str, ray_address: str | None, note: str = RESUMED) -> None:  # fmt: skip
     """Run the engine; the Teacher here forks roots and discards states, the executor runs the turns."""
     if executor not in EXECUTORS:
         raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
@@ -197,7 +202,7 @@ def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, on_progress
 
             cluster = RayExecutor(config, writer.log.dir, ray_address)
         runner = cluster.run_turn if cluster else None
-        Explorer(writer, catalog, config, teacher, on_progress, runner).run(resumed=resumed)
+        Explorer(writer, catalog, config, teacher, on_progress, runner).run(resumed=resumed, note=note)
     finally:
         if cluster is not None:
             cluster.close()
@@ -211,12 +216,16 @@ def resume_run(
     on_start: Callable[[dict[str, Any]], None] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    parallel: int | None = None,
+    turn_timeout: float | None = None,
 ) -> ExploreResult:
     """Continue an interrupted exploration run from its log.
 
     ``on_start`` is called with the run's progress (``run_progress``) and task before
     anything runs; a finished run is only summarized. ``executor``, ``ray_address``:
     as for :func:`new_run` (a run may resume on another executor than it started on).
+    ``parallel``, ``turn_timeout``: the slots and the opencode turn timeout from now
+    on (default: the recorded ones; see :func:`resumed_config`).
     """
     log = EventLog(data_dir, run_id).require()
     with LogWriter.open(data_dir, run_id) as writer:
@@ -224,15 +233,46 @@ def resume_run(
         command = catalog.query("select command from stg_run_started order by seq limit 1")
         if not command or command[0]["command"] != "explore":
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
-        config = recorded_config(catalog, log)
+        config, note = recorded_config(catalog, log), RESUMED
         finished = catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
+        if not finished:
+            config, note = resumed_config(run_id, config, parallel, turn_timeout)
         if on_start:
             on_start(catalog.query("select * from run_progress")[0] | {"task": config.task, "finished": finished})
         if not finished:
-            _explore(writer, catalog, config, on_progress, True, executor, ray_address)
+            _explore(writer, catalog, config, on_progress, True, executor, ray_address, note)
         else:  # killed after its last part was published, before the spool was removed
             Spool(log.dir).clear()
     return run_summary(data_dir, run_id, resumed=not finished)
+
+
+def resumed_config(run_id: str, config: RunConfig, parallel: int | None,
+                   turn_timeout: float | None) -> tuple[RunConfig, str]:  # fmt: skip
+    """The recorded config with the deployment choices a resume may change, and the RunResumed note.
+
+    The slots and a turn's timeout are how the run is deployed, not what it
+    decides: no view reads them, so replay derives every decision as before (in
+    rounds mode a batch is ``parallel`` edges, so other slots grow other trees from
+    the resume on than an uninterrupted run would). The note records what changed.
+    """
+    changes: dict[str, Any] = {}
+    said = []
+    if parallel is not None and parallel != config.parallel:
+        changes["parallel"] = parallel
+        said.append(f"parallel {parallel} (recorded {config.parallel})")
+    if turn_timeout is not None:
+        recorded = config.backend_options.get("turn_timeout_s")
+        if recorded is None:
+            raise OptionError("--turn-timeout", f"run {run_id!r} uses the {config.backend} backend, whose turns "
+                              "have no timeout")  # fmt: skip
+        if turn_timeout != recorded:
+            changes["backend_options"] = config.backend_options | {"turn_timeout_s": turn_timeout}
+            said.append(f"turn_timeout_s {turn_timeout:g} (recorded {recorded:g})")
+    config = config.model_copy(update=changes)
+    problem = parallel_problem(config.parallel)
+    if problem:  # (a --parallel given is checked before: this is the recorded one)
+        raise InputError(f"run {run_id!r}: its recorded parallel {problem}; resume it with a smaller --parallel")
+    return config, "; ".join([RESUMED, *said])
 
 
 def run_summary(data_dir: Path, run_id: str, resumed: bool) -> ExploreResult:

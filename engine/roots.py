@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +25,7 @@ from engine import __version__
 from engine.catalog import Catalog
 from engine.config import load_config
 from ingest import coral_run
-from ingest.errors import InputError, OutputError, os_problem
+from ingest.errors import InputError, OptionError, OutputError, os_problem
 from ingest.events import RunStarted, SnapshotsPicked, to_arrow
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.snapshots import NAME_RE, read_direction, scan
@@ -96,7 +97,7 @@ def plan_selection(
     Raises InputError when the directory is neither or has no numeric score.
     """
     if not task:
-        raise InputError("--task must not be empty")
+        raise OptionError("--task", "must not be empty")
     coral = coral_run.find_coral(all_snapshots)
     if coral is not None:
         facts = coral_run.scan(coral, task)
@@ -161,13 +162,17 @@ def record_selection(
     return decision
 
 
-def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_id: str) -> None:
+def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_id: str,
+                   then: Callable[[], None] | None = None) -> None:  # fmt: skip
     """Copy the picked folders into ``out``; each ``metadata.json`` gains the pick's fields.
 
     ``score``, ``stage``, ``selection_reason``, ``task`` and ``selection_run``.
 
     The copies are assembled in a hidden sibling directory and moved into place at
-    the end, so ``out`` never holds a partial selection.
+    the end, so ``out`` never holds a partial selection. ``then`` runs once they are
+    in place, before an earlier output they replace is removed: if it fails, that
+    output is put back (select-snapshots records its run there, so a run exists
+    only once its copies do).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +195,7 @@ def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_
             )
             meta_path.unlink()  # the copy may share nothing with the input, but be safe
             meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-        _swap_into_place(staging, out, overwrite)
+        _swap_into_place(staging, out, overwrite, then)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -201,15 +206,23 @@ def is_attempt(pick: dict[str, Any]) -> bool:
     return Path(pick["path"]).is_file()
 
 
-def _swap_into_place(staging: Path, out: Path, overwrite: bool) -> None:
+def _swap_into_place(staging: Path, out: Path, overwrite: bool, then: Callable[[], None] | None) -> None:
+    old = None
     if out.exists():
         _check_replaceable(out, overwrite)  # again: it may have changed meanwhile
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.rename(out, old)
-        os.rename(staging, out)
+    os.rename(staging, out)
+    try:
+        if then is not None:
+            then()
+    except BaseException:
+        os.rename(out, staging)  # the copies go back to staging (removed by the caller)
+        if old is not None:
+            os.rename(old, out)
+        raise
+    if old is not None:
         shutil.rmtree(old)
-    else:
-        os.rename(staging, out)
 
 
 def select_snapshots(
@@ -231,18 +244,27 @@ def select_snapshots(
         raise InputError(f"run {run_id!r} already exists - choose another --run-id")
     events, catalog = plan_selection(all_snapshots, task, run_id, direction, num_roots)
     direction = events[0].direction
-    record_selection(data_dir, run_id, events, catalog, task)
     picks = catalog.query(
         "select * from snapshots where task = ? and selected order by global_index, snapshot",
         [task],
     )
-    if out is not None:
+    copied: list[bool] = []
+
+    def record() -> None:
+        copied.append(True)
+        record_selection(data_dir, run_id, events, catalog, task)
+
+    if out is None:
+        record()
+    else:  # the run is created once the copies are in place: a failed copy leaves no run behind
         try:
-            copy_snapshots(picks, Path(out), overwrite, run_id)
+            copy_snapshots(picks, Path(out), overwrite, run_id, then=record)
         except OSError as err:
+            if copied:  # recording failed (the copies were taken back): not a problem of OUT
+                raise
             msg = (
                 f"{out}: cannot copy the picked snapshots ({os_problem(err)}); nothing was "
-                f"written there (the selection is recorded in run {run_id!r})"
+                "written there and no run was recorded"
             )
             raise OutputError(msg) from err
     stages = catalog.query(

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from engine.catalog import Catalog
 from engine.config import MAX_WEIGHT, PathWeights, problems
 from engine.runs import open_run
-from ingest.errors import InputError, LogError
+from ingest.errors import InputError, LogError, OptionError
 from ingest.events import PathsSelected, fits_int64
 from ingest.log import EventLog, LogWriter
 
@@ -83,20 +83,20 @@ def parse_weights(text: str | None, defaults: dict[str, float]) -> dict[str, flo
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or key not in WEIGHT_KEYS:
-            raise InputError(f"--weights: expected key=value with keys {', '.join(WEIGHT_KEYS)}, got {item!r}")
+            raise OptionError("--weights", f"expected key=value with keys {', '.join(WEIGHT_KEYS)}, got {item!r}")
         if key in given:
-            raise InputError(f"--weights: {key} is given twice")
+            raise OptionError("--weights", f"{key} is given twice")
         given.add(key)
         try:
             weights[key] = float(value)
         except ValueError as err:
-            raise InputError(f"--weights: {key} must be a number, got {value!r}") from err
+            raise OptionError("--weights", f"{key} must be a number, got {value!r}") from err
         if not math.isfinite(weights[key]):
-            raise InputError(f"--weights: {key} must be a finite number, got {value!r}")
+            raise OptionError("--weights", f"{key} must be a finite number, got {value!r}")
     try:
         PathWeights.model_validate(weights)
     except ValidationError as err:
-        raise InputError(f"--weights: {problems(err)}") from err
+        raise OptionError("--weights", problems(err)) from err
     return weights
 
 
@@ -178,11 +178,11 @@ def reselect(data, run_id: str, weights_text: str | None, top_k: int | None,
         default = default_params(catalog)
         k = default.top_k if top_k is None else top_k
         if k < 1:
-            raise InputError("--top-k must be at least 1")
+            raise OptionError("--top-k", "must be at least 1")
         if not fits_int64(k):
-            raise InputError("--top-k must fit a 64-bit integer")
+            raise OptionError("--top-k", "must fit a 64-bit integer")
         if diversity is not None and not (math.isfinite(diversity) and 0 <= diversity <= MAX_WEIGHT):
-            raise InputError(f"--diversity must be a number from 0 to {MAX_WEIGHT:g}, got {diversity}")
+            raise OptionError("--diversity", f"must be a number from 0 to {MAX_WEIGHT:g}, got {diversity}")
         params = Params(parse_weights(weights_text, default.weights), k, diversity)
         existing = {s["selection_id"]: s for s in recorded_selections(catalog)}
         appended = params.selection_id not in existing

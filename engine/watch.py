@@ -4,11 +4,15 @@ A frame is what the views say of one published prefix of the log (the catalog lo
 only whole parts, and each load adds the parts published since the last one, so the
 counts of successive frames never go back). New parts are noticed by watching the
 log directory (watchfiles), with a periodic look as a fallback; reading needs no lock,
-so the writer goes on undisturbed. Following ends once the run has finished.
+so the writer goes on undisturbed. Following ends once the run has finished, or
+with an error once no process writes it any more (its writer died: nothing would
+ever change again, and a frozen "running" frame would be shown for good).
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ import watchfiles
 
 from engine.catalog import Catalog
 from engine.runs import recorded_config
+from ingest.errors import LogError
 from ingest.log import EventLog
 
 Row = dict[str, Any]
@@ -75,10 +80,38 @@ def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
     yield frame
     if frame.finished:
         return
-    for _changes in watchfiles.watch(log.log_dir, rust_timeout=int(period * 1000), yield_on_timeout=True,
-                                     stop_event=stop, debounce=200, raise_interrupt=False):  # fmt: skip
+    # raise_interrupt: Ctrl-C and SIGTERM end the command as signals do (130, 143), not
+    # as a run that finished (watchfiles otherwise ends its loop quietly).
+    for changes in watchfiles.watch(log.log_dir, rust_timeout=int(period * 1000), yield_on_timeout=True,
+                                    stop_event=stop, debounce=200, raise_interrupt=True):  # fmt: skip
+        writer_gone = not changes and not writer_alive(log)  # a look with nothing new: is anyone writing?
         catalog.load(log)
         frame = read_frame(catalog, run_id)
         yield frame
         if frame.finished:
             return
+        if writer_gone:  # (looked at before the load: a writer that finished published first)
+            raise LogError(f"run {run_id!r} is not finished and no process writes it any more (none holds "
+                           f"{log.dir / 'writer.lock'}): its writer died - continue it with: "
+                           f"python cli.py explore --resume {run_id}")  # fmt: skip
+
+
+def writer_alive(log: EventLog) -> bool:
+    """Whether a process holds the run's writer lock (``ingest.log.WriterLock``: ``flock`` on ``writer.lock``).
+
+    Tested by taking a shared lock on a descriptor of our own without waiting, and
+    releasing it at once: the writer's exclusive lock refuses it. (A writer starting
+    in those microseconds would find the run locked and say so, and can be started
+    again; the lock dies with its process, so a killed writer is seen at once.)
+    """
+    try:
+        fd = os.open(log.dir / "writer.lock", os.O_RDONLY)
+    except FileNotFoundError:  # never written by a writer of this version
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (closing the descriptor releases a lock it took)
+    return False

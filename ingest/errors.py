@@ -14,6 +14,18 @@ class InputError(ValueError, ProjectError):
     """Input files or arguments that cannot be used as given."""
 
 
+class OptionError(InputError):
+    """A command-line option's value that no run could use: the CLI makes it a usage error (exit 2).
+
+    Raised where the value is checked (a library call validating what the CLI passes
+    on); ``option`` names it. Bad content of files and logs stays an InputError (exit 1).
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option = option
+
+
 class LogError(ProjectError):
     """The event log is missing, locked or inconsistent."""
 

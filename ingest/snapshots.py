@@ -180,6 +180,30 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     )
 
 
+STAGES = ("early", "middle", "late")
+ROOT_TEXT = ("task", "stage", "selection_reason")  # what select-snapshots adds to a copy's metadata.json
+
+
+def root_problem(fact: SnapshotSeen, meta: dict[str, Any]) -> str | None:
+    """Why a folder of explore's ROOTS cannot be a root (its fact and its ``metadata.json``), or None.
+
+    A root is an eligible snapshot: ``eval_ok`` JSON true (ALGORITHM §1.8; not ``"yes"``,
+    ``1`` or false, which explore took as roots before) and a numeric score. The
+    fields select-snapshots adds must be text (a list-valued stage became null),
+    and a stage one of the three.
+    """
+    if fact.eval_ok is not True:
+        return f"eval_ok is {fact.eval_ok_json}, not JSON true: only a snapshot whose eval succeeded is a root"
+    for key in ROOT_TEXT:
+        value = meta.get(key)
+        if value is not None and not isinstance(value, str):
+            return f"{key} in metadata.json is {json.dumps(value, allow_nan=True)[:80]}, not text"
+    stage = meta.get("stage")
+    if stage is not None and stage not in STAGES:
+        return f"stage in metadata.json is {stage!r}, not one of {', '.join(STAGES)}"
+    return None
+
+
 def scan(all_snapshots: Path, task: str) -> list[SnapshotSeen]:
     """One fact per entry of ``all_snapshots``, in name order (paths absolute).
 

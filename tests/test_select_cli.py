@@ -280,11 +280,11 @@ def test_no_numeric_score_is_a_clean_error(tmp_path, data_dir):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_number_of_roots_beyond_a_64_bit_integer_is_a_clean_error(tmp_path, data_dir, snapshots):
+def test_a_number_of_roots_beyond_a_64_bit_integer_is_a_usage_error(tmp_path, data_dir, snapshots):
     r = invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t", "--run-id", "z",
                "--num-roots", str(2**70))  # fmt: skip
-    assert r.exit_code == 1 and "Traceback" not in r.output
-    assert r.stderr.startswith("Error: ") and "selection.num_roots: Value error" in r.stderr
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "Invalid value for '--num-roots'" in r.stderr and "1<=x<=9223372036854775807" in r.stderr
     assert not EventLog(data_dir, "z").exists()
     assert not (tmp_path / "o").exists()
 

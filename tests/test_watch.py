@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,3 +134,78 @@ def test_watch_in_a_terminal_shows_the_live_view_and_ends_with_the_run(tmp_path)
     assert seen_running, f"the live view was never seen while the run went on: {screens[-3:]}"
     assert done.read_text().strip() == "0"
     assert "term (task kernel-speedup): finished" in screen and "3 done, 0 active" in screen
+
+
+def start_endless(data: Path, run_id: str) -> subprocess.Popen:
+    from conftest import ENDLESS
+
+    config = data.parent / f"{run_id}.toml"
+    config.write_text(ENDLESS)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS), "--select",
+         "--task", "kernel-speedup", "--num-roots", "3", "--run-id", run_id, "--config", str(config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def start_watch(data: Path, run_id: str) -> subprocess.Popen:
+    """`watch` on a pipe, with SIGINT as on a terminal (a background job may have started us ignoring it)."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "watch", run_id, "--period", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+
+def first_line(proc: subprocess.Popen, deadline: float = 120) -> str:
+    """The first line watch prints (it is following the run from then on)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(deadline)
+    assert lines and lines[0], "watch printed nothing"
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_watch_ends_when_the_writer_dies(tmp_path):
+    """It showed "running" with turns in flight and a frozen ETA for good."""
+    data = tmp_path / "data"
+    proc = start_endless(data, "dies")
+    try:
+        wait_for_log(EventLog(data, "dies"), proc)
+        watch = start_watch(data, "dies")
+        assert first_line(watch).startswith("dies seq ")
+    finally:
+        proc.kill()
+        proc.wait()
+    try:
+        _out, err = watch.communicate(timeout=300)
+    finally:
+        watch.kill()
+    assert watch.returncode == 1, err
+    assert err == (f"Error: run 'dies' is not finished and no process writes it any more (none holds "
+                   f"{data / 'runs' / 'dies' / 'writer.lock'}): its writer died - continue it with: "
+                   "python cli.py explore --resume dies\n")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code", "message"), [(signal.SIGINT, 130, "Interrupted."),
+                                                      (signal.SIGTERM, 143, "Terminated by SIGTERM.")])  # fmt: skip
+def test_watch_stopped_by_a_signal_exits_with_its_code(tmp_path, sig, code, message):
+    """watchfiles ended its loop quietly on Ctrl-C or SIGTERM: watch exited 0, as if the run had finished."""
+    data = tmp_path / "data"
+    proc = start_endless(data, "sig")
+    try:
+        wait_for_log(EventLog(data, "sig"), proc)
+        watch = start_watch(data, "sig")
+        try:
+            assert first_line(watch).startswith("sig seq ")
+            watch.send_signal(sig)
+            _out, err = watch.communicate(timeout=300)
+        finally:
+            watch.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert watch.returncode == code and err.strip().splitlines()[-1] == message, err

@@ -128,11 +128,11 @@ class Explorer:
 
     # ------------------------------------------------------------------ run
 
-    def run(self, resumed: bool = False) -> None:
-        """Explore until every tree has stopped and nothing is in flight."""
+    def run(self, resumed: bool = False, note: str = "resumed from the log") -> None:
+        """Explore until every tree has stopped and nothing is in flight (``note``: RunResumed's)."""
         try:
             if resumed:
-                self._stage([RunResumed(note="resumed from the log")])
+                self._stage([RunResumed(note=note)])
                 self._check_backend()
             self._check_grader()
             self._check_run()

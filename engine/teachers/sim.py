@@ -86,12 +86,17 @@ def _rng(*parts: object) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
+MAX_LATENCY_S = 86_400.0
+
+
 class SimOptions(BaseModel):
     """``backend_options`` of a ``sim`` run (TOML ``[backend_options]``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    latency_s: float = Field(0.0, ge=0, description="mean seconds a turn takes")
+    # At most a day: a turn waits up to 1.5 x this, and a wait of 1e308 s overflowed
+    # threading's timeout in every turn of the run (and of every resume).
+    latency_s: float = Field(0.0, ge=0, le=MAX_LATENCY_S, description="mean seconds a turn takes")
     null_eval_rate: float = Field(0.10, ge=0, le=1)
     hard_share: float = Field(0.12, ge=0, le=1, description="share of hard roots")
     token_growth: tuple[int, int] = (8000, 25000)  # context tokens a turn adds: low, high
