@@ -900,7 +900,7 @@ def _csv_cell(value: Any) -> Any:
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 @click.option("--parquet", "parquet", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the result to this Parquet file instead (never inside --data).")  # fmt: skip
+              help="Write the result to this Parquet file instead (never among the runs of --data).")  # fmt: skip
 @click.option("--overwrite", is_flag=True, help="With --parquet: replace an existing file.")
 @click.option("--memory-limit", "memory_limit", default=None, metavar="SIZE",
               help="Memory the query may take beyond the loaded runs' (default 4GB, or $TEACHER_MCTS_SQL_MEMORY).")

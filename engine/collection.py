@@ -327,8 +327,9 @@ def _functions(tree: Any) -> set[str]:
 def parquet_target(path: Path, data_dir: Path, overwrite: bool = False) -> Path:
     """``path`` if a query's result may be written there; OutputError (nothing run or written) otherwise.
 
-    Never inside the data directory (a run's log, its spool, its quarantine: the file
-    would replace recorded events), and never onto an existing file unless ``overwrite``.
+    Never among the runs of the data directory (a run's log, its spool, its quarantine:
+    the file would replace recorded events), and never onto an existing file unless
+    ``overwrite``.
     """
     path = outside_data(path, data_dir, "the result")
     if path.exists() and not overwrite:

@@ -40,13 +40,15 @@ def fsync_dir(path: Path) -> None:
 
 
 def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
-    """``path``, refused (OutputError) when it is or lies inside the data directory.
+    """``path``, refused (OutputError) when it lies among the runs (``<data>/runs``) or holds them.
 
-    The data directory holds the runs' logs, spools and quarantines: an output
-    written there could replace recorded events.
+    The runs' directories hold their logs, spools and quarantines: an output written
+    there could replace recorded events. Elsewhere under the data directory (README's
+    ``data/out/...``) is fine.
     """
     target, data = Path(path).resolve(), Path(data_dir).resolve()
-    if target == data or target.is_relative_to(data):
-        raise OutputError(f"{path}: is inside the data directory {data_dir}, which holds the runs' logs - "
+    runs = data / "runs"
+    if target == runs or target.is_relative_to(runs) or runs.is_relative_to(target):
+        raise OutputError(f"{path}: is or holds the runs of the data directory ({runs}), their logs - "
                           f"write {what} elsewhere; nothing was written")  # fmt: skip
     return Path(path)

@@ -395,12 +395,14 @@ def test_opencode_backend_errors_are_clean(tmp_path, roots):
 
 
 def opencode_process(args: list[str], cwd: Path, model: FakeModel, config: Path) -> subprocess.CompletedProcess:
-    """``python cli.py ... explore --backend opencode`` in a process started in ``cwd``."""
+    """``python cli.py ... explore --backend opencode`` in a process started in ``cwd`` (with
+    ``--resume``: the run keeps its recorded backend, model, endpoint and config)."""
     env = dict(os.environ, PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")
     env.pop("TEACHER_MCTS_DATA", None)
+    options = ["--backend", "opencode", "--model", "fake/scripted", "--endpoint", model.base_url,
+               "--config", str(config)] if "--resume" not in args else []  # fmt: skip
     return subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), *args, "--backend", "opencode", "--model", "fake/scripted",
-         "--endpoint", model.base_url, "--config", str(config), "--turn-timeout", "300"],
+        [sys.executable, str(ROOT / "cli.py"), *args, *options, "--turn-timeout", "300"],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 

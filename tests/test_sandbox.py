@@ -137,9 +137,9 @@ def test_sql_parquet_refuses_a_part_the_data_dir_and_an_existing_file(data, tmp_
     """Finding 5: `sql --parquet PATH` overwrote whatever was at PATH, a published part included."""
     part = a_part(data)
     before = hashes(data)
-    for target in (part, part.parent / "new.parquet", data / "elsewhere.parquet"):
+    for target in (part, part.parent / "new.parquet", data / "runs" / "elsewhere.parquet"):
         r = invoke(data, "sql", "select 1 as x", "--parquet", str(target), "--overwrite")
-        assert r.exit_code == 1 and "inside the data directory" in r.stderr, (target, r.output)
+        assert r.exit_code == 1 and "holds the runs of the data directory" in r.stderr, (target, r.output)
     assert hashes(data) == before
     existing = tmp_path / "mine.parquet"
     existing.write_bytes(b"not yet a result")
@@ -154,11 +154,11 @@ def test_report_and_export_refuse_an_output_inside_the_data_directory(data):
     """The same class as finding 5: `report --out <a part>` replaced the part with HTML."""
     part = a_part(data)
     before = hashes(data)
-    for command in (["report", "--out", str(part)], ["report", "--out", str(data / "r.html")],
-                    ["export", "rounds", "--out", str(data / "train")],
-                    ["export", "rounds", "--out", str(part.parent)]):  # fmt: skip
+    for command in (["report", "--out", str(part)], ["report", "--out", str(data / "runs" / "r.html")],
+                    ["export", "rounds", "--out", str(data / "runs" / "train")],
+                    ["export", "rounds", "--out", str(part.parent)], ["export", "rounds", "--out", str(data)]):
         r = invoke(data, *command)
-        assert r.exit_code == 1 and "inside the data directory" in r.stderr, (command, r.output)
+        assert r.exit_code == 1 and "holds the runs of the data directory" in r.stderr, (command, r.output)
     assert hashes(data) == before
 
 
@@ -297,7 +297,7 @@ def test_a_corpus_of_hostile_statements_changes_no_file_and_no_later_answer(data
         assert hashes(data) == before_files, statement
     for target in (fill["part"], log / "new.parquet", data / "runs" / "rounds" / "x.parquet"):
         r = invoke(data, "sql", "select 1 as x", "--parquet", str(target), "--overwrite")
-        assert r.exit_code == 1 and "inside the data directory" in r.stderr, r.output
+        assert r.exit_code == 1 and "holds the runs of the data directory" in r.stderr, r.output
     runs = open_runs(data, limits=Limits.resolve("64MB", 2))
     before = answers(runs)
     for statement in CORPUS:

@@ -25,7 +25,8 @@ def test_kill_9_soak_every_trial_resumes_to_a_sound_log(tmp_path):
     except AssertionError as err:
         raise AssertionError(f"soak seed {seed} (python tests/soak.py --trials {TRIALS} --seed {seed}): {err}") from err
     REPORT["soak"] = f"{tally.line()} (seed {seed})"
-    assert tally.trials == TRIALS and tally.resumes >= TRIALS - 1
+    # A kill at a write's first arrival can land before the run's first part: it starts again.
+    assert tally.trials == TRIALS and tally.resumes >= TRIALS - 4
     assert set(POINTS) | {OUTSIDE} | set(SIGNALS) <= set(tally.by_moment), tally.by_moment
     assert tally.kills > TRIALS  # some resumes were killed too
     assert tally.spooled_reused > 0  # a kill at spool.renamed leaves a turn only the spool holds

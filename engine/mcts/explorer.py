@@ -232,9 +232,12 @@ class Explorer:
     def _decide(self) -> list[Row]:
         """Record each skip of turn 2 that is due, then each verdict; return the open edges left."""
         with self._whole():
-            return self._decide_now()
+            edges, judged = self._decide_now()
+        if judged:  # a stop of the run is due after verdicts: a whole step of its own, published
+            self._check_run()
+        return edges
 
-    def _decide_now(self) -> list[Row]:
+    def _decide_now(self) -> tuple[list[Row], bool]:
         edges = self._open()
         skips = decisions.skips(edges, self.writer.tail)
         if skips:  # a recorded skip makes its edge due for a verdict
@@ -242,15 +245,14 @@ class Explorer:
             edges = self._open()
         judged = decisions.verdicts(edges, self.writer.tail)
         if not judged:
-            return edges
+            return edges, False
         self._stage(judged)
         for edge in edges:  # a pruned or retried edge's checkpoints are never forked again
             if edge["next_step"] == "judge" and edge["verdict"] in ("pruned", "retry"):
                 for state in (edge["turn1_state"], edge["end_state"]):
                     if state:
                         self.teacher.discard(json.loads(state))
-        self._check_run()
-        return self._open()
+        return self._open(), True
 
     def _fill(self, free: int) -> int:
         """Record the stops due, then start an edge for each of ``free`` slots, round-robin (ALGORITHM §2).
