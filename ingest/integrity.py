@@ -44,6 +44,7 @@ from ingest.record import (
     list_parts,
     locate,
 )
+from ingest.steps import uninterruptible
 from ingest.writer import WriterLock, foreign_files
 
 QUARANTINE_DIR = "quarantine"
@@ -244,21 +245,23 @@ def quarantine(log: EventLog, part: str) -> Quarantined:
         moving = [target] + [p for p in found.parts + found.superseded if p.first > found.intact_to and p != target]
         moving.sort(key=lambda c: (c.first, -c.last, c.name))
         turns, finished = _turns_in(moving)
-        if found.recorded:
-            record = log.record()
-            assert record is not None
-            record.commit([], [record.live[p.name] for p in moving if p.name in record.live], note="quarantined")
         destination.mkdir(exist_ok=True)
-        for p in reversed(moving):  # the newest first: what is left is always a prefix and the rest
-            if p.problem != MISSING:
-                os.rename(p.path, _free_name(destination, p.name))
-        spool = log.dir / "spool"
-        spool_moved = None
-        if spool.is_dir():
-            spool_moved = _free_name(destination, "spool")
-            os.rename(spool, spool_moved)
-        fsync_dir(destination)
-        fsync_dir(log.log_dir)
+        with uninterruptible():  # the record's entry and the moves it says: not cut apart by a signal
+            if found.recorded:
+                record = log.record()
+                assert record is not None
+                record.commit([], [record.live[p.name] for p in moving if p.name in record.live],
+                              note="quarantined")  # fmt: skip
+            for p in reversed(moving):  # the newest first: what is left is always a prefix and the rest
+                if p.problem != MISSING:
+                    os.rename(p.path, _free_name(destination, p.name))
+            spool = log.dir / "spool"
+            spool_moved = None
+            if spool.is_dir():
+                spool_moved = _free_name(destination, "spool")
+                os.rename(spool, spool_moved)
+            fsync_dir(destination)
+            fsync_dir(log.log_dir)
     finally:
         lock.release()
     return Quarantined(log.run_id, moving, destination, found.intact_to, found.tail - found.intact_to,

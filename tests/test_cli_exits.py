@@ -242,3 +242,17 @@ def test_a_path_no_file_system_can_encode_is_a_usage_error(runs, tmp_path):
     for args in (["sql", "rounds", "select 1", "--parquet", "\ud800"], ["export", "rounds", "--out", "o\ud800"]):
         r = CliRunner().invoke(cli, ["--data", str(runs), *args])
         assert r.exit_code == 2 and "cannot be a path" in r.output, (args, r.output)
+
+
+def test_the_teacher_mcts_command_is_the_command_line_after_the_install():
+    """`pip install -e .` installs `teacher-mcts` (beside the running Python in a venv)."""
+    import shutil
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "teacher-mcts"
+    command = str(beside) if beside.exists() else shutil.which("teacher-mcts")
+    assert command, "no teacher-mcts command: install the project (python -m pip install -e .)"
+    done = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Usage: teacher-mcts" in done.stdout and "explore" in done.stdout, done.stderr
+    version = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=300)
+    assert version.returncode == 0 and version.stdout.startswith("teacher-mcts, version "), version.stderr
