@@ -29,8 +29,8 @@ import click
 from engine import __version__
 from ingest import steps
 from ingest.errors import OptionError, ProjectError, os_problem
-from ingest.events import as_utf8
-from ingest.log import DATA_ENV, default_data_dir
+from ingest.text import as_utf8
+from ingest.paths import DATA_ENV, default_data_dir
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # How long the unwinding after a signal may take (stopping the turns in flight, releasing
@@ -903,7 +903,7 @@ def _csv_cell(value: Any) -> Any:
               help="Write the result to this Parquet file instead (never among the runs of --data).")  # fmt: skip
 @click.option("--overwrite", is_flag=True, help="With --parquet: replace an existing file.")
 @click.option("--memory-limit", "memory_limit", default=None, metavar="SIZE",
-              help="Memory the query may take beyond the loaded runs' (default 4GB, or $TEACHER_MCTS_SQL_MEMORY).")
+              help="Memory the query may take (default 4GB, or $TEACHER_MCTS_SQL_MEMORY).")
 @click.option("--timeout", "timeout", type=float, default=None, metavar="SECONDS",
               help="Seconds the query may run (default 300, or $TEACHER_MCTS_SQL_TIMEOUT_S).")  # fmt: skip
 def sql_command(args: tuple[str, ...], as_json: bool, as_csv: bool, parquet: Path | None, overwrite: bool,

@@ -11,7 +11,7 @@ and task name.
 
 The collections are written once into ``--data`` (default /tmp/collection-data) and
 reused: ``base/`` (the explorations), ``1M/``, ``5M/``, ``10M/`` (data directories;
-the smaller ones hold hard links to the larger one's parts) and ``collection.json``
+the smaller ones hold hard links to the larger one's parts, and copies of its records) and ``collection.json``
 once they are complete.
 
 Each command runs as a user runs it, the CLI command in a process of its own (its peak
@@ -122,6 +122,7 @@ def ensure_collections(root: Path, sizes: list[str]) -> dict[str, int]:
             log_dir.mkdir(parents=True)
             for part in EventLog(root / largest, run).parts():
                 os.link(part.path, log_dir / part.path.name)
+            shutil.copyfile(root / largest / "runs" / run / "log" / "_record.jsonl", log_dir / "_record.jsonl")
     events = {s: sum(EventLog(root / s, r).tail_seq() for r in run_ids(root / s)) for s in wanted}
     marker.write_text(json.dumps({"made_by": MADE_BY, "events": events}, indent=2) + "\n")
     return {s: events[s] for s in sizes}

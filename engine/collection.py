@@ -34,20 +34,23 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import polars as pl
 
 from engine.catalog import QueryError
 from engine.catalog.definitions import load_graph, read_macros, relations_read
 from engine.derived import AT_DECISIONS, NOW, Derived, State
-from engine.runs import DamagedRun, diagnosed
 from ingest.errors import InputError, LogError, OutputError
-from ingest.events import as_utf8
-from ingest.log import EventLog
-from ingest.log import run_ids as run_ids_under
-from ingest.paths import outside_data
+from ingest.listing import has_log
+from ingest.listing import run_ids as run_ids_under
+from ingest.paths import outside_data, run_dir
+from ingest.text import as_utf8
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from engine.runs import DamagedRun
 
 SELECT = duckdb.StatementType.SELECT
 # Functions a SELECT may call that change the session (a seed, a sequence, DuckDB's own
@@ -127,7 +130,9 @@ class Collection:
         self.run_ids = list(dict.fromkeys(runs)) if runs else run_ids_under(self.data_dir)
         if not self.run_ids:
             raise LogError(f"no runs under {self.data_dir / 'runs'}")
-        self.logs = {run_id: EventLog(self.data_dir, run_id).require() for run_id in self.run_ids}
+        for run_id in self.run_ids:
+            if not has_log(run_dir(self.data_dir, run_id) / "log", run_id):
+                raise LogError(f"run {run_id!r} not found under {self.data_dir / 'runs'}")
         self._damaged: list[DamagedRun] = []
         graph = load_graph(self.derived.views_dir)
         self.views = sorted(graph.views)
@@ -145,7 +150,8 @@ class Collection:
         self.con = duckdb.connect(config={"temp_directory": ""})
         _path, macros, _reads = read_macros()
         self.con.execute(macros)  # node_key, pct, ...: for queries over the union views too
-        readable = [f"{log.log_dir.resolve()}/" for log in self.logs.values()] + [f"{self.derived.root.resolve()}/"]
+        logs = [run_dir(self.data_dir, run_id) / "log" for run_id in self.run_ids]
+        readable = [f"{log.resolve()}/" for log in logs] + [f"{self.derived.root.resolve()}/"]
         self.con.execute("set allowed_directories = ?", [readable])
         self.con.execute("set enable_external_access = false")
         self.con.execute(f"set memory_limit = '{self.limits.memory}B'")
@@ -179,6 +185,8 @@ class Collection:
                 except LogError as err:
                     if self._named:
                         raise
+                    from engine.runs import diagnosed
+
                     self._damaged.append(diagnosed(self.data_dir, run_id, str(err)))
                     self.run_ids.remove(run_id)
             if not states:
@@ -189,12 +197,11 @@ class Collection:
         return self._states[key]
 
     def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool) -> State:
-        log = self.logs[run_id]
         if not at_decisions:  # final rows are the same at either: use a current state at decisions if stored
-            held = self.derived.find(log, self._flavour(True))
+            held = self.derived.find(run_id, self._flavour(True))
             if held is not None:
                 return held
-        return self.derived.state(log, variables)
+        return self.derived.state(run_id, variables)
 
     def _check_defaults(self, states: dict[str, State]) -> None:
         for name in RUN_DEFAULTS:
@@ -283,6 +290,8 @@ class Collection:
 
     def sql(self, query: str) -> pl.DataFrame:
         """The result of a read-only query as a polars DataFrame."""
+        import polars as pl
+
         return pl.from_arrow(self.arrow(query))
 
     def __getattr__(self, name: str) -> pl.DataFrame:

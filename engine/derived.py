@@ -50,32 +50,39 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from engine.catalog import KIND_COLUMNS, Catalog
+from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
-from engine.runs import recorded_config
 from ingest.errors import LogError
-from ingest.log import EventLog
-from ingest.paths import fsync_dir
+from ingest.listing import located
+from ingest.paths import fsync_dir, run_dir
+from ingest.record import read_record
+
+if TYPE_CHECKING:
+    from ingest.reader import EventLog
 
 DERIVED = "derived"
-# Bump when the code that derives a state (the catalog, its tables, their refresh)
-# changes what a state holds: every state of an older version is then rebuilt.
+# Bump to rebuild every stored state (the code deriving a state is in its key too: CODE).
 VERSION = 1
+ROOT = Path(__file__).resolve().parent.parent
+# The code a state is derived by: the event schema and the log's reading (ingest/), the
+# catalog (its tables, their refresh) and this module. Its source is part of every
+# state's key, so a state derived by other code is never read.
+CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived.py", "engine/runs.py")
 NOW = {"asof_points": "now"}
 AT_DECISIONS = {"asof_points": "decisions"}
 _TMP = ".tmp-"
 
 
 def views_digest(views_dir: Path = VIEWS_DIR) -> str:
-    """The digest of what derives a state: every view file, the macros, the event schema, VERSION."""
+    """The digest of what derives a state: every view file (the macros too), the code (CODE), VERSION."""
     h = hashlib.sha256(f"v{VERSION}\n".encode())
-    h.update(json.dumps(KIND_COLUMNS, sort_keys=True).encode())
-    for path in sorted(Path(views_dir).glob("*.sql")):
-        h.update(f"\n{path.name}\n".encode())
+    code = sorted({p for pattern in CODE for p in ROOT.glob(pattern)})
+    for path in [*code, *sorted(Path(views_dir).glob("*.sql"))]:
+        h.update(f"\n{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}\n".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
@@ -98,20 +105,31 @@ class Source:
     parts: tuple[tuple[str, int, int], ...]  # (name, size, mtime_ns) of each live part, in seq order
 
     @classmethod
-    def of(cls, log: EventLog) -> Source:
-        """The source of ``log`` now; LogError when its record or parts cannot be read."""
-        record = log.record()
-        parts = log.parts()
-        stats = []
-        for part in parts:
+    def of(cls, data_dir: Path, run_id: str, attempts: int = 20) -> Source:
+        """The source of a run's log now; LogError when its record or parts cannot be read.
+
+        Reads the record and lists its parts (no part is opened); a run written before
+        records is listed by its reader.
+        """
+        log_dir = run_dir(data_dir, run_id) / "log"
+        for _attempt in range(attempts):
+            record = read_record(log_dir, run_id)
+            if record is None:
+                from ingest.reader import EventLog
+
+                parts, problem = EventLog(data_dir, run_id).parts(), None
+            else:
+                parts, problem = located(record)
+            if problem is not None:
+                continue  # a part merged away since the record was read: read it again
             try:
-                st = part.path.stat()
-            except FileNotFoundError:  # merged away since the listing: the record moved on
-                return cls.of(log)
-            stats.append((part.path.name, st.st_size, st.st_mtime_ns))
-        if record is None:
-            return cls(log.run_id, "", 0, "", parts[-1].last if parts else 0, tuple(stats))
-        return cls(log.run_id, record.identity, record.entries, record.last_sha, record.tail, tuple(stats))
+                stats = tuple((p.path.name, *_stat(p.path)) for p in parts)
+            except FileNotFoundError:  # renamed or merged away since the listing
+                continue
+            if record is None:
+                return cls(run_id, "", 0, "", parts[-1].last if parts else 0, stats)
+            return cls(run_id, record.identity, record.entries, record.last_sha, record.tail, stats)
+        raise LogError(f"{log_dir}: its parts kept changing while they were listed - try again")
 
     @property
     def key(self) -> str:
@@ -153,52 +171,71 @@ class Derived:
         self.data_dir = Path(data_dir)
         self.views_dir = views_dir
         self.digest = views_digest(views_dir)
-        self.root = self._root()
+        self.root = self.data_dir / DERIVED  # made when a state is first stored (see _writable)
         self.loaded: Counter[str] = Counter()
         self.built: Counter[str] = Counter()
         self.con = duckdb.connect(config={"temp_directory": ""})  # builds states; never queried by users
         self._lock = threading.Lock()
         self._n = 0
+        self._checked_root = False
 
-    def _root(self) -> Path:
-        root = self.data_dir / DERIVED
+    def _writable(self) -> None:
+        """Make the root, or (where it cannot be written) move it to a temporary directory, with a note."""
+        if self._checked_root:
+            return
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=root, prefix=_TMP):
-                return root
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=_TMP):
+                pass
         except OSError as err:
             fallback = Path(tempfile.mkdtemp(prefix="teacher-mcts-derived-"))
-            print(f"note: cannot keep derived state in {root} ({err.strerror or err}): it is kept in {fallback} "
-                  "for this process only, and every process derives it again", file=sys.stderr)  # fmt: skip
-            return fallback
+            print(f"note: cannot keep derived state in {self.root} ({err.strerror or err}): it is kept in "
+                  f"{fallback} for this process only, and every process derives it again", file=sys.stderr)  # fmt: skip
+            self.root = fallback
+        self._checked_root = True
 
     # -- finding or building a state
 
-    def state(self, log: EventLog, variables: dict[str, Any]) -> State:
-        """The state of ``log`` as it is now under ``variables`` (built, or caught up, when none matches).
+    def state(self, run_id: str, variables: dict[str, Any]) -> State:
+        """The state of a run's log as it is now under ``variables`` (built, or caught up, when none matches).
 
         LogError when the log cannot be read, its parts are damaged or its recorded
         config is not valid (nothing is stored then).
         """
-        flavour = self.root / log.run_id / flavour_key(self.digest, variables)
+        self._writable()
+        flavour = self.root / run_id / flavour_key(self.digest, variables)
         for _attempt in range(5):
-            source = Source.of(log)
+            source = Source.of(self.data_dir, run_id)
             found = self._read(flavour / source.key, source)
             if found is not None:
                 return found
+            from ingest.reader import EventLog
+
+            log = EventLog(self.data_dir, run_id)
             try:
-                state = self._build(log, flavour, variables, self._base(log, flavour, source))
+                state = self._build(log, source, flavour, variables, self._base(log, flavour, source))
             except (FileNotFoundError, _Moved):  # a base another reader replaced, or the log moved on: again
                 continue
             self._drop_old(flavour, keep=state)
             return state
         raise LogError(f"{log.log_dir}: the log kept changing while its derived state was built - try again")
 
-    def find(self, log: EventLog, variables: dict[str, Any]) -> State | None:
-        """The stored state of ``log`` as it is now under ``variables``, if there is one (nothing is built)."""
-        flavour = self.root / log.run_id / flavour_key(self.digest, variables)
-        source = Source.of(log)
+    def find(self, run_id: str, variables: dict[str, Any]) -> State | None:
+        """The stored state of a run's log as it is now under ``variables``, if there is one (nothing is built)."""
+        flavour = self.root / run_id / flavour_key(self.digest, variables)
+        source = Source.of(self.data_dir, run_id)
         return self._read(flavour / source.key, source)
+
+    def checked(self, run_id: str) -> bool:
+        """Whether some stored state of these views was derived from a run's log as it is now (its
+        parts were checked then, and are the same files: a reader need not check them again)."""
+        source = Source.of(self.data_dir, run_id)
+        for path in (self.root / run_id).glob(f"*/{source.key}/state.json"):
+            with contextlib.suppress(OSError, ValueError):
+                held = json.loads(path.read_text())
+                if held.get("source") == source.as_json() and held.get("digest") == self.digest:
+                    return True
+        return False
 
     def _read(self, path: Path, source: Source) -> State | None:
         try:
@@ -242,7 +279,8 @@ class Derived:
                                                         set(held["explicit"]))))  # fmt: skip
         return max(candidates, key=lambda c: (c[0], c[1]))[2] if candidates else None
 
-    def _build(self, log: EventLog, flavour: Path, variables: dict[str, Any], base: State | None) -> State:
+    def _build(self, log: EventLog, source: Source, flavour: Path, variables: dict[str, Any],
+               base: State | None) -> State:  # fmt: skip
         flavour.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=flavour))
         try:
@@ -253,8 +291,8 @@ class Derived:
             cursor = self.con.cursor()
             opened: list[duckdb.DuckDBPyConnection] = []
             try:
-                source, values, explicit, how = self._derive(cursor, db, catalog_file, log, flavour, variables, base,
-                                                             opened)  # fmt: skip
+                values, explicit, how = self._derive(cursor, db, catalog_file, log, source, flavour, variables,
+                                                     base, opened)  # fmt: skip
             finally:
                 for other in opened:
                     other.close()
@@ -288,9 +326,9 @@ class Derived:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    def _derive(self, cursor: duckdb.DuckDBPyConnection, db: str, catalog_file: Path, log: EventLog, flavour: Path,
-                variables: dict[str, Any], base: State | None,
-                opened: list[duckdb.DuckDBPyConnection]) -> tuple[Source, dict, set, str]:  # fmt: skip
+    def _derive(self, cursor: duckdb.DuckDBPyConnection, db: str, catalog_file: Path, log: EventLog, source: Source,
+                flavour: Path, variables: dict[str, Any], base: State | None,
+                opened: list[duckdb.DuckDBPyConnection]) -> tuple[dict, set, str]:  # fmt: skip
         """Fill ``catalog_file`` with the refreshed catalog of ``log`` (from ``base`` when given)."""
         if base is None:
             catalog = Catalog.inside(cursor, db, self.views_dir)
@@ -303,13 +341,12 @@ class Derived:
             catalog = Catalog(cursor, self.views_dir, created=True)
             catalog.variables.restore(base.values, base.explicit)
             how = "caught_up" if base.dir.parent == flavour else "reflavoured"
+        from engine.runs import recorded_config
+
         before = catalog.tail_seq()
-        catalog.load(log)
+        catalog.load(log, upto=source.tail)  # the source's events, whatever was published since
         recorded_config(catalog, log)
-        # The state's source: the record as it is after the load, holding exactly the
-        # events loaded (a part published meanwhile: build again from there).
-        source = Source.of(log)
-        if source.tail != catalog.tail_seq():
+        if catalog.tail_seq() != source.tail:  # its parts quarantined meanwhile: read the log again
             raise _Moved
         self._flavour(catalog, variables)
         catalog.refresh()
@@ -319,7 +356,7 @@ class Derived:
             cursor.execute(f'copy from database "{db}" to saved')
         else:
             cursor.execute(f'checkpoint "{db}"')
-        return source, catalog.variables.values, catalog.variables.explicit, how
+        return catalog.variables.values, catalog.variables.explicit, how
 
     def _flavour(self, catalog: Catalog, variables: dict[str, Any]) -> None:
         """Set the flavour's variables where they differ (each makes the tables reading it stale)."""
@@ -341,6 +378,30 @@ class Derived:
             held.append((with_time.stat().st_mtime_ns if with_time.exists() else 0, path))
         for _mtime, path in sorted(held, reverse=True)[2:]:
             shutil.rmtree(path, ignore_errors=True)
+
+    def open(self, run_id: str, variables: dict[str, Any] | None = None, writable: bool = False) -> Catalog:
+        """A catalog holding a run's state under ``variables`` (default: now), read from the stored state.
+
+        Read-only (the stored file attached), or ``writable``: a copy in memory whose
+        variables may be set (the tables they make stale are recomputed there, never
+        in the stored state).
+        """
+        state = self.state(run_id, variables or NOW)
+        cursor = self.con.cursor()
+        with self._lock:
+            self._n += 1
+            db = f"open_{self._n}"
+        if writable:
+            cursor.execute(f"attach '{_quoted(state.catalog_file)}' as \"{db}_file\" (read_only)")
+            cursor.execute(f'attach \':memory:\' as "{db}"')
+            cursor.execute(f'copy from database "{db}_file" to "{db}"')
+            cursor.execute(f'detach "{db}_file"')
+        else:
+            cursor.execute(f"attach '{_quoted(state.catalog_file)}' as \"{db}\" (read_only)")
+        cursor.execute(f'use "{db}"')
+        catalog = Catalog(cursor, self.views_dir, created=True)
+        catalog.variables.restore(state.values, state.explicit)
+        return catalog
 
     # -- a view's rows
 
@@ -377,6 +438,11 @@ class Derived:
 
 class _Moved(Exception):
     """The log moved on while a state was built from it."""
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 def _quoted(path: Path) -> str:

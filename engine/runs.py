@@ -25,17 +25,19 @@ from ingest.log import run_ids as runs_under
 T = TypeVar("T")
 
 
-def open_run(data_dir: Path, run_id: str, threads: int | None = None) -> Catalog:
-    """A catalog over the published prefix of a run whose recorded config is valid.
+def open_run(data_dir: Path, run_id: str, writable: bool = True) -> Catalog:
+    """A catalog over the published prefix of a run whose recorded config is valid, now.
 
-    LogError names the run when it does not exist, and the log when its recorded
-    config is not one this version accepts (a forged or damaged log: the views
-    could not use it).
+    Read from the run's stored derived state (:mod:`engine.derived`; derived from the
+    log first when none matches it): ``writable`` (default), a copy in memory whose
+    variables may be set; else the stored state itself, read-only. LogError names the
+    run when it does not exist, and the log when its recorded config is not one this
+    version accepts (a forged or damaged log: the views could not use it).
     """
-    log = EventLog(data_dir, run_id).require()
-    catalog = Catalog.for_log(log, threads=threads)
-    recorded_config(catalog, log)
-    return catalog
+    from engine.derived import Derived
+
+    EventLog(data_dir, run_id).require()
+    return Derived(data_dir).open(run_id, writable=writable)
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,15 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
     """
     if run_ids:
         return list(dict.fromkeys(run_ids)), []
+    from engine.derived import Derived
+
     found = runs_under(data_dir)
     if not found:
         raise LogError(f"no runs under {Path(data_dir) / 'runs'}")
+    derived = Derived(data_dir)
     readable, damaged = [], []
     for run_id in found:
-        problem = _unreadable(data_dir, run_id)
+        problem = _unreadable(data_dir, run_id, derived)
         if problem is None:
             readable.append(run_id)
         else:
@@ -87,13 +92,17 @@ def diagnosed(data_dir: Path, run_id: str, problem: str) -> DamagedRun:
     return DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None)
 
 
-def _unreadable(data_dir: Path, run_id: str) -> str | None:
+def _unreadable(data_dir: Path, run_id: str, derived) -> str | None:
     """Why a reader cannot read this run (its record, a part's checksum or footer), or None.
 
     Files in ``log/`` the record does not name do not matter here: readers never read them.
+    A run whose stored derived state was derived from its parts as they are now is not
+    read again (:meth:`engine.derived.Derived.checked`).
     """
     for _look in range(3):  # a part a merge removed meanwhile: look again
         try:
+            if derived.checked(run_id):
+                return None
             for part in EventLog(data_dir, run_id).parts():
                 check_part(part)
             return None

@@ -4,7 +4,8 @@ A frame is what the views say of one published prefix of the log (the catalog lo
 only whole parts, and each load adds the parts published since the last one, so the
 counts of successive frames never go back). New parts are noticed by watching the
 log directory (watchfiles), with a periodic look as a fallback; reading needs no lock,
-so the writer goes on undisturbed. Following ends once the run has finished, or
+so the writer goes on undisturbed. The first frame is read from the run's stored
+derived state (engine/derived.py: caught up to the log, or derived from it). Following ends once the run has finished, or
 with an error once no process writes it any more (its writer died: nothing would
 ever change again, and a frozen "running" frame would be shown for good).
 """
@@ -22,7 +23,7 @@ from typing import Any
 import watchfiles
 
 from engine.catalog import Catalog
-from engine.runs import recorded_config
+from engine.derived import Derived
 from ingest.errors import LogError
 from ingest.log import EventLog
 
@@ -74,8 +75,7 @@ def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
     too, so the ages of turns in flight move on). ``stop`` ends following early.
     """
     log = EventLog(data_dir, run_id).require()
-    catalog = Catalog.for_log(log)
-    recorded_config(catalog, log)
+    catalog = Derived(data_dir).open(run_id, writable=True)  # the stored state, then what the writer appends
     frame = read_frame(catalog, run_id)
     yield frame
     if frame.finished:

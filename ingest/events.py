@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Literal, get_args, get_origin
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ingest.text import as_utf8, canonical_json
+
 SCHEMA_VERSION = 1
 
 # Columns a view must never read: bulky text kept for audits and SFT export.
@@ -260,11 +262,6 @@ class ContentRecorded(Event):
     body: str = Field(default="", json_schema_extra=HEAVY)
 
 
-def canonical_json(value: Any) -> str:
-    """The one text of a JSON value that content ids are taken of (sorted keys, no spaces)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def content_id(kind: str, body: str) -> str:
     """The id of a recorded content: a digest of its kind and canonical body."""
     return hashlib.sha256(f"{kind}\n{body}".encode()).hexdigest()[:24]
@@ -424,19 +421,6 @@ _SCALARS = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.boo
 def fits_int64(value: int) -> bool:
     """Whether an integer fits the log's int64 columns (and the views' BIGINT)."""
     return -(2**63) <= value < 2**63
-
-
-def as_utf8(text: str) -> str:
-    """``text`` as the log holds text (UTF-8): bytes that are not UTF-8 become U+FFFD.
-
-    A file name holds them as the surrogates Python decodes such bytes to; JSON text
-    (a model's output in OpenCode's stream) can hold any lone surrogate as a
-    ``\\ud800`` escape, which has no UTF-8 form at all.
-    """
-    try:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    except UnicodeEncodeError:  # a surrogate beyond escaped bytes: pairs joined, lone ones U+FFFD
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:

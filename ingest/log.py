@@ -27,16 +27,8 @@ from ingest.checks import (
     part_schema,
     unreadable_part,
 )
-from ingest.parts import (
-    DIGEST_CHARS,
-    GROUP_SHARE,
-    PART_RE,
-    Part,
-    content_digest,
-    encode_part,
-    part_name,
-    write_part,
-)
+from ingest.encoding import GROUP_SHARE, encode_part, write_part
+from ingest.parts import DIGEST_CHARS, PART_RE, Part, content_digest, part_name
 from ingest.paths import DATA_ENV, RUN_ID_RE, check_run_id, default_data_dir, fsync_dir, run_dir
 from ingest.reader import EventLog, run_ids
 from ingest.record import RECORD, Record, RecordDamagedError, read_record

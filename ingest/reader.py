@@ -7,7 +7,6 @@ is simply looked up again from a newer record.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,18 +19,10 @@ import pyarrow.parquet as pq
 from ingest.checks import check_part, unreadable_part
 from ingest.errors import LogError
 from ingest.events import SCHEMA, as_utf8
+from ingest.listing import has_log, located, run_ids  # noqa: F401 - run_ids re-exported
 from ingest.parts import Part
-from ingest.paths import RUN_ID_RE, check_run_id, run_dir
-from ingest.record import RECORD, Record, legacy_cover, list_parts, locate, read_record
-
-
-def run_ids(data_dir: Path | str) -> list[str]:
-    """The runs under ``<data>/runs`` that hold a log (a record, or parts written before records), by id."""
-    try:
-        names = sorted(os.listdir(Path(data_dir) / "runs"))
-    except FileNotFoundError:
-        return []
-    return [n for n in names if RUN_ID_RE.match(n) and ".." not in n and EventLog(data_dir, n).exists()]
+from ingest.paths import check_run_id, run_dir
+from ingest.record import Record, legacy_cover, list_parts, read_record
 
 
 class EventLog:
@@ -59,13 +50,7 @@ class EventLog:
 
     def exists(self) -> bool:
         """Whether the run has at least one published event (or a record, damaged or not)."""
-        if (self.log_dir / RECORD).exists():
-            try:
-                record = self.record()
-            except LogError:
-                return True  # a damaged run is still a run: readers name its damage
-            return bool(record and record.live)
-        return bool(list_parts(self.log_dir))
+        return has_log(self.log_dir, self.run_id)
 
     def require(self) -> EventLog:
         """Return self, or raise LogError naming the missing run."""
@@ -84,7 +69,7 @@ class EventLog:
         problem = None
         for i in range(attempts):
             record = self.record()
-            chosen, problem = self.legacy_parts() if record is None else _located(record)
+            chosen, problem = self.legacy_parts() if record is None else located(record)
             if problem is None:
                 return chosen
             time.sleep(0.005 * (i + 1))
@@ -167,17 +152,6 @@ class EventLog:
                 continue
             return parts, handles
         raise LogError(f"{self.log_dir}: parts kept disappearing while reading - try again")
-
-
-def _located(record: Record) -> tuple[list[Part], str | None]:
-    """The record's live parts at the paths they are found under, or what is missing."""
-    out = []
-    for part in record.parts():
-        path = locate(record.log_dir, part.name)
-        if path is None:
-            return out, f"{part.name} ({part.seqs}) is named by the run's record but is not in {record.log_dir}"
-        out.append(Part(part.first, part.last, part.level, path, part.digest))
-    return out, None
 
 
 def _overlap_problem(chosen: list[Part], others: list[Part]) -> str | None:

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ingest.errors import LogError, PartDamagedError
-from ingest.events import canonical_json
 from ingest.parts import Part, parse_part
 from ingest.paths import fsync_dir
+from ingest.text import canonical_json
 
 RECORD = "_record.jsonl"
 TMP = ".tmp-"  # a write not yet published: a part's bytes before their rename, a new record

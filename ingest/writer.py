@@ -26,10 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingest.checks import check_part, content_problem, damaged_part
+from ingest.encoding import canonical, encode_part, narrow
 from ingest.errors import LogError, PartDamagedError, SeqConflictError, WriterLockedError
 from ingest.events import SCHEMA, Event, to_arrow
 from ingest.faults import crash_point
-from ingest.parts import Part, canonical, content_digest, encode_part, narrow, part_name
+from ingest.parts import Part, content_digest, part_name
 from ingest.paths import fsync_dir
 from ingest.reader import EventLog, read_whole, same_events
 from ingest.record import (

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pyarrow as pa
 
 from engine.catalog.definitions import (
     VIEWS_DIR,
@@ -25,11 +24,25 @@ from engine.catalog.definitions import (
     referenced_relations,
     relations_read,
 )
-from engine.catalog.refresh import RefreshPlan
-from engine.catalog.tables import KIND_COLUMNS, LOG_RELATIONS, LogTables
 from engine.catalog.variables import Variables
 from ingest.errors import ProjectError, ViewBuildError
-from ingest.log import EventLog
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ingest.log import EventLog
+
+# The event tables and their refresh need Arrow and the event schema: imported when a
+# catalog is made, so that reading stored derived state (engine/derived.py) loads neither.
+_LAZY = {"KIND_COLUMNS": "engine.catalog.tables", "LOG_RELATIONS": "engine.catalog.tables"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(name)
 
 __all__ = ["KIND_COLUMNS", "LOG_RELATIONS", "Catalog", "QueryError", "ViewDef", "read_views", "view_sources"]
 
@@ -48,6 +61,9 @@ class Catalog:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, views_dir: Path = VIEWS_DIR, created: bool = False) -> None:
         """The catalog of ``con``'s current database; ``created``: it holds the definitions already (a copy)."""
+        from engine.catalog.refresh import RefreshPlan
+        from engine.catalog.tables import LogTables
+
         self.con = con
         self.log = LogTables(con, created)
         self.graph = load_graph(views_dir)
@@ -121,15 +137,18 @@ class Catalog:
 
     # -- events in
 
-    def load(self, log: EventLog) -> None:
-        """Add the published events of ``log`` the catalog does not hold yet (read from its parts).
+    def load(self, log: EventLog, upto: int | None = None) -> None:
+        """Add the published events of ``log`` the catalog does not hold yet (read from its parts),
+        up to seq ``upto`` when given.
 
         A first load recomputes every table when read; a later one (a log that grew
         meanwhile: ``watch``) only the trees its events concern.
         """
+        from engine.catalog.tables import KIND_COLUMNS
+
         self._apply_incoming()
         tail = self.log.tail_seq()
-        arrivals = self.log.load(log, self.variables.scoped, after=tail)
+        arrivals = self.log.load(log, self.variables.scoped, after=tail, upto=upto)
         if not arrivals:
             return
         if tail == 0:
@@ -202,6 +221,8 @@ class Catalog:
         added (a later tail moves the "now" point of the tree views, not the state
         at it: every view filters events by seq).
         """
+        from engine.catalog.tables import KIND_COLUMNS
+
         read = self.graph.relations_read(view)
         if "event_log" in read:
             return set(KIND_COLUMNS)

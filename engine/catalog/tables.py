@@ -77,8 +77,10 @@ class LogTables:
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [pc.max(incoming.column("seq")).as_py()])
         return arrivals
 
-    def load(self, log: EventLog, scoped: Callable, after: int = 0, attempts: int = 50) -> Arrivals:
-        """Insert the published events of ``log`` after seq ``after``, read by DuckDB from its parts.
+    def load(self, log: EventLog, scoped: Callable, after: int = 0, upto: int | None = None,
+             attempts: int = 50) -> Arrivals:  # fmt: skip
+        """Insert the published events of ``log`` after seq ``after`` (up to ``upto``: all when None),
+        read by DuckDB from its parts.
 
         Each kind's table reads only its columns (no Arrow copy of the whole log in
         between). Every part is first checked against the checksum its name records
@@ -90,7 +92,7 @@ class LogTables:
         """
         checked: dict[Path, set[str]] = {}  # parts checked by an earlier attempt
         for attempt in range(attempts):
-            parts = [p for p in log.parts() if p.last > after]
+            parts = [p for p in log.parts() if p.last > after and (upto is None or p.first <= upto)]
             files = [str(p.path) for p in parts]
             if not files:
                 return {}
@@ -99,7 +101,7 @@ class LogTables:
                     if p.path not in checked:
                         checked[p.path] = set(check_part(p).names)
                 present = set().union(*(checked[p.path] for p in parts))
-                with scoped(load_files=files, load_after=after):
+                with scoped(load_files=files, load_after=after, load_upto=upto if upto is not None else 2**63 - 1):
                     return self._load_files(present)
             except (OSError, duckdb.Error) as err:
                 if all(Path(f).exists() for f in files):
@@ -109,7 +111,7 @@ class LogTables:
 
     def _load_files(self, present: set[str]) -> Arrivals:
         source = ("(select * from read_parquet(getvariable('load_files'), union_by_name = true) "
-                  "where seq > getvariable('load_after'))")  # fmt: skip
+                  "where seq > getvariable('load_after') and seq <= getvariable('load_upto'))")  # fmt: skip
         # Rows of a log table have no order (every view orders by seq where order
         # matters), so the parts may be copied in parallel (measured: load -20%).
         self.con.execute("set preserve_insertion_order = false")

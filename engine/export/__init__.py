@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
+from engine.derived import Derived
 from engine.export.conversations import (
     Contents,
     Placeholder,
@@ -94,8 +95,10 @@ def export_runs(
         runs = _runs_with_selections(data_dir, runs)
     target = ExportDir(outside_data(Path(out), data_dir, "the export"), overwrite)
     try:
-        def prepare(log: EventLog, catalog: Catalog, _started: float) -> _RunExport:
-            return _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
+        derived = Derived(data_dir)
+
+        def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport:
+            return _prepare_run(log, derived.open(log.run_id), selection, fmt, task, stage, workspace)
 
         records = [_write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
                    for run in over_runs(data_dir, runs, prepare)]  # fmt: skip
@@ -140,10 +143,8 @@ class _RunExport:
 
 def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: str,
                  task: str | None, stage: str | None, workspace: str) -> _RunExport:  # fmt: skip
-    """Read what one run's samples are made of (``catalog``: empty, for it)."""
+    """Read what one run's samples are made of (``catalog``: its state, from :mod:`engine.derived`)."""
     run_id = log.run_id
-    catalog.load(log)
-    recorded_config(catalog, log)
     chosen = recorded_selection(catalog, run_id, selection)
     tail = catalog.tail_seq()
     paths = catalog.query(

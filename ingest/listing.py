@@ -1,0 +1,46 @@
+"""Which runs a data directory holds, and where each committed part of a run's log is found.
+
+Light on purpose (no Arrow, no pydantic): a warm read of derived state lists the runs
+and their parts with these alone, opening no part.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ingest.errors import LogError
+from ingest.parts import Part
+from ingest.paths import RUN_ID_RE, run_dir
+from ingest.record import RECORD, Record, list_parts, locate, read_record
+
+
+def has_log(log_dir: Path, run_id: str) -> bool:
+    """Whether a run's log has at least one published event (or a record, damaged or not)."""
+    if (log_dir / RECORD).exists():
+        try:
+            record = read_record(log_dir, run_id)
+        except LogError:
+            return True  # a damaged run is still a run: readers name its damage
+        return bool(record and record.live)
+    return bool(list_parts(log_dir))
+
+
+def run_ids(data_dir: Path | str) -> list[str]:
+    """The runs under ``<data>/runs`` that hold a log (a record, or parts written before records), by id."""
+    try:
+        names = sorted(os.listdir(Path(data_dir) / "runs"))
+    except FileNotFoundError:
+        return []
+    return [n for n in names if RUN_ID_RE.match(n) and ".." not in n and has_log(run_dir(data_dir, n) / "log", n)]
+
+
+def located(record: Record) -> tuple[list[Part], str | None]:
+    """The record's live parts at the paths they are found under, or what is missing."""
+    out = []
+    for part in record.parts():
+        path = locate(record.log_dir, part.name)
+        if path is None:
+            return out, f"{part.name} ({part.seqs}) is named by the run's record but is not in {record.log_dir}"
+        out.append(Part(part.first, part.last, part.level, path, part.digest))
+    return out, None
