@@ -155,6 +155,7 @@ class Collection:
         self.con.execute("set allowed_directories = ?", [readable])
         self.con.execute("set enable_external_access = false")
         self.con.execute(f"set memory_limit = '{self.limits.memory}B'")
+        self.con.execute("set parquet_metadata_cache = true")  # the views' files are read again and again
         self.con.execute("set lock_configuration = true")  # no query can change any of the above
 
     @property
@@ -211,10 +212,14 @@ class Collection:
                        "patterns - read them in separate collections")  # fmt: skip
                 raise InputError(msg)
 
-    def _bind(self, names: set[str]) -> None:
-        """Point the union view of each view the query names at every run's file of its rows."""
+    def _bind(self, names: set[str], run_id: str | None = None) -> None:
+        """Point the union view of each view the query names at every run's file of its rows (or one run's)."""
         named = names & set(self.views)
         states = self.states(at_decisions=bool(named & self._at_decisions)) if named else {}
+        if run_id is not None:
+            if run_id not in states:
+                raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(states)})")
+            states = {run_id: states[run_id]}
         for name in sorted(named):
             files = tuple(str(self.derived.view_file(state, name)) for state in states.values())
             if self._bound.get(name) != files:
@@ -239,7 +244,7 @@ class Collection:
         """Read the runs again at the next query: a run that grew meanwhile is caught up."""
         self._states.clear()
 
-    def _run(self, query: str, fetch):
+    def _run(self, query: str, fetch, run_id: str | None = None):
         """``fetch`` the result of one read-only query within the limits; RefusedQueryError or QueryError otherwise."""
         select = read_only(query, self.con)
         # A timer stops the query at its time limit (DuckDB's interrupt; one that comes
@@ -253,7 +258,7 @@ class Collection:
         timer = threading.Timer(self.limits.timeout_s, stop)
         timer.daemon = True
         try:
-            self._bind(relations_read(self.con, select) or set())
+            self._bind(relations_read(self.con, select) or set(), run_id)
             timer.start()
             return fetch(query)
         except duckdb.PermissionException as err:
@@ -274,15 +279,15 @@ class Collection:
         finally:
             timer.cancel()
 
-    def query(self, query: str) -> list[dict[str, Any]]:
-        """Rows of a read-only query, as dicts."""
+    def query(self, query: str, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Rows of a read-only query, as dicts; ``run_id``: over that run's rows alone (reads only its files)."""
 
         def rows(sql: str) -> list[dict[str, Any]]:
             cur = self.con.execute(sql)
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-        return self._run(query, rows)
+        return self._run(query, rows, run_id)
 
     def arrow(self, query: str):
         """The result of a read-only query as an Arrow table."""

@@ -223,7 +223,7 @@ def _node_tip(n: Row, edge: Row | None, turns: dict[str, list[Row]], root_score:
 
 
 def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
-    q = lambda sql: runs.query(sql.replace("{run}", run_id.replace("'", "''")))  # noqa: E731
+    q = lambda sql: runs.query(sql.replace("{run}", run_id.replace("'", "''")), run_id)  # noqa: E731
     trees = q("select * from trees where run_id = '{run}' order by tree_id")
     sign = float(q("select sign from run_config where run_id = '{run}'")[0]["sign"])
     nodes = q("select * from nodes where run_id = '{run}' order by tree_id, node_key(node_id)")

@@ -69,8 +69,8 @@ def test_final_views_read_the_same_now_and_at_every_decision(data):
     """A view without a row per evaluation point has the same rows in either state: so a query over
     final rows may read the state at every decision when one is stored."""
     runs = open_runs(data)
-    derived, log = runs.derived, EventLog(data, "rounds")
-    now, at = derived.state(log, NOW), derived.state(log, AT_DECISIONS)
+    derived = runs.derived
+    now, at = derived.state("rounds", NOW), derived.state("rounds", AT_DECISIONS)
     import pyarrow.parquet as pq
 
     checked = 0
@@ -169,7 +169,7 @@ def test_edited_view_definitions_rebuild_the_state(data, tmp_path):
     trees = views / "trees.sql"
     trees.write_text(trees.read_text().rstrip() + "\n-- edited: the same rows, another definition\n")
     derived = Derived(data, views)
-    state = derived.state(EventLog(data, "rounds"), NOW)
+    state = derived.state("rounds", NOW)
     assert derived.built == {"cold": 1} and state.dir.parent.name not in flavours
     import pyarrow.parquet as pq
 
