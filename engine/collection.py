@@ -258,9 +258,18 @@ class Collection:
         timer = threading.Timer(self.limits.timeout_s, stop)
         timer.daemon = True
         try:
-            self._bind(relations_read(self.con, select) or set(), run_id)
+            names = relations_read(self.con, select) or set()
+            self._bind(names, run_id)
             timer.start()
-            return fetch(query)
+            try:
+                return fetch(query)
+            except duckdb.IOException:
+                if all(Path(f).exists() for name in names & set(self._bound) for f in self._bound[name]):
+                    raise
+                # A state was replaced (its run grew) and dropped while bound: read the runs again.
+                self.refresh()
+                self._bind(names, run_id)
+                return fetch(query)
         except duckdb.PermissionException as err:
             raise RefusedQueryError(f"{_first_line(err)} (only the runs' logs may be read) - nothing was read") from err
         except duckdb.InterruptException as err:

@@ -47,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived.py", "engine/runs.
 NOW = {"asof_points": "now"}
 AT_DECISIONS = {"asof_points": "decisions"}
 _TMP = ".tmp-"
+KEPT_FLAVOURS = 4  # per run, besides now and at decisions: the newest states of variables a caller set
 
 
 def views_digest(views_dir: Path = VIEWS_DIR) -> str:
@@ -216,7 +218,7 @@ class Derived:
                 state = self._build(log, source, flavour, variables, self._base(log, flavour, source))
             except (FileNotFoundError, _Moved):  # a base another reader replaced, or the log moved on: again
                 continue
-            self._drop_old(flavour, keep=state)
+            self._collect(flavour, keep=state)
             return state
         raise LogError(f"{log.log_dir}: the log kept changing while its derived state was built - try again")
 
@@ -364,20 +366,35 @@ class Derived:
         if changed:
             catalog.variables.set(**changed)
 
-    def _drop_old(self, flavour: Path, keep: State) -> None:
-        """Remove the flavour's states older than the newest two besides ``keep``.
-
-        A reader scanning a state that was just replaced keeps it for a while (one that
-        finds its files gone reads again).
-        """
-        held = []
-        for path in flavour.iterdir():
-            if path == keep.dir or path.name.startswith(_TMP):
+    def _collect(self, flavour: Path, keep: State) -> None:
+        """Remove what no reader of these views will read again: the flavour's states but ``keep``
+        and the newest other (a reader may still be scanning one just replaced: one that finds
+        its files gone reads again), the run's flavours derived by other views or code, all but
+        the newest KEPT_FLAVOURS others of variables set by a caller (now and at decisions stay),
+        and temporary directories a killed builder left (older than an hour)."""
+        run = flavour.parent
+        mine = {flavour_key(self.digest, NOW), flavour_key(self.digest, AT_DECISIONS), flavour.name}
+        others = []
+        for path in run.iterdir():
+            if path.name.startswith(_TMP):
                 continue
-            with_time = path / "state.json"
-            held.append((with_time.stat().st_mtime_ns if with_time.exists() else 0, path))
-        for _mtime, path in sorted(held, reverse=True)[2:]:
+            states = sorted(((_mtime(p), p.parent) for p in path.glob("*/state.json")), reverse=True)
+            if not states:  # nothing stored yet (another reader may be building its first state)
+                continue
+            if _held(states[0][1]).get("digest") != self.digest:
+                shutil.rmtree(path, ignore_errors=True)
+            elif path == flavour:
+                for _mtime, old in [s for s in states if s[1] != keep.dir][1:]:
+                    shutil.rmtree(old, ignore_errors=True)
+            elif path.name not in mine:
+                others.append((states[0][0], path))
+        for _mtime, path in sorted(others, reverse=True)[KEPT_FLAVOURS:]:
             shutil.rmtree(path, ignore_errors=True)
+        cutoff = time.time() - 3600
+        for tmp in run.glob(f"*/{_TMP}*"):
+            with contextlib.suppress(OSError):
+                if tmp.stat().st_mtime < cutoff:
+                    shutil.rmtree(tmp, ignore_errors=True)
 
     def open(self, run_id: str, variables: dict[str, Any] | None = None, writable: bool = False) -> Catalog:
         """A catalog holding a run's state under ``variables`` (default: now), read from the stored state.
@@ -438,6 +455,20 @@ class Derived:
 
 class _Moved(Exception):
     """The log moved on while a state was built from it."""
+
+
+def _held(state_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((state_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _stat(path: Path) -> tuple[int, int]:

@@ -20,7 +20,8 @@ from engine.catalog.definitions import VIEWS_DIR
 from engine.collection import open_runs
 from engine.derived import AT_DECISIONS, NOW, Derived
 from engine.replay import replay_run
-from ingest.log import EventLog
+from ingest.events import RunResumed
+from ingest.log import EventLog, LogWriter
 
 QUERIES = (
     "select run_id, tree_id, nodes, kept_edges, stop_reason from trees order by all",
@@ -112,21 +113,26 @@ def test_a_grown_run_is_caught_up_loading_only_its_new_events(data, tmp_path):
     runs = open_runs(data, ["grown"])
     before = runs.query("select count(*) as n from events")[0]["n"]
     assert before == log.tail_seq()
-    r = CliRunner().invoke(cli, ["--data", str(data), "explore", "--resume", "grown"])
+    r = CliRunner().invoke(cli, ["--data", str(data), "explore", "--resume", "grown"])  # its summary reads it
     assert r.exit_code == 0, r.output
     grown = log.tail_seq()
     assert grown > before
+    resumed = open_runs(data, ["grown"])
+    assert resumed.query("select count(*) as n from events")[0]["n"] == grown
+    with LogWriter.open(data, "grown") as writer:  # a few events more, appended after the last read
+        writer.append([RunResumed(note=f"appended {i}") for i in range(3)])
     again = open_runs(data, ["grown"])
-    assert again.query("select count(*) as n from events")[0]["n"] == grown
+    assert again.query("select count(*) as n from events")[0]["n"] == grown + 3
     assert again.derived.built == {"caught_up": 1}
-    assert again.derived.loaded["grown"] == grown - before  # only the new events were processed
-    # the state caught up equals one derived from the log alone
-    caught_up = {q: again.query(q.replace("from trees", "from trees where run_id = 'grown'")) for q in QUERIES[:3]}
+    assert again.derived.loaded["grown"] == 3  # only the new events were processed
+    for flavour in (data / "derived" / "grown").iterdir():  # the state replaced is kept (a reader may scan it)
+        assert len([p for p in flavour.iterdir() if not p.name.startswith(".tmp-")]) <= 2
+    # the states caught up equal one derived from the log alone
+    caught_up = {q: again.query(q) for q in QUERIES}
     shutil.rmtree(data / "derived")
     fresh = open_runs(data, ["grown"])
-    assert {q: fresh.query(q.replace("from trees", "from trees where run_id = 'grown'")) for q in QUERIES[:3]} \
-        == caught_up  # fmt: skip
-    assert fresh.derived.built == {"cold": 1}
+    assert {q: fresh.query(q) for q in QUERIES} == caught_up
+    assert fresh.derived.built == {"cold": 1, "reflavoured": 1}  # now, then at decisions from it
     assert replay_run(data, "grown").differences == []
 
 
@@ -171,6 +177,8 @@ def test_edited_view_definitions_rebuild_the_state(data, tmp_path):
     derived = Derived(data, views)
     state = derived.state("rounds", NOW)
     assert derived.built == {"cold": 1} and state.dir.parent.name not in flavours
+    # the states the other definitions derived are dropped: no reader of these views reads them
+    assert {p.name for p in (data / "derived" / "rounds").iterdir()} == {state.dir.parent.name}
     import pyarrow.parquet as pq
 
     rows = pq.read_table(derived.view_file(state, "trees")).to_pylist()
