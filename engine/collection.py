@@ -32,6 +32,7 @@ import json
 import os
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,16 +181,27 @@ class Collection:
         key = json.dumps(variables, sort_keys=True, default=str)
         if key not in self._states:
             states: dict[str, State] = {}
-            for run_id in list(self.run_ids):
-                try:
-                    states[run_id] = self._state(run_id, variables, at_decisions)
-                except LogError as err:
-                    if self._named:
-                        raise
-                    from engine.runs import diagnosed
 
-                    self._damaged.append(diagnosed(self.data_dir, run_id, str(err)))
-                    self.run_ids.remove(run_id)
+            def one(run_id: str) -> State | LogError:
+                try:
+                    return self._state(run_id, variables, at_decisions)
+                except LogError as err:
+                    return err
+
+            # Runs whose state must be derived are derived a core each at once (DuckDB works
+            # outside the GIL); results are taken in run order.
+            with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(self.run_ids)))) as pool:
+                found = list(pool.map(one, list(self.run_ids)))
+            for run_id, state in zip(list(self.run_ids), found, strict=True):
+                if not isinstance(state, LogError):
+                    states[run_id] = state
+                    continue
+                if self._named:
+                    raise state
+                from engine.runs import diagnosed
+
+                self._damaged.append(diagnosed(self.data_dir, run_id, str(state)))
+                self.run_ids.remove(run_id)
             if not states:
                 raise LogError("every run under " + str(self.data_dir / "runs") + " is damaged:\n"
                                + "\n".join(d.message() for d in self._damaged))  # fmt: skip

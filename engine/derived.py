@@ -319,7 +319,8 @@ class Derived:
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 fsync_dir(flavour)
-                self.built[how] += 1
+                with self._lock:
+                    self.built[how] += 1
             found = self._read(final, source)
             if found is None:
                 raise LogError(f"{final}: the derived state just written cannot be read back")
@@ -333,6 +334,8 @@ class Derived:
                 opened: list[duckdb.DuckDBPyConnection]) -> tuple[dict, set, str]:  # fmt: skip
         """Fill ``catalog_file`` with the refreshed catalog of ``log`` (from ``base`` when given)."""
         if base is None:
+            with self._lock:  # the instance's template of the views, made once (not by two threads at once)
+                Catalog.template(self.con, self.views_dir)
             catalog = Catalog.inside(cursor, db, self.views_dir)
             opened.append(catalog.con)
             how = "cold"
@@ -352,7 +355,8 @@ class Derived:
             raise _Moved
         self._flavour(catalog, variables)
         catalog.refresh()
-        self.loaded[log.run_id] += catalog.tail_seq() - before
+        with self._lock:
+            self.loaded[log.run_id] += catalog.tail_seq() - before
         if base is None:
             cursor.execute(f"attach '{_quoted(catalog_file)}' as saved")
             cursor.execute(f'copy from database "{db}" to saved')
