@@ -253,7 +253,7 @@ class Derived:
         whose parts that are still live are the files they were (same size and time; a part
         changed in place sends the run back to its log, where its checksum is checked).
 
-        Else the same record's state under other variables (the tables those variables
+        Else such a state under other variables (the tables the variables that differ
         make stale are recomputed), else None (built from the log).
         """
         record = log.record()
@@ -275,7 +275,7 @@ class Derived:
             if not (path.parent / "catalog.duckdb").is_file():
                 continue
             same = path.parent.parent == flavour
-            if not same and (src.entries != record.entries or held.get("digest") != self.digest):
+            if not same and held.get("digest") != self.digest:
                 continue
             candidates.append((same, src.entries, State(src.run_id, path.parent, src, held["values"],
                                                         set(held["explicit"]))))  # fmt: skip
@@ -365,8 +365,11 @@ class Derived:
         return catalog.variables.values, catalog.variables.explicit, how
 
     def _flavour(self, catalog: Catalog, variables: dict[str, Any]) -> None:
-        """Set the flavour's variables where they differ (each makes the tables reading it stale)."""
+        """Set the flavour's variables where they differ, and reset those a base's caller set that this
+        flavour does not (each makes the tables reading it stale)."""
         changed = {k: v for k, v in variables.items() if catalog.variables.values.get(k) != v}
+        held = catalog.variables.values
+        changed |= {k: None for k in catalog.variables.explicit - set(variables) if k in held}
         if changed:
             catalog.variables.set(**changed)
 
@@ -388,11 +391,11 @@ class Derived:
             if _held(states[0][1]).get("digest") != self.digest:
                 shutil.rmtree(path, ignore_errors=True)
             elif path == flavour:
-                for _mtime, old in [s for s in states if s[1] != keep.dir][1:]:
+                for _when, old in [s for s in states if s[1] != keep.dir][1:]:
                     shutil.rmtree(old, ignore_errors=True)
             elif path.name not in mine:
                 others.append((states[0][0], path))
-        for _mtime, path in sorted(others, reverse=True)[KEPT_FLAVOURS:]:
+        for _when, path in sorted(others, reverse=True)[KEPT_FLAVOURS:]:
             shutil.rmtree(path, ignore_errors=True)
         cutoff = time.time() - 3600
         for tmp in run.glob(f"*/{_TMP}*"):
