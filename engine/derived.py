@@ -198,16 +198,18 @@ class Derived:
 
     # -- finding or building a state
 
-    def state(self, run_id: str, variables: dict[str, Any]) -> State:
+    def state(self, run_id: str, variables: dict[str, Any], source: Source | None = None) -> State:
         """The state of a run's log as it is now under ``variables`` (built, or caught up, when none matches).
 
-        LogError when the log cannot be read, its parts are damaged or its recorded
-        config is not valid (nothing is stored then).
+        ``source``: the log's, just read (else it is read here). LogError when the log
+        cannot be read, its parts are damaged or its recorded config is not valid
+        (nothing is stored then).
         """
         self._writable()
         flavour = self.root / run_id / flavour_key(self.digest, variables)
-        for _attempt in range(5):
-            source = Source.of(self.data_dir, run_id)
+        for attempt in range(5):
+            if source is None or attempt:
+                source = Source.of(self.data_dir, run_id)
             found = self._read(flavour / source.key, source)
             if found is not None:
                 return found
@@ -222,10 +224,11 @@ class Derived:
             return state
         raise LogError(f"{log.log_dir}: the log kept changing while its derived state was built - try again")
 
-    def find(self, run_id: str, variables: dict[str, Any]) -> State | None:
-        """The stored state of a run's log as it is now under ``variables``, if there is one (nothing is built)."""
+    def find(self, run_id: str, variables: dict[str, Any], source: Source | None = None) -> State | None:
+        """The stored state of a run's log as it is now (``source``: just read, else read here) under
+        ``variables``, if there is one (nothing is built)."""
         flavour = self.root / run_id / flavour_key(self.digest, variables)
-        source = Source.of(self.data_dir, run_id)
+        source = source or Source.of(self.data_dir, run_id)
         return self._read(flavour / source.key, source)
 
     def checked(self, run_id: str) -> bool:
@@ -300,7 +303,7 @@ class Derived:
                     other.close()
                 with contextlib.suppress(duckdb.Error):
                     cursor.execute("use memory")
-                for name in (db, "saved"):
+                for name in (db, f"{db}_saved"):
                     with contextlib.suppress(duckdb.Error):
                         cursor.execute(f'detach database if exists "{name}"')
                 cursor.close()
@@ -358,8 +361,8 @@ class Derived:
         with self._lock:
             self.loaded[log.run_id] += catalog.tail_seq() - before
         if base is None:
-            cursor.execute(f"attach '{_quoted(catalog_file)}' as saved")
-            cursor.execute(f'copy from database "{db}" to saved')
+            cursor.execute(f"attach '{_quoted(catalog_file)}' as \"{db}_saved\"")
+            cursor.execute(f'copy from database "{db}" to "{db}_saved"')
         else:
             cursor.execute(f'checkpoint "{db}"')
         return catalog.variables.values, catalog.variables.explicit, how
