@@ -29,8 +29,8 @@ import click
 from engine import __version__
 from ingest import steps
 from ingest.errors import OptionError, ProjectError, os_problem
-from ingest.text import as_utf8
 from ingest.paths import DATA_ENV, default_data_dir
+from ingest.text import as_utf8
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # How long the unwinding after a signal may take (stopping the turns in flight, releasing

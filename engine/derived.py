@@ -76,6 +76,7 @@ CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived.py", "engine/runs.
 NOW = {"asof_points": "now"}
 AT_DECISIONS = {"asof_points": "decisions"}
 _TMP = ".tmp-"
+WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
 KEPT_FLAVOURS = 4  # per run, besides now and at decisions: the newest states of variables a caller set
 
 
@@ -448,9 +449,14 @@ class Derived:
                 cursor.execute(f'use "{db}"')
                 for name, value in state.values.items():
                     cursor.execute(f"set variable {name} = ?", [value])
-                columns = [d[0] for d in cursor.execute(f"select * from {view} limit 0").description]
-                run = "" if "run_id" in columns else f"'{state.run_id}' as run_id, "
-                cursor.execute(f"copy (select {run}* from {view}) to '{_quoted(tmp)}' (format parquet)")
+                described = cursor.execute(f"select * from {view} limit 0").description
+                names = [d[0] for d in described]
+                run = "" if "run_id" in names else f"'{state.run_id}' as run_id, "
+                # Parquet has no 128-bit integer: a sum DuckDB types HUGEINT would come back a
+                # DOUBLE (1714.0). Stored as BIGINT, it reads back the integer it is.
+                cols = ", ".join(f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"'
+                                 for n, t, *_ in described)  # fmt: skip
+                cursor.execute(f"copy (select {run}{cols} from {view}) to '{_quoted(tmp)}' (format parquet)")
             finally:
                 cursor.execute("use memory")
                 cursor.execute(f'detach "{db}"')

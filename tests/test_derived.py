@@ -86,6 +86,28 @@ def test_final_views_read_the_same_now_and_at_every_decision(data):
     assert checked > 40
 
 
+def test_a_views_stored_rows_read_back_with_its_types(data):
+    """Every view's stored rows have the view's column names and types (a 128-bit sum, which Parquet
+    cannot hold, as BIGINT: the integer it is, not a DOUBLE)."""
+    import duckdb
+
+    runs = open_runs(data)
+    for variables in (NOW, AT_DECISIONS):
+        state = runs.derived.state("rounds", variables)
+        con = duckdb.connect()
+        con.execute(f"attach '{state.catalog_file}' as s (read_only)")
+        con.execute("use s")
+        for name, value in state.values.items():
+            con.execute(f"set variable {name} = ?", [value])
+        for view in runs.views:
+            want = [(n, "BIGINT" if str(t) == "HUGEINT" else str(t)) for n, t, *_ in
+                    con.execute(f"select * from {view} limit 0").description]  # fmt: skip
+            stored = str(runs.derived.view_file(state, view))
+            got = [(n, str(t)) for n, t, *_ in
+                   con.execute("select * from read_parquet(?) limit 0", [stored]).description]  # fmt: skip
+            assert [c for c in got if c[0] != "run_id" or "run_id" in dict(want)] == want, view
+
+
 def test_a_run_added_to_the_collection_is_in_the_next_answer(data, runs):
     shutil.rmtree(data / "runs" / "async")
     before = open_runs(data).query("select distinct run_id from trees order by 1")
