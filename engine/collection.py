@@ -41,7 +41,7 @@ import duckdb
 
 from engine.catalog import QueryError
 from engine.catalog.definitions import load_graph, read_macros, relations_read
-from engine.derived import AT_DECISIONS, NOW, Derived, Source, State
+from engine.derived import AT_DECISIONS, NOW, Derived, State
 from ingest.errors import InputError, LogError, OutputError
 from ingest.listing import has_log
 from ingest.listing import run_ids as run_ids_under
@@ -210,7 +210,7 @@ class Collection:
         return self._states[key]
 
     def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool) -> State:
-        source = Source.of(self.data_dir, run_id)
+        source = self.derived.source(run_id)
         if not at_decisions:  # final rows are the same at either: use a current state at decisions if stored
             held = self.derived.find(run_id, self._flavour(True), source)
             if held is not None:

@@ -60,7 +60,7 @@ from engine.catalog.definitions import VIEWS_DIR
 from ingest.errors import LogError
 from ingest.listing import located
 from ingest.paths import fsync_dir, run_dir
-from ingest.record import read_record
+from ingest.record import RECORD, read_record
 
 if TYPE_CHECKING:
     from ingest.reader import EventLog
@@ -77,7 +77,8 @@ NOW = {"asof_points": "now"}
 AT_DECISIONS = {"asof_points": "decisions"}
 _TMP = ".tmp-"
 WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
-KEPT_FLAVOURS = 4  # per run, besides now and at decisions: the newest states of variables a caller set
+KEPT_FLAVOURS = 4
+SOURCE_CACHE = "source.json"  # per run, besides now and at decisions: the newest states of variables a caller set
 
 
 def views_digest(views_dir: Path = VIEWS_DIR) -> str:
@@ -210,7 +211,7 @@ class Derived:
         flavour = self.root / run_id / flavour_key(self.digest, variables)
         for attempt in range(5):
             if source is None or attempt:
-                source = Source.of(self.data_dir, run_id)
+                source = self.source(run_id)
             found = self._read(flavour / source.key, source)
             if found is not None:
                 return found
@@ -225,17 +226,47 @@ class Derived:
             return state
         raise LogError(f"{log.log_dir}: the log kept changing while its derived state was built - try again")
 
+    def source(self, run_id: str) -> Source:
+        """:meth:`Source.of` the run, without parsing its record again while the record file is the
+        one last parsed (its size, time and inode: the record is append-only) and its parts are
+        the files they were; ``<derived>/<run>/source.json`` keeps the last one parsed."""
+        log_dir = run_dir(self.data_dir, run_id) / "log"
+        cache = self.root / run_id / SOURCE_CACHE
+        record = _record_stat(log_dir)
+        if record is None:
+            return Source.of(self.data_dir, run_id)
+        held: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            held = json.loads(cache.read_text())
+        if held.get("record") == list(record):
+            with contextlib.suppress(KeyError, TypeError, OSError):
+                src = _source_from(held["source"])
+                if all(list(_stat(log_dir / name)) == stat for name, *stat in src.parts):
+                    return src
+        src = Source.of(self.data_dir, run_id)
+        if _record_stat(log_dir) == record and self._writable_quietly():
+            body = json.dumps({"record": list(record), "source": src.as_json()})
+            tmp = cache.with_name(f"{_TMP}{os.getpid()}-{threading.get_ident()}-{SOURCE_CACHE}")
+            with contextlib.suppress(OSError):
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(body)
+                os.replace(tmp, cache)
+        return src
+
+    def _writable_quietly(self) -> bool:
+        return self._checked_root or self.root.is_dir()
+
     def find(self, run_id: str, variables: dict[str, Any], source: Source | None = None) -> State | None:
         """The stored state of a run's log as it is now (``source``: just read, else read here) under
         ``variables``, if there is one (nothing is built)."""
         flavour = self.root / run_id / flavour_key(self.digest, variables)
-        source = source or Source.of(self.data_dir, run_id)
+        source = source or self.source(run_id)
         return self._read(flavour / source.key, source)
 
     def checked(self, run_id: str) -> bool:
         """Whether some stored state of these views was derived from a run's log as it is now (its
         parts were checked then, and are the same files: a reader need not check them again)."""
-        source = Source.of(self.data_dir, run_id)
+        source = self.source(run_id)
         for path in (self.root / run_id).glob(f"*/{source.key}/state.json"):
             with contextlib.suppress(OSError, ValueError):
                 held = json.loads(path.read_text())
@@ -267,8 +298,7 @@ class Derived:
         for path in sorted(flavour.parent.glob("*/*/state.json")):
             try:
                 held = json.loads(path.read_text())
-                src = Source(**{k: held["source"][k] for k in ("run_id", "identity", "entries", "last_sha", "tail")},
-                             parts=tuple(tuple(p) for p in held["source"]["parts"]))  # fmt: skip
+                src = _source_from(held["source"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if src.identity != record.identity or not record.extends(src.entries, src.last_sha):
@@ -471,6 +501,19 @@ class Derived:
 
 class _Moved(Exception):
     """The log moved on while a state was built from it."""
+
+
+def _record_stat(log_dir: Path) -> tuple[int, int, int] | None:
+    try:
+        st = (log_dir / RECORD).stat()
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _source_from(held: dict[str, Any]) -> Source:
+    return Source(**{k: held[k] for k in ("run_id", "identity", "entries", "last_sha", "tail")},
+                  parts=tuple(tuple(p) for p in held["parts"]))  # fmt: skip
 
 
 def _held(state_dir: Path) -> dict[str, Any]:
