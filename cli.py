@@ -31,6 +31,7 @@ from ingest import steps
 from ingest.errors import OptionError, ProjectError, os_problem
 from ingest.events import as_utf8
 from ingest.log import DATA_ENV, default_data_dir
+from ingest.paths import command_line
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # How long the unwinding after a signal may take (stopping the turns in flight, releasing
@@ -88,8 +89,26 @@ def _unwind_on_signals(received: list[int]) -> Iterator[None]:
             signal.signal(s, old)
 
 
+DATA_TYPE = click.Path(file_okay=False, path_type=Path)
+DATA_HELP = f"Directory holding runs/ (default: ./data, relative to the current directory; or ${DATA_ENV})."
+
+
+def _subcommand_data(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:  # given after the subcommand: it wins over the group's (and $TEACHER_MCTS_DATA)
+        ctx.meta["data_dir"] = value
+
+
 class _Command(click.Command):
-    """A command whose text arguments must be UTF-8 (paths are checked where they are used)."""
+    """A command whose text arguments must be UTF-8 (paths are checked where they are used).
+
+    Every command takes ``--data`` too, so that it may follow the subcommand as well as
+    precede it (one definition: the option is added here, not by each command).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.append(click.Option(["--data"], type=DATA_TYPE, default=None, expose_value=False,
+                                        callback=_subcommand_data, help=DATA_HELP))  # fmt: skip
 
     def invoke(self, ctx: click.Context) -> Any:
         """Refuse a text argument that is not UTF-8 (exit 2) before the command runs.
@@ -157,14 +176,7 @@ def _exit_signalled(signum: int) -> None:
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, prog_name="teacher-mcts")
-@click.option(
-    "--data",
-    "data_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    envvar=DATA_ENV,
-    default=None,
-    help=f"Directory holding runs/ (default ./data, or ${DATA_ENV}).",
-)
+@click.option("--data", "data_dir", type=DATA_TYPE, envvar=DATA_ENV, default=None, help=DATA_HELP)
 @click.pass_context
 def cli(ctx: click.Context, data_dir: Path | None) -> None:
     """Token-aware MCTS data collection over an event-sourced log."""
@@ -172,7 +184,9 @@ def cli(ctx: click.Context, data_dir: Path | None) -> None:
 
 
 def _data_dir() -> Path:
-    return click.get_current_context().obj["data_dir"]
+    """--data as given after the subcommand, else before it, else $TEACHER_MCTS_DATA, else ./data."""
+    ctx = click.get_current_context()
+    return ctx.meta.get("data_dir") or ctx.find_root().obj["data_dir"]
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -490,8 +504,8 @@ def explore(roots: Path | None, run_id: str | None, resume_id: str | None, confi
             config = load_config(config_file, _explore_overrides(**options))
 
             def started(rid: str) -> None:
-                click.echo(f"run {rid}: exploring (interrupt and continue with: "
-                           f"python cli.py explore --resume {rid})", err=True)  # fmt: skip
+                hint = command_line(_data_dir(), "explore", "--resume", rid)
+                click.echo(f"run {rid}: exploring (interrupt and continue with: {hint})", err=True)
 
             result = new_run(_data_dir(), roots, config, run_id, select, progress, started, executor, ray_address)
     finally:
@@ -524,7 +538,7 @@ def _render_explore(result: Any, as_json: bool) -> None:
     click.echo(_table(result.trees, EXPLORE_COLUMNS))
     selected = sum(t["selected"] for t in result.trees)
     click.echo(f"Top-{result.top_k}: {selected} paths selected over {len(result.trees)} roots "
-               f"(python cli.py paths {result.run_id})")  # fmt: skip
+               f"({command_line(_data_dir(), 'paths', result.run_id)})")  # fmt: skip
 
 
 # ------------------------------------------------------------ replay, paths
@@ -1147,8 +1161,8 @@ def _render_verification(found: Any) -> None:
                    "file(s); the writer removes them when it next opens the run")  # fmt: skip
     for name in found.foreign:
         click.echo(f"FOREIGN  {found.log_dir / name}: not a part the run's record names (nothing reads it; the "
-                   f"writer refuses to append until it is moved aside: python cli.py quarantine {found.run_id} "
-                   f"{name})")  # fmt: skip
+                   f"writer refuses to append until it is moved aside: "
+                   f"{command_line(_data_dir(), 'quarantine', found.run_id, name)})")  # fmt: skip
     if found.ok:
         click.echo(f"verify: {len(found.parts)} parts, {found.tail} events: every checksum matches, every page "
                    "decodes, every seq is there once")  # fmt: skip
@@ -1157,7 +1171,7 @@ def _render_verification(found: Any) -> None:
     if found.first_bad is not None:
         click.echo(f"first bad part: {found.first_bad.path} ({found.first_bad.seqs})")
         click.echo(f"nothing is appended to the run until that part and the ones after it are moved aside: "
-                   f"python cli.py quarantine {found.run_id} {found.first_bad.name}")  # fmt: skip
+                   f"{command_line(_data_dir(), 'quarantine', found.run_id, found.first_bad.name)}")  # fmt: skip
 
 
 @cli.command()
@@ -1208,7 +1222,7 @@ def quarantine(run_id: str, part: str, as_json: bool) -> None:
     ended = ", and the run's RunFinished" if done.finished_moved else ""
     click.echo(f"the log now holds seqs 1..{done.intact_to}, intact ({done.events_moved} events moved: "
                f"{turns} finished turns{ended})")  # fmt: skip
-    click.echo(f"an exploration continues with: python cli.py explore --resume {run_id} "
+    click.echo(f"an exploration continues with: {command_line(_data_dir(), 'explore', '--resume', run_id)} "
                f"(it runs those turns again)")  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from ingest.errors import LogError
 from ingest.integrity import verify_log
 from ingest.log import EventLog, check_part
 from ingest.log import run_ids as runs_under
+from ingest.paths import command_line
 
 T = TypeVar("T")
 
@@ -45,10 +46,11 @@ class DamagedRun:
     run_id: str
     problem: str  # verify's diagnosis
     part: str | None  # the part to quarantine (the first damaged one), when verify names one
+    data_dir: Path | str = "data"  # where the run lies (the hint names a --data other than ./data)
 
     def message(self) -> str:
-        fix = (f" - move it aside (the intact prefix stays readable): python cli.py quarantine {self.run_id} "
-               f"{self.part}" if self.part else "")  # fmt: skip
+        hint = command_line(self.data_dir, "quarantine", self.run_id, self.part) if self.part else ""
+        fix = f" - move it aside (the intact prefix stays readable): {hint}" if hint else ""
         return f"run {self.run_id} is damaged and was not read: {self.problem}{fix}"
 
 
@@ -75,7 +77,8 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
             continue
         verification = verify_log(EventLog(data_dir, run_id))
         bad = verification.first_bad
-        damaged.append(DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None))
+        damaged.append(DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None,
+                                  data_dir))  # fmt: skip
     if not readable:
         raise LogError("every run under " + str(Path(data_dir) / "runs") + " is damaged:\n"
                        + "\n".join(d.message() for d in damaged))  # fmt: skip

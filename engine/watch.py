@@ -25,6 +25,7 @@ from engine.catalog import Catalog
 from engine.runs import recorded_config
 from ingest.errors import LogError
 from ingest.log import EventLog
+from ingest.paths import command_line
 
 Row = dict[str, Any]
 TREE_COLUMNS = ("tree_id, stage, status, stop_reason, kept_edges, good_leaves, final_leaves, root_score, "
@@ -93,7 +94,7 @@ def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
         if writer_gone:  # (looked at before the load: a writer that finished published first)
             raise LogError(f"run {run_id!r} is not finished and no process writes it any more (none holds "
                            f"{log.dir / 'writer.lock'}): its writer died - continue it with: "
-                           f"python cli.py explore --resume {run_id}")  # fmt: skip
+                           f"{command_line(data_dir, 'explore', '--resume', run_id)}")  # fmt: skip
 
 
 def writer_alive(log: EventLog) -> bool:
