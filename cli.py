@@ -348,14 +348,22 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
+def _time_left(seconds: float | None) -> str:
+    """The estimate of ``run_pace``: ``estimating`` until it has data, whole seconds rounded up."""
+    return "estimating" if seconds is None else _duration(math.ceil(seconds))
+
+
 def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def progress_line(p: dict[str, Any]) -> str:
-    """One line of a run's progress: a ``run_progress`` row with its ``run_pace`` columns."""
+def progress_line(p: dict[str, Any], running: bool = True) -> str:
+    """One line of a run's progress: a ``run_progress`` row with its ``run_pace`` columns.
+
+    ``running``: whether a process writes the run (an interrupted run has no time left).
+    """
     pace = f"{p['edges_per_hour']:,.0f} edges/h" if p.get("edges_per_hour") is not None else "- edges/h"
-    eta = "done" if p.get("finished") else f"ETA {_duration(p.get('eta_seconds'))}"
+    eta = "done" if p.get("finished") else f"ETA {_time_left(p.get('eta_seconds'))}" if running else "not running"
     return (
         f"trees {p['trees_done']}/{p['trees']} done | edges kept {p['kept_edges']} "
         f"({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, retried "
@@ -767,11 +775,11 @@ WIDE = 100  # a terminal narrower than this gets plain lines
 
 def _frame_header(frame: Any) -> list[str]:
     p, pace = frame.progress, frame.pace
-    state = "finished" if frame.finished else "running"
+    state = "finished" if frame.finished else "running" if frame.writing else "not running (interrupted)"
     stops = ", ".join(f"{reason} {n}" for reason, n in frame.stops.items()) or "none yet"
     now = datetime.now(UTC)
     oldest = min((t["since"] for t in frame.in_flight if t["since"]), default=None)
-    eta = "none" if frame.finished else _duration(pace["eta_seconds"])
+    eta = "none" if frame.finished else _time_left(pace["eta_seconds"]) if frame.writing else "none (not running)"
     rate = lambda key: "-" if pace[key] is None else f"{pace[key]:,.0f}"  # noqa: E731
     return [
         f"run {frame.run_id} (task {frame.task}): {state} | log seq {frame.seq} | session "
@@ -849,7 +857,7 @@ def watch(run_id: str, once: bool, period: float) -> None:
     last = None
     for frame in frames:
         if frame.seq != last or frame.finished:
-            click.echo(f"{frame.run_id} seq {frame.seq}: " + progress_line(frame.progress | frame.pace))
+            click.echo(f"{frame.run_id} seq {frame.seq}: " + progress_line(frame.progress | frame.pace, frame.writing))
             last = frame.seq
 
 
