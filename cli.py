@@ -28,7 +28,7 @@ import click
 
 from engine import __version__
 from ingest import steps
-from ingest.errors import OptionError, ProjectError, os_problem
+from ingest.errors import InputError, OptionError, ProjectError, os_problem
 from ingest.events import as_utf8
 from ingest.log import DATA_ENV, default_data_dir
 from ingest.paths import command_line
@@ -515,7 +515,15 @@ def explore(roots: Path | None, run_id: str | None, resume_id: str | None, confi
                 hint = command_line(_data_dir(), "explore", "--resume", rid)
                 click.echo(f"run {rid}: exploring (interrupt and continue with: {hint})", err=True)
 
-            result = new_run(_data_dir(), roots, config, run_id, select, progress, started, executor, ray_address)
+            try:
+                result = new_run(_data_dir(), roots, config, run_id, select, progress, started, executor,
+                                 ray_address)  # fmt: skip
+            except InputError as err:  # about the folders of ROOTS: they may be ones to select from
+                if select or not roots.is_dir() or not str(err).startswith(f"{roots}: "):
+                    raise
+                raise InputError(f"{err} (ROOTS is the output of select-snapshots; to select the roots "
+                                 "from a task's all_snapshots dir or a CORAL run first, add --select "
+                                 "--task NAME)") from err  # fmt: skip
     finally:
         progress.close()
     _render_explore(result, as_json)
@@ -983,7 +991,7 @@ def _parse_by(_ctx: click.Context, _param: click.Parameter, value: str | None) -
 @cli.command("audit")
 @click.argument("run_ids", nargs=-1)
 @click.option("--by", "by", default="task,stage", callback=_parse_by, show_default=True,
-              help="Strata of the coverage table: any of task, stage, depth, lineage.")  # fmt: skip
+              help="Strata of the coverage table: any of task, stage, depth, lineage, root.")  # fmt: skip
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="Print the coverage table as CSV.")
 def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
