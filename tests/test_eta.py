@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from cli import cli, progress_line
+from cli import cli
 from engine.config import RunConfig, TreeConfig
 from engine.exploration import new_run
+from engine.render import progress_line
 from tests.conftest import SNAPSHOTS
 
 
