@@ -549,13 +549,10 @@ def sql_command(args: tuple[str, ...], as_json: bool, as_csv: bool, parquet: Pat
         python cli.py sql demo "select * from edges where verdict = 'pruned'" --csv > pruned.csv
     """
 
+    from engine import outputs
     from engine.collection import Limits, open_runs, parquet_target, read_only, write_parquet
-    from engine.render import Output, rows_csv, table
 
-    if sum(map(bool, (as_json, as_csv, parquet))) > 1:
-        raise click.UsageError("--json, --csv and --parquet go one at a time")
-    if overwrite and parquet is None:
-        raise click.UsageError("--overwrite goes with --parquet")
+    fmt = _sql_format(as_json, as_csv, parquet, overwrite)
     if not args:
         raise click.UsageError("QUERY is required")
     runs, query, limits = list(args[:-1]), args[-1], Limits.resolve(memory_limit, timeout)
@@ -564,12 +561,19 @@ def sql_command(args: tuple[str, ...], as_json: bool, as_csv: bool, parquet: Pat
         parquet_target(parquet, _data_dir(), overwrite)
     collection = open_runs(_data_dir(), runs or None, limits)
     if parquet is None:
-        rows = collection.query(query)
-        _show(Output(rows, [table(rows, list(rows[0]) if rows else [])], rows_csv(rows)), _format(as_json, as_csv))
+        _show(outputs.rows(collection.query(query)), fmt)
     else:
         rows = write_parquet(collection.arrow(query), parquet, _data_dir(), overwrite)
         click.echo(f"wrote {rows} rows to {parquet}", err=True)
     _name_damaged(collection.damaged)
+
+
+def _sql_format(as_json: bool, as_csv: bool, parquet: Path | None, overwrite: bool) -> str:
+    if sum(map(bool, (as_json, as_csv, parquet))) > 1:
+        raise click.UsageError("--json, --csv and --parquet go one at a time")
+    if overwrite and parquet is None:
+        raise click.UsageError("--overwrite goes with --parquet")
+    return _format(as_json, as_csv)
 
 
 def _parse_by(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
