@@ -22,3 +22,13 @@ def test_explore_of_an_all_snapshots_dir_without_select_suggests_it(tmp_path):
     assert r.stderr.rstrip().endswith("to select the roots from a task's all_snapshots dir or a CORAL run first, "
                                       "add --select --task NAME)")  # fmt: skip
     assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
+
+
+def test_the_command_line_stays_thin():
+    """cli.py parses and prints; what it prints is in engine/outputs.py, the rest in engine/ modules."""
+    from tests.conftest import ROOT
+
+    assert len((ROOT / "cli.py").read_text().splitlines()) <= 800
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "engine").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}  # fmt: skip
+    assert long == {}
