@@ -308,11 +308,12 @@ def _resume(run_id: str, new_run_options: bool, config_file: Path | None, option
             progress: Any, executor: str, ray_address: str | None) -> Any:  # fmt: skip
     from engine import outputs
     from engine.exploration import resume_run
-    from engine.explore_options import check_resumable
+    from engine.explore_options import resume_problem
 
     if new_run_options:
         raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
-    check_resumable(options, config_file)
+    if problem := resume_problem(options, config_file):
+        raise click.UsageError(problem)
     return resume_run(_data_dir(), run_id, progress, lambda p: click.echo(outputs.resuming(run_id, p), err=True),
                       executor, ray_address, options["parallel"], options["turn_timeout"])  # fmt: skip
 

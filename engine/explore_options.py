@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import RunConfig, load_config
-from ingest.errors import OptionError
 
 RESUMABLE = ("parallel", "turn_timeout")  # how the run is deployed, not what it decides (DECISIONS.md)
 OPENCODE_OPTIONS = {"model": "model", "endpoint": "endpoint", "api_key_env": "api_key_env",
@@ -32,12 +31,12 @@ def overrides(**kw: Any) -> dict[str, Any]:
     return out
 
 
-def check_resumable(options: dict[str, Any], config_file: Path | None) -> None:
-    """OptionError naming the options given that a resume cannot change (the run keeps what its log records)."""
+def resume_problem(options: dict[str, Any], config_file: Path | None) -> str | None:
+    """What is wrong with the options given to a resume: those it cannot change (the run keeps what its log records)."""
     fixed = [f"--{name.replace('_', '-')}" for name, value in options.items()
              if value is not None and name not in RESUMABLE]  # fmt: skip
     fixed += ["--config"] if config_file else []
-    if fixed:
-        raise OptionError(f"--resume continues the run as its log records it: {', '.join(fixed)} "
-                          "cannot change (the run keeps its recorded value); a resume may change "
-                          "only --parallel, --turn-timeout, --executor and --ray-address")  # fmt: skip
+    if not fixed:
+        return None
+    return (f"--resume continues the run as its log records it: {', '.join(fixed)} cannot change (the run keeps "
+            "its recorded value); a resume may change only --parallel, --turn-timeout, --executor and --ray-address")
