@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.runs import over_runs, recorded_config
+from engine.runs import DamagedRun, over_runs, recorded_config, runs_to_read
 from ingest.events import DECISION_KINDS
 from ingest.log import EventLog
 
@@ -85,6 +85,13 @@ def replay_runs(data_dir: Path, run_ids: list[str], workers: int | None = None) 
         return result
 
     yield from over_runs(data_dir, run_ids, work, workers)
+
+
+def replay_collection(data_dir: Path, run_ids: list[str]) -> tuple[list[str], list[DamagedRun], Iterator[ReplayResult]]:
+    """The runs to replay (those named, else every run under ``data_dir``: ``runs_to_read``), the
+    damaged ones left out, and the replays of the others in run order."""
+    runs, damaged = runs_to_read(data_dir, run_ids)
+    return runs, damaged, replay_runs(data_dir, runs)
 
 
 def _replay(log: EventLog, catalog: Catalog, start: float) -> ReplayResult:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection
+from engine.trees import TreeRows, sql_text, tree_rows
 from ingest.errors import OutputError
 
 Row = dict[str, Any]
@@ -126,21 +127,15 @@ def _colour(score: float | None, root: float | None, spread: float, sign: float)
     return f"#{int(255 + 20 * x):02x}{int(255 + 150 * x):02x}{int(255 + 150 * x):02x}"
 
 
-def tree_svg(tree: Row, nodes: list[Row], edges: list[Row], turns: dict[str, list[Row]],
-             on_path: set[str], sign: float) -> str:  # fmt: skip
+def tree_svg(tree: Row, drawn: TreeRows, sign: float) -> str:
     """One tree as inline SVG (see the module docstring)."""
+    nodes, turns, on_path = drawn.nodes, drawn.turns_by_edge, drawn.on_path
     children: dict[str, list[Row]] = defaultdict(list)
     by_id = {n["node_id"]: n for n in nodes}
     for n in nodes:
         if n["parent_id"]:
             children[n["parent_id"]].append(n)
-    failed: dict[str, list[Row]] = defaultdict(list)
-    creating = {}
-    for e in edges:
-        if e["child_id"]:
-            creating[e["child_id"]] = e
-        else:
-            failed[e["parent_id"]].append(e)
+    failed, creating = drawn.failed, drawn.creating
     rows: dict[str, float] = {}
     marks: list[tuple[Row, float]] = []
     counter = [0]
@@ -226,10 +221,7 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
     q = lambda sql: runs.query(sql.replace("{run}", run_id.replace("'", "''")), run_id)  # noqa: E731
     trees = q("select * from trees where run_id = '{run}' order by tree_id")
     sign = float(q("select sign from run_config where run_id = '{run}'")[0]["sign"])
-    nodes = q("select * from nodes where run_id = '{run}' order by tree_id, node_key(node_id)")
-    edges = q("select * from edges where run_id = '{run}' order by tree_id, started_seq")
-    turns = q("select * from turns where run_id = '{run}' order by tree_id, edge_id, turn")
-    selected = q("select tree_id, node_ids from top_paths where run_id = '{run}'")
+    rows_of = tree_rows(runs.query, f"run_id = {sql_text(run_id)}")
     stages = q("select * from coverage where run_id = '{run}' and stratum = 'stage' "
                "order by list_position(['early', 'middle', 'late'], stratum_key), stratum_key")
     overall = q("select * from coverage where run_id = '{run}' and stratum = 'all'")
@@ -237,13 +229,6 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
     tools = q("select * from tool_error_rates where run_id = '{run}' and dimension = 'tool' order by calls desc, key")
     knowledge = q("select * from knowledge_usage where run_id = '{run}' and dimension = 'all' order by area, access")
     costs = q("select * from cost_roots where run_id = '{run}' order by tree_id")
-    by_tree: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for name, rows in (("nodes", nodes), ("edges", edges), ("turns", turns)):
-        for r in rows:
-            by_tree[r["tree_id"]][name].append(r)
-    on_path: dict[str, set[str]] = defaultdict(set)
-    for s in selected:
-        on_path[s["tree_id"]] |= set(s["node_ids"])
     o = overall[0] if overall else {}
     parts = [f'<section class="run" data-run="{_e(run_id)}"><h2>run {_e(run_id)}</h2>',
              f"<p>{len(trees)} trees; {o.get('selected_paths', 0)} selected paths, N_eff {_num(o.get('n_eff'), 2)}, "
@@ -266,24 +251,16 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
              'e exhausted, s stopped</span></p><div class="trees">']  # fmt: skip
     drawn = 0
     for t in trees:
-        parts_of = by_tree[t["tree_id"]]
-        if not parts_of["nodes"]:
+        rows = rows_of.get(t["tree_id"])
+        if rows is None:
             continue
-        drawn += len(parts_of["nodes"])
-        drawing = tree_svg(t, parts_of["nodes"], parts_of["edges"], turns_by_edge(parts_of["turns"]),
-                           on_path[t["tree_id"]], sign)  # fmt: skip
+        drawn += len(rows.nodes)
+        drawing = tree_svg(t, rows, sign)
         parts.append(f'<div class="card"><b>{_e(t["tree_id"])}</b> {_e(t["stage"] or "")} · root '
                      f'{_num(t["root_score"])} → best {_num(t["best_score"])} · {_e(t["stop_reason"] or t["status"])}'
                      f"<br>{drawing}</div>")  # fmt: skip
     parts.append("</div></section>")
     return "".join(parts), drawn
-
-
-def turns_by_edge(turns: list[Row]) -> dict[str, list[Row]]:
-    out: dict[str, list[Row]] = defaultdict(list)
-    for t in turns:
-        out[t["edge_id"]].append(t)
-    return out
 
 
 def build(runs: Collection) -> str:

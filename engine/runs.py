@@ -21,6 +21,7 @@ from ingest.errors import LogError
 from ingest.integrity import verify_log
 from ingest.log import EventLog, check_part
 from ingest.log import run_ids as runs_under
+from ingest.paths import command_line
 
 T = TypeVar("T")
 
@@ -47,10 +48,11 @@ class DamagedRun:
     run_id: str
     problem: str  # verify's diagnosis
     part: str | None  # the part to quarantine (the first damaged one), when verify names one
+    data_dir: Path | str = "data"  # where the run lies (the hint names a --data other than ./data)
 
     def message(self) -> str:
-        fix = (f" - move it aside (the intact prefix stays readable): python cli.py quarantine {self.run_id} "
-               f"{self.part}" if self.part else "")  # fmt: skip
+        hint = command_line(self.data_dir, "quarantine", self.run_id, self.part) if self.part else ""
+        fix = f" - move it aside (the intact prefix stays readable): {hint}" if hint else ""
         return f"run {self.run_id} is damaged and was not read: {self.problem}{fix}"
 
 
@@ -89,7 +91,7 @@ def diagnosed(data_dir: Path, run_id: str, problem: str) -> DamagedRun:
     """A run a reader could not read (``problem``), as ``verify`` diagnoses it."""
     verification = verify_log(EventLog(data_dir, run_id))
     bad = verification.first_bad
-    return DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None)
+    return DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None, data_dir)
 
 
 def _unreadable(data_dir: Path, run_id: str, derived) -> str | None:

@@ -27,6 +27,7 @@ from engine.catalog import Catalog
 from engine.derived import Derived
 from ingest.errors import LogError
 from ingest.log import EventLog
+from ingest.paths import command_line
 
 Row = dict[str, Any]
 TREE_COLUMNS = ("tree_id, stage, status, stop_reason, kept_edges, good_leaves, final_leaves, root_score, "
@@ -45,14 +46,15 @@ class Frame:
     stops: dict[str, int]
     trees: list[Row]
     in_flight: list[Row]
+    writing: bool = True  # a process holds the run's writer lock (an unfinished run without one is interrupted)
 
     @property
     def finished(self) -> bool:
         return bool(self.pace["finished"])
 
 
-def read_frame(catalog: Catalog, run_id: str) -> Frame:
-    """The frame of what the catalog holds."""
+def read_frame(catalog: Catalog, run_id: str, writing: bool = True) -> Frame:
+    """The frame of what the catalog holds (``writing``: whether a process writes the run)."""
     q = catalog.query
     stops = {r["stop_reason"]: r["n"] for r in q("select stop_reason, count(*) as n from int_trees__summarized "
                                                  "where stop_reason is not null group by all order by 1")}  # fmt: skip
@@ -65,6 +67,7 @@ def read_frame(catalog: Catalog, run_id: str) -> Frame:
         stops=stops,
         trees=q(f"select {TREE_COLUMNS} from int_trees__summarized order by status = 'done', tree_id"),
         in_flight=q("select * from turns_in_flight order by since, tree_id, edge_id"),
+        writing=writing,
     )
 
 
@@ -77,7 +80,7 @@ def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
     """
     log = EventLog(data_dir, run_id).require()
     catalog = Derived(data_dir).open(run_id, writable=True)  # the stored state, then what the writer appends
-    frame = read_frame(catalog, run_id)
+    frame = read_frame(catalog, run_id, writer_alive(log))
     yield frame
     if frame.finished:
         return
@@ -87,14 +90,14 @@ def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
                                     stop_event=stop, debounce=200, raise_interrupt=True):  # fmt: skip
         writer_gone = not changes and not writer_alive(log)  # a look with nothing new: is anyone writing?
         catalog.load(log)
-        frame = read_frame(catalog, run_id)
+        frame = read_frame(catalog, run_id, not writer_gone)
         yield frame
         if frame.finished:
             return
         if writer_gone:  # (looked at before the load: a writer that finished published first)
             raise LogError(f"run {run_id!r} is not finished and no process writes it any more (none holds "
                            f"{log.dir / 'writer.lock'}): its writer died - continue it with: "
-                           f"python cli.py explore --resume {run_id}")  # fmt: skip
+                           f"{command_line(data_dir, 'explore', '--resume', run_id)}")  # fmt: skip
 
 
 def writer_alive(log: EventLog) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 
 from ingest.errors import InputError, OutputError
@@ -15,6 +16,16 @@ DATA_ENV = "TEACHER_MCTS_DATA"
 def default_data_dir() -> Path:
     """The data directory: ``$TEACHER_MCTS_DATA`` or ``./data``."""
     return Path(os.environ.get(DATA_ENV) or "data")
+
+
+def command_line(data_dir: Path | str, *words: str) -> str:
+    """The command line a hint prints, so that it works as printed: ``python cli.py [--data DIR] WORDS``.
+
+    ``--data`` is left out only for the default ``./data`` (a directory relative to the
+    current one, like every --data given as a relative path).
+    """
+    data = [] if Path(data_dir) == Path("data") else ["--data", str(data_dir)]
+    return " ".join(["python cli.py", *(shlex.quote(w) for w in (*data, *words))])
 
 
 def check_run_id(run_id: str) -> str:

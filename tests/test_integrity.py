@@ -129,7 +129,7 @@ def test_verify_reports_the_first_damaged_part_its_seqs_and_the_intact_prefix(ru
     assert (f"verify: the log is intact up to seq {parts[1].first - 1} of {tail}; {first.name} "
             f"(seqs {parts[1].first}..{parts[1].last}) is damaged: {CHECKSUM}") in r.stdout  # fmt: skip
     assert f"first bad part: {first} (seqs {parts[1].first}..{parts[1].last})" in r.stdout
-    assert f"python cli.py quarantine rounds {first.name}" in r.stdout
+    assert f"python cli.py --data {run} quarantine rounds {first.name}" in r.stdout
     out = json.loads(invoke(run, "verify", "rounds", "--json").stdout)
     assert out["ok"] is False and out["intact_to"] == parts[1].first - 1 and out["first_bad"] == first.name
     assert out["first_bad_path"] == str(first)
@@ -176,7 +176,7 @@ def test_quarantine_moves_the_damage_aside_and_resume_grows_the_same_trees(runs,
     assert r.stdout.splitlines()[0] == f"run rounds: moved {len(moved)} part(s) to {run_dir(run, 'rounds')}/quarantine:"
     assert f"the log now holds seqs 1..{intact}, intact ({parts[-1].last - intact} events moved: " in r.stdout
     assert "and the run's RunFinished)" in r.stdout
-    assert "python cli.py explore --resume rounds" in r.stdout
+    assert f"python cli.py --data {run} explore --resume rounds" in r.stdout
     after = listing(run)  # never deleted: every byte is still there, moved; the record only grew
     record = "log/_record.jsonl"
     assert after[record].startswith(before.pop(record)) and b'"note":"quarantined"' in after.pop(record)

@@ -182,7 +182,7 @@ def test_one_damaged_run_does_not_hide_the_healthy_ones_from_any_all_runs_comman
     part.write_bytes(bytes(raw))
     problem = verify_log(EventLog(data, "async")).problem
     named = f"run async is damaged and was not read: {problem}"
-    quarantine = f"python cli.py quarantine async {part.name}"
+    quarantine = f"python cli.py --data {data} quarantine async {part.name}"
 
     def damaged_named(r) -> None:
         assert r.exit_code == 1 and "Traceback" not in r.output, r.output

@@ -186,7 +186,7 @@ def test_watch_ends_when_the_writer_dies(tmp_path):
     assert watch.returncode == 1, err
     assert err == (f"Error: run 'dies' is not finished and no process writes it any more (none holds "
                    f"{data / 'runs' / 'dies' / 'writer.lock'}): its writer died - continue it with: "
-                   "python cli.py explore --resume dies\n")  # fmt: skip
+                   f"python cli.py --data {data} explore --resume dies\n")  # fmt: skip
 
 
 @pytest.mark.slow

@@ -4,10 +4,15 @@
 --
 -- Wall-clock figures from the times events were recorded (for watching a run, never
 -- for a decision). The session is the last start or resume: its rates leave out the
--- time a killed run lay still. expected_edges_per_tree: the mean edge attempts of
--- the trees done, else max_valid_edges + 1 (an upper bound on kept edges). The time
--- left: the edges the running trees are expected to add, at the session's rate
--- (null until an edge was judged in it); 0 once the run finished.
+-- time a killed run lay still. The time left is the remaining work over the observed
+-- throughput: the edge attempts the unfinished trees are expected to add, over the
+-- session's edges judged per second (all trees together, however many run at once).
+-- An unfinished tree is expected to grow as far as the finished trees that grew past
+-- its attempts so far did, on average; when none did, by its share of the good leaves
+-- it still needs (attempts x target_good_leaves / good_leaves); at least one attempt
+-- more either way, so the estimate is never 0 while a tree is unfinished. eta_seconds
+-- is null ("estimating") until a tree finished and an edge was judged in measured time
+-- of the session; 0 once the run finished.
 with session as (
     select max(recorded_at) as started_at
     from (
@@ -45,23 +50,31 @@ tokens as (
 
 per_tree as (
     select
+        t.tree_id,
         t.status,
+        t.good_leaves,
         t.kept_edges + t.pruned_edges + t.retried_edges + t.in_flight_edges as attempts
     from int_trees__summarized as t
 ),
 
-expected as (
+done as (
     select
-        coalesce(avg(attempts) filter (where status = 'done'), max(c.max_valid_edges) + 1.0)
-            as expected_edges_per_tree
+        count(*) as trees_done,
+        avg(attempts) as expected_edges_per_tree
     from per_tree
-    cross join run_config as c
+    where status = 'done'
 ),
 
 remaining as (
-    select sum(greatest(e.expected_edges_per_tree - p.attempts, 0.0)) as remaining_edges
+    select sum(greatest(
+        coalesce(
+            (select avg(d.attempts) from per_tree as d where d.status = 'done' and d.attempts > p.attempts),
+            p.attempts * c.target_good_leaves / greatest(p.good_leaves, 1)
+        ) - p.attempts,
+        1.0
+    )) as remaining_edges
     from per_tree as p
-    cross join expected as e
+    cross join run_config as c
     where p.status <> 'done'
 ),
 
@@ -72,6 +85,7 @@ paced as (
         date_diff('millisecond', s.started_at, l.last_event_at) / 1000.0 as session_seconds,
         j.session_edges,
         k.session_tokens,
+        e.trees_done,
         e.expected_edges_per_tree,
         coalesce(r.remaining_edges, 0.0) as remaining_edges,
         exists (select 1 from stg_run_finished) as finished
@@ -79,7 +93,7 @@ paced as (
     cross join latest as l
     cross join judged as j
     cross join tokens as k
-    cross join expected as e
+    cross join done as e
     cross join remaining as r
 )
 
@@ -90,7 +104,7 @@ select
     case when session_seconds > 0 then session_tokens * 3600.0 / session_seconds end as tokens_per_hour,
     case
         when finished then 0.0
-        when session_edges > 0 and session_seconds > 0
+        when trees_done > 0 and session_edges > 0 and session_seconds > 0
             then remaining_edges * session_seconds / session_edges
     end as eta_seconds
 from paced
