@@ -221,7 +221,7 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
     q = lambda sql: runs.query(sql.replace("{run}", run_id.replace("'", "''")), run_id)  # noqa: E731
     trees = q("select * from trees where run_id = '{run}' order by tree_id")
     sign = float(q("select sign from run_config where run_id = '{run}'")[0]["sign"])
-    rows_of = tree_rows(runs.query, f"run_id = {sql_text(run_id)}")
+    rows_of = tree_rows(lambda sql: runs.query(sql, run_id), f"run_id = {sql_text(run_id)}")
     stages = q("select * from coverage where run_id = '{run}' and stratum = 'stage' "
                "order by list_position(['early', 'middle', 'late'], stratum_key), stratum_key")
     overall = q("select * from coverage where run_id = '{run}' and stratum = 'all'")
