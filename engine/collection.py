@@ -152,7 +152,7 @@ class Collection:
         _path, macros, _reads = read_macros()
         self.con.execute(macros)  # node_key, pct, ...: for queries over the union views too
         logs = [run_dir(self.data_dir, run_id) / "log" for run_id in self.run_ids]
-        readable = [f"{log.resolve()}/" for log in logs] + [f"{self.derived.root.resolve()}/"]
+        readable = [f"{log.resolve()}/" for log in logs] + [f"{self.derived.ensure_root().resolve()}/"]
         self.con.execute("set allowed_directories = ?", [readable])
         self.con.execute("set enable_external_access = false")
         self.con.execute(f"set memory_limit = '{self.limits.memory}B'")

@@ -175,7 +175,7 @@ class Derived:
         self.data_dir = Path(data_dir)
         self.views_dir = views_dir
         self.digest = views_digest(views_dir)
-        self.root = self.data_dir / DERIVED  # made when a state is first stored (see _writable)
+        self.root = self.data_dir / DERIVED  # made when a state is first stored (ensure_root)
         self.loaded: Counter[str] = Counter()
         self.built: Counter[str] = Counter()
         self.con = duckdb.connect(config={"temp_directory": ""})  # builds states; never queried by users
@@ -183,10 +183,11 @@ class Derived:
         self._n = 0
         self._checked_root = False
 
-    def _writable(self) -> None:
-        """Make the root, or (where it cannot be written) move it to a temporary directory, with a note."""
+    def ensure_root(self) -> Path:
+        """Make the root, or (where it cannot be written) move it to a temporary directory, with a note;
+        the root states are kept in."""
         if self._checked_root:
-            return
+            return self.root
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.root, prefix=_TMP):
@@ -197,6 +198,7 @@ class Derived:
                   f"{fallback} for this process only, and every process derives it again", file=sys.stderr)  # fmt: skip
             self.root = fallback
         self._checked_root = True
+        return self.root
 
     # -- finding or building a state
 
@@ -207,7 +209,7 @@ class Derived:
         cannot be read, its parts are damaged or its recorded config is not valid
         (nothing is stored then).
         """
-        self._writable()
+        self.ensure_root()
         flavour = self.root / run_id / flavour_key(self.digest, variables)
         for attempt in range(5):
             if source is None or attempt:

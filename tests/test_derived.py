@@ -230,3 +230,12 @@ def test_two_processes_reading_a_fresh_collection_at_once_agree_and_leave_it_int
     for state in states(data):  # every state whole: readable, and a tmp directory of neither left
         assert (state.parent / "catalog.duckdb").is_file()
     assert not list((data / "derived").glob("*/*/.tmp-*"))
+
+
+def test_where_derived_cannot_be_written_a_temporary_directory_serves_with_a_note(data, capsys):
+    before = answers(data)
+    shutil.rmtree(data / "derived", ignore_errors=True)
+    (data / "derived").write_text("not a directory")  # nothing can be stored there
+    assert answers(data) == before
+    assert "cannot keep derived state in" in capsys.readouterr().err
+    assert (data / "derived").read_text() == "not a directory"
