@@ -86,7 +86,8 @@ COMMANDS = ("replay", "audit", "export")
 SQL = {"sql": "select count(*) as trees from trees",
        "sql-coverage": "select task, stage, sum(selected_paths) as paths, sum(n_eff) as n_eff from coverage "
                        "where stratum = 'stage' group by all order by all"}  # fmt: skip
-READS = ("sql", "sql-coverage", "audit", "report")  # measured cold, then warm
+READS = ("sql", "sql-coverage", "audit", "report")  # measured warm
+COLD = ("sql", "audit")  # measured cold too: nothing derived (now; at every decision)
 EXPORT_COLUMNS = ["messages", "body"]  # what export reads beside the light columns
 
 
@@ -226,6 +227,8 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline-repeat", type=int, default=1, help="plain-Python replays per size")
+    parser.add_argument("--reads-only", action="store_true",
+                        help="only the reads of derived state (cold, warm, after growth)")  # fmt: skip
     parser.add_argument("--child", choices=[*COMMANDS, *READS, "baseline", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -243,6 +246,15 @@ def main() -> None:
         out = args.data.resolve() / f"export-{size}"
         files = part_files(data)
         light = light_columns(files)
+        if args.reads_only:
+            light_floor = statistics.median(scan_floor(files, light) for _ in range(args.repeat))
+            print(f"\n{size}: {len(run_ids(data))} runs, {events[size]:,} events; load average "
+                  f"{os.getloadavg()[0]:.1f} at the start; scan floor of the light columns {light_floor:.3f} s")
+            reads = measure_reads(data, out, args.repeat)
+            grown = measure_growth(args.data.resolve(), size, args.repeat)
+            report_reads(size, reads, grown, light_floor, None)
+            print(f"  load average {os.getloadavg()[0]:.1f} at the end")
+            continue
         loads = [os.getloadavg()[0]]
         floors = {"light": [], "export": []}
         runs: dict[str, list[dict]] = {c: [] for c in (*COMMANDS, "baseline")}
@@ -266,19 +278,23 @@ def main() -> None:
         grown = measure_growth(args.data.resolve(), size, args.repeat)
         report_reads(size, reads, grown, floor["light"], row["baseline"]["seconds"])
         row["reads"], row["grown"] = reads, grown
-    report_growth(table, sizes)
+    if not args.reads_only:
+        report_growth(table, sizes)
 
 
 def measure_reads(data: Path, out: Path, repeat: int) -> dict[str, dict]:
-    """Each read command cold (no derived state: deleted first) once, then warm ``repeat`` times;
-    and the floor process (a new Python process scanning the light columns) ``repeat`` times."""
+    """The COLD commands once with nothing derived (``<data>/derived`` deleted first), every read
+    command warm ``repeat`` times (what the cold reads stored), and the floor process (a new Python
+    process scanning the light columns) ``repeat`` times."""
     found: dict[str, dict] = {}
-    for command in READS:
+    for command in COLD:
         shutil.rmtree(data / "derived", ignore_errors=True)
-        cold = measure(command, data, out)
+        found[command] = {"cold": measure(command, data, out)}
+    for command in READS:
         warm = [measure(command, data, out) for _ in range(repeat)]
-        found[command] = {"cold": cold, "warm": {k: median_of(warm, k) for k in ("seconds", "wall")},
-                          "rss": max(r["rss"] for r in [cold, *warm])}  # fmt: skip
+        found.setdefault(command, {})["warm"] = {k: median_of(warm, k) for k in ("seconds", "wall")}
+        found[command]["rss"] = max(r["rss"] for r in [*warm, *([found[command]["cold"]] if "cold" in found[command]
+                                                                 else [])])  # fmt: skip
     floors = [measure("floor", data, out) for _ in range(repeat)]
     found["floor"] = {k: median_of(floors, k) for k in ("seconds", "wall")}
     Path(str(out) + ".html").unlink(missing_ok=True)
@@ -320,16 +336,17 @@ def measure_growth(root: Path, size: str, repeat: int) -> dict[str, float]:
     return {"plain": statistics.median(plain), "grown": statistics.median(after), "events": len(turn)}
 
 
-def report_reads(size: str, reads: dict, grown: dict, light_floor: float, baseline: float) -> None:
+def report_reads(size: str, reads: dict, grown: dict, light_floor: float, baseline: float | None) -> None:
     floor = reads["floor"]
     print(f"  floor process (a new Python scanning the light columns): {floor['wall']:.2f} s end to end, "
           f"{floor['seconds']:.2f} s its scan")
     for command in READS:
         r = reads[command]
-        cold, warm = r["cold"], r["warm"]
-        print(f"  {command:12s} cold {cold['seconds']:6.2f} s = {cold['seconds'] / light_floor:5.1f}x the scan floor; "
-              f"warm {warm['seconds']:5.2f} s, {warm['wall']:5.2f} s end to end = {warm['wall'] / floor['wall']:4.2f}x "
-              f"the floor process; peak RSS {mb(r['rss'])}")  # fmt: skip
+        warm = r["warm"]
+        cold = (f"cold {r['cold']['seconds']:6.2f} s = {r['cold']['seconds'] / light_floor:5.1f}x the scan floor; "
+                if "cold" in r else "")  # fmt: skip
+        print(f"  {command:12s} {cold}warm {warm['seconds']:5.2f} s, {warm['wall']:5.2f} s end to end = "
+              f"{warm['wall'] / floor['wall']:4.2f}x the floor process; peak RSS {mb(r['rss'])}")
     print(f"  after one run grew by {grown['events']} events: sql {grown['grown']:.2f} s end to end vs "
           f"{grown['plain']:.2f} s without growth = {grown['grown'] / grown['plain']:.2f}x")
 
