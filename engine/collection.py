@@ -299,7 +299,12 @@ class Collection:
         except duckdb.Error as err:
             raise QueryError(_first_line(err)) from err
         finally:
+            # Joined, not only cancelled: a timer thread still ending at the interpreter's exit
+            # would drop the last reference to this connection there, and DuckDB aborts the
+            # process when its instance is destroyed during finalization (exit 134).
             timer.cancel()
+            if timer.is_alive():
+                timer.join()
 
     def query(self, query: str, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of a read-only query, as dicts; ``run_id``: over that run's rows alone (reads only its files)."""

@@ -239,3 +239,19 @@ def test_where_derived_cannot_be_written_a_temporary_directory_serves_with_a_not
     assert answers(data) == before
     assert "cannot keep derived state in" in capsys.readouterr().err
     assert (data / "derived").read_text() == "not a directory"
+
+
+def test_a_collection_dropped_before_the_interpreter_ends_leaves_a_clean_exit(data):
+    """A query's time-limit timer is joined: a timer thread ending during the interpreter's
+    finalization dropped the last reference to the connection there, and DuckDB aborted (134)."""
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from engine.audit import audit\n"
+        "from engine.collection import open_runs\n"
+        "def read():\n"
+        "    return open_runs(sys.argv[1]).query('select count(*) as n from trees')[0]['n']\n"
+        "print(read(), len(audit(sys.argv[1]).runs))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(data)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.split() == ["8", "2"], (done.returncode, done.stdout, done.stderr)
