@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import Catalog
+import duckdb
+
+from engine.catalog import Catalog, read_views
 from engine.replay import loaded_at_decisions
 from engine.runs import DamagedRun, over_runs, runs_to_read
 from ingest.errors import InputError
 from ingest.log import EventLog
 
-STRATA = ("task", "stage", "depth", "lineage", "root")
 TOP_ERRORS = 5
 
 Rows = list[dict[str, Any]]
@@ -46,12 +47,20 @@ class AuditReport:
         return {k: v for k, v in vars(self).items() if k not in ("runs", "damaged")}
 
 
+def strata() -> tuple[str, ...]:
+    """The strata ``--by`` takes: those of the ``coverage_strata`` view but ``all`` (always listed)."""
+    with duckdb.connect() as con:
+        rows = con.execute(read_views()["coverage_strata"].sql).fetchall()
+    return tuple(name for name, _order in sorted(rows, key=lambda r: r[1]) if name != "all")
+
+
 def parse_by(text: str | None) -> tuple[str, ...]:
     """``task,stage`` into strata; InputError names an unknown one."""
     by = tuple(s.strip() for s in (text or "task,stage").split(",") if s.strip())
-    unknown = [s for s in by if s not in STRATA]
+    known = strata()
+    unknown = [s for s in by if s not in known]
     if unknown:
-        raise InputError(f"--by: unknown stratum {unknown[0]!r} (use {', '.join(STRATA)})")
+        raise InputError(f"--by: unknown stratum {unknown[0]!r} (use {', '.join(known)})")
     return by
 
 

@@ -189,12 +189,6 @@ class RunConfig(_Strict):
             data = dict(data, schedule="rounds" if data.get("backend", "sim") == "sim" else "async")
         return data
 
-    @model_validator(mode="after")
-    def _tree_is_possible(self) -> RunConfig:
-        if self.tree.root_children < 1 or self.tree.max_depth < 1:
-            raise ValueError("tree.root_children and tree.max_depth must be at least 1")
-        return self
-
 
 def parallel_cap() -> tuple[int, str]:
     """The most slots a run may have on this machine, and why."""

@@ -239,7 +239,7 @@ def resume_run(
     log = EventLog(data_dir, run_id).require()
     with LogWriter.open(data_dir, run_id) as writer:
         catalog = Catalog.for_log(log, threads=ENGINE_THREADS)
-        command = catalog.query("select command from stg_run_started order by seq limit 1")
+        command = catalog.query("select command from run_config")
         if not command or command[0]["command"] != "explore":
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
         config, note = recorded_config(catalog, log), RESUMED

@@ -56,12 +56,6 @@ class Params:
             canon["diversity"] = float(self.diversity)
         return "paths-" + hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()[:12]
 
-    @classmethod
-    def of(cls, selection: dict[str, Any]) -> Params:
-        """The parameters of a recorded selection (``recorded_selections`` row)."""
-        weights = dict(selection["weights"])
-        return cls({k: weights[k] for k in WEIGHT_KEYS}, selection["top_k"], weights.get("diversity"))
-
 
 def selection_id(weights: dict[str, float], top_k: int) -> str:
     """The id of a plain Top-k selection: a digest of its weights and k."""
