@@ -15,7 +15,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import InputError
-from ingest.events import fits_int64
+from ingest.schema import fits_int64
 
 SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
 # Weights and score levels are bounded so that no score can overflow to infinity

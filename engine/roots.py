@@ -26,8 +26,9 @@ from engine.catalog import Catalog
 from engine.config import RunConfig, load_config
 from ingest import coral_run
 from ingest.errors import InputError, OptionError, OutputError, os_problem
-from ingest.events import RunStarted, SnapshotsPicked, to_arrow
+from ingest.events import RunStarted, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.schema import to_arrow
 from ingest.snapshots import NAME_RE, read_direction, scan
 
 

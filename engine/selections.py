@@ -20,8 +20,9 @@ from engine.catalog import Catalog
 from engine.config import MAX_WEIGHT, PathWeights, problems
 from engine.runs import open_run
 from ingest.errors import InputError, LogError, OptionError
-from ingest.events import PathsSelected, fits_int64
+from ingest.events import PathsSelected
 from ingest.log import EventLog, LogWriter
+from ingest.schema import fits_int64
 
 WEIGHT_KEYS = ("max", "avg", "clean", "know")
 PATH_FIELDS = (

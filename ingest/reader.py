@@ -19,10 +19,11 @@ import pyarrow.parquet as pq
 
 from ingest.checks import check_part, unreadable_part
 from ingest.errors import LogError
-from ingest.events import SCHEMA, as_utf8
+from ingest.events import as_utf8
 from ingest.parts import Part
 from ingest.paths import RUN_ID_RE, check_run_id, run_dir
 from ingest.record import RECORD, Record, legacy_cover, list_parts, locate, read_record
+from ingest.schema import SCHEMA
 
 
 def run_ids(data_dir: Path | str) -> list[str]:

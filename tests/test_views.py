@@ -113,8 +113,8 @@ def comparable(rows: list[dict]) -> list[str]:
 
 
 def test_tables_refreshed_tree_by_tree_equal_a_full_rebuild(sim_log):
-    from ingest.events import LIGHT_SCHEMA
     from ingest.log import EventLog
+    from ingest.schema import LIGHT_SCHEMA
 
     log = EventLog(*sim_log)
     events = log.read_table(LIGHT_SCHEMA.names)
@@ -134,8 +134,8 @@ def test_tables_refreshed_tree_by_tree_equal_a_full_rebuild(sim_log):
 
 def test_a_query_computes_only_the_tables_it_reads(sim_log):
     """After a load, tables wait until read; stale trees upstream of a table still to compute whole."""
-    from ingest.events import LIGHT_SCHEMA
     from ingest.log import EventLog
+    from ingest.schema import LIGHT_SCHEMA
 
     log = EventLog(*sim_log)
     events = log.read_table(LIGHT_SCHEMA.names)
@@ -176,8 +176,9 @@ def test_run_progress_counts_the_edges_and_trees_of_the_run(sim_log):
 
 
 def test_an_edge_starting_makes_only_the_as_of_tables_stale(sim_log):
-    from ingest.events import EdgeStarted, to_arrow
+    from ingest.events import EdgeStarted
     from ingest.log import EventLog
+    from ingest.schema import to_arrow
 
     log = EventLog(*sim_log)
     live = Catalog.for_log(log, threads=1)
