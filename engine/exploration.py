@@ -155,15 +155,15 @@ def new_run(
         from engine.teachers.opencode import resolve_options
 
         config = config.model_copy(update={"backend_options": resolve_options(config.backend_options)})
-    selection, written_to = None, None
+    selection, picks, written_to = None, [], None
     if select:
         selection = plan_selection(source, config, "explore", run_id)
-        config = selection.config
-        roots, written_to = _roots_from_selection(selection.picks, config.task, run_dir / "roots")
+        config, picks = selection.config, selection.picks
+        roots, written_to = _roots_from_selection(picks, config.task, run_dir / "roots")
     teacher = make_teacher(config, run_dir)  # fails before the run exists
     try:
         if written_to is not None:  # (an earlier attempt at this run id that failed later is replaced)
-            copy_snapshots(selection.picks, written_to, overwrite=True, run_id=run_id)  # type: ignore[union-attr]
+            copy_snapshots(picks, written_to, overwrite=True, run_id=run_id)
         with LogWriter.create(data_dir, run_id) as writer:
             catalog = _start(writer, config, source, selection, roots)
             if on_start:
