@@ -22,6 +22,21 @@ parsing the arguments to the last line printed, without starting Python):
 - audit: ``python cli.py --data DIR audit --json``;
 - export: ``python cli.py --data DIR export --out OUT`` (every run's default selection).
 
+Reads go through the runs' stored derived state (``engine/derived.py``), so each read
+command is measured cold (``<data>/derived`` deleted first: the first read of a
+collection) and warm (a later process, the state stored):
+
+- sql: ``python cli.py --data DIR sql "select count(*) from trees" --json``, and a second
+  typical query over the coverage view (``sql-coverage``);
+- audit and report (``report --out FILE``) cold, then warm;
+- incremental: one run (a copy of the collection's first) grows by one turn's events
+  (~100 tool calls appended by a writer), then one warm ``sql`` query: beside the same
+  query with no growth.
+
+Each sql figure is also given end to end (the process's wall time, Python's start
+included) beside the *floor process*: a new Python process scanning the light columns
+of the same parts with DuckDB.
+
 Beside them, measured on the same files in the same script: the scan floor, DuckDB
 scanning the columns the command reads (the light columns for replay and audit; those
 and the recorded conversations and contents for export), and the plain-Python replay
@@ -31,9 +46,11 @@ and audit, which does the replay's work and reads the audit tables too, are comp
 with it).
 Printed: medians of ``--repeat``, ratios, peak RSS, the load average while measuring,
 and the growth exponent from the smallest size to the largest: the slope of log(time)
-over log(events). Targets (medians, 2 cores): replay and audit <= 5x the scan floor
-and >= 10x faster than the plain-Python replay at ~1M events, growth exponent <= 1.1
-up to ~10M, peak RSS <= 2 GiB at ~10M events.
+over log(events). Targets (medians, 2 cores): warm sql <= 1 s end to end at ~10M and
+<= 1.2x the floor process at ~1M; warm audit <= 2 s and report <= 5 s at ~10M; cold sql
+<= 5x the light-column scan floor; a warm query after one run grew by a turn <= 1.5x
+one without growth; replay <= 5x the scan floor and >= 3x faster than the plain-Python
+replay at ~1M; peak RSS <= 2 GiB at ~10M for every command.
 
     python benchmarks/collection.py [--data DIR] [--sizes 1M 5M 10M] [--repeat 3]
 """
@@ -56,6 +73,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import pyarrow.compute as pc  # noqa: E402
+
 from benchmarks.logs import SNAPSHOTS, copy_run, light_columns, long_turns, scan_floor  # noqa: E402
 from ingest.log import EventLog, run_ids  # noqa: E402
 
@@ -64,6 +83,10 @@ SEEDS = (5, 6, 7)
 MARKER = "collection.json"
 MADE_BY = "benchmarks/collection.py v2"  # v2: part names carry checksums
 COMMANDS = ("replay", "audit", "export")
+SQL = {"sql": "select count(*) as trees from trees",
+       "sql-coverage": "select task, stage, sum(selected_paths) as paths, sum(n_eff) as n_eff from coverage "
+                       "where stratum = 'stage' group by all order by all"}  # fmt: skip
+READS = ("sql", "sql-coverage", "audit", "report")  # measured cold, then warm
 EXPORT_COLUMNS = ["messages", "body"]  # what export reads beside the light columns
 
 
@@ -124,10 +147,21 @@ def child(command: str, data: Path, out: Path) -> None:
                  "differ": sum(len(r.differences) for r in results)}  # fmt: skip
         print(json.dumps({"seconds": seconds, **found}))
         return
+    if command == "floor":
+        import duckdb
+
+        start = time.perf_counter()
+        files = part_files(data)
+        sql = "select " + ", ".join(f'max("{c}")' for c in light_columns(files[:1])) + " from read_parquet(?)"
+        duckdb.connect().execute(sql, [files]).fetchall()
+        print(json.dumps({"seconds": time.perf_counter() - start}))
+        return
     from cli import cli
 
     args = {"replay": ["replay", "--json"], "audit": ["audit", "--json"],
-            "export": ["export", "--out", str(out), "--overwrite", "--json"]}[command]  # fmt: skip
+            "export": ["export", "--out", str(out), "--overwrite", "--json"],
+            "report": ["report", "--out", str(out) + ".html"],
+            **{name: ["sql", query, "--json"] for name, query in SQL.items()}}[command]  # fmt: skip
     printed = io.StringIO()
     start = time.perf_counter()
     with contextlib.redirect_stdout(printed):
@@ -137,7 +171,8 @@ def child(command: str, data: Path, out: Path) -> None:
             if stop.code:
                 raise
     seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, **summary(command, json.loads(printed.getvalue()))}))
+    found = {} if command == "report" else summary(command, json.loads(printed.getvalue()))
+    print(json.dumps({"seconds": seconds, **found}))
 
 
 def summary(command: str, output: dict) -> dict:
@@ -149,6 +184,8 @@ def summary(command: str, output: dict) -> dict:
                              for t in trees), "differ": output["differ"]}  # fmt: skip
     if command == "audit":
         return {"runs": len(output["runs"]), "violations": len(output["violations"])}
+    if command in SQL:
+        return {"rows": len(output)}
     return {"samples": output["samples"]}
 
 
@@ -156,9 +193,11 @@ def measure(command: str, data: Path, out: Path) -> dict:
     """One child process: the command's time and findings, and the child's peak RSS (bytes)."""
     with open(out.with_name(out.name + ".stdout"), "w+b") as stdout, open(out.with_name(out.name + ".stderr"),
                                                                           "w+b") as stderr:  # fmt: skip
+        started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, __file__, "--child", command, "--data", str(data), "--out", str(out)],
                                 stdout=stdout, stderr=stderr, cwd=ROOT)  # fmt: skip
         _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
         stdout.seek(0)
         stderr.seek(0)
         printed, problems = stdout.read().decode(), stderr.read().decode()
@@ -166,7 +205,7 @@ def measure(command: str, data: Path, out: Path) -> dict:
     Path(stderr.name).unlink()
     if os.waitstatus_to_exitcode(status):
         sys.exit(f"{command} on {data} failed:\n{problems[-3000:]}")
-    return {**json.loads(printed.strip().splitlines()[-1]), "rss": usage.ru_maxrss * 1024}
+    return {**json.loads(printed.strip().splitlines()[-1]), "rss": usage.ru_maxrss * 1024, "wall": wall}
 
 
 # ------------------------------------------------------------ the report
@@ -186,7 +225,7 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline-repeat", type=int, default=1, help="plain-Python replays per size")
-    parser.add_argument("--child", choices=[*COMMANDS, "baseline"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=[*COMMANDS, *READS, "baseline", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -222,7 +261,76 @@ def main() -> None:
         for command, results in runs.items():
             row[command] = {"seconds": median_of(results, "seconds"), "rss": max(r["rss"] for r in results)}
         report_size(size, row, len(run_ids(data)), args.repeat, args.baseline_repeat)
+        reads = measure_reads(data, out, args.repeat)
+        grown = measure_growth(args.data.resolve(), size, args.repeat)
+        report_reads(size, reads, grown, floor["light"], row["baseline"]["seconds"])
+        row["reads"], row["grown"] = reads, grown
     report_growth(table, sizes)
+
+
+def measure_reads(data: Path, out: Path, repeat: int) -> dict[str, dict]:
+    """Each read command cold (no derived state: deleted first) once, then warm ``repeat`` times;
+    and the floor process (a new Python process scanning the light columns) ``repeat`` times."""
+    found: dict[str, dict] = {}
+    for command in READS:
+        shutil.rmtree(data / "derived", ignore_errors=True)
+        cold = measure(command, data, out)
+        warm = [measure(command, data, out) for _ in range(repeat)]
+        found[command] = {"cold": cold, "warm": {k: median_of(warm, k) for k in ("seconds", "wall")},
+                          "rss": max(r["rss"] for r in [cold, *warm])}  # fmt: skip
+    floors = [measure("floor", data, out) for _ in range(repeat)]
+    found["floor"] = {k: median_of(floors, k) for k in ("seconds", "wall")}
+    Path(str(out) + ".html").unlink(missing_ok=True)
+    return found
+
+
+def measure_growth(root: Path, size: str, repeat: int) -> dict[str, float]:
+    """A warm sql query, then the same after one run grew by one turn's events, ``repeat`` times.
+
+    The collection's runs are hard-linked into ``grow-<size>/`` but its first run, copied
+    (its record and parts are appended to); each growth appends ~100 of that run's own tool
+    calls again, as a turn's recorder would (the trees' views change; no decision is taken).
+    """
+    from ingest.events import from_row
+    from ingest.log import LogWriter
+
+    data, src = root / f"grow-{size}", root / size
+    shutil.rmtree(data, ignore_errors=True)
+    runs = run_ids(src)
+    for i, run in enumerate(runs):
+        (data / "runs").mkdir(parents=True, exist_ok=True)
+        if i == 0:
+            shutil.copytree(src / "runs" / run, data / "runs" / run)
+        else:
+            shutil.copytree(src / "runs" / run, data / "runs" / run, copy_function=os.link)
+    grown = runs[0]
+    calls = EventLog(data, grown).read_table()
+    calls = calls.filter(pc.equal(calls.column("kind"), "tool_called")).slice(0, 100).to_pylist()
+    turn = [from_row({k: v for k, v in row.items() if k not in ("seq", "recorded_at")}) for row in calls]
+    out = root / f"grow-{size}.out"
+    measure("sql", data, out)  # the states, derived
+    plain, after = [], []
+    for _ in range(repeat):
+        plain.append(measure("sql", data, out)["wall"])
+        with LogWriter.open(data, grown) as writer:
+            writer.append(turn)
+        after.append(measure("sql", data, out)["wall"])
+    shutil.rmtree(data, ignore_errors=True)
+    return {"plain": statistics.median(plain), "grown": statistics.median(after), "events": len(turn)}
+
+
+def report_reads(size: str, reads: dict, grown: dict, light_floor: float, baseline: float) -> None:
+    floor = reads["floor"]
+    print(f"  floor process (a new Python scanning the light columns): {floor['wall']:.2f} s end to end, "
+          f"{floor['seconds']:.2f} s its scan")
+    for command in READS:
+        r = reads[command]
+        cold, warm = r["cold"], r["warm"]
+        print(f"  {command:12s} cold {cold['seconds']:6.2f} s = {cold['seconds'] / light_floor:5.1f}x the scan floor; "
+              f"warm {warm['seconds']:5.2f} s, {warm['wall']:5.2f} s end to end = {warm['wall'] / floor['wall']:4.2f}x "
+              f"the floor process; peak RSS {mb(r['rss'])}")  # fmt: skip
+    print(f"  after one run grew by {grown['events']} events: sql {grown['grown']:.2f} s end to end vs "
+          f"{grown['plain']:.2f} s without growth = {grown['grown'] / grown['plain']:.2f}x")
 
 
 def check_agreement(size: str, runs: dict[str, list[dict]]) -> None:

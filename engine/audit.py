@@ -2,11 +2,10 @@
 
 Every figure is a row of a view (``coverage``, ``learnability``, ``tool_error_rates``,
 ``tool_error_messages``, ``knowledge_usage``, ``knowledge_improvement``, ``cost_tasks``
-and every ``audit_*`` view); this module only chooses which rows to show. Every view
-of a collection is per run (the union of the runs' rows, ``run_id`` first), so the
-audit reads the runs a few at a time (:func:`~engine.runs.over_runs`, one per core):
-each run's catalog is loaded, evaluated at its decisions, queried and dropped, and a
-collection of any size is audited in the memory its largest runs take.
+and every ``audit_*`` view); this module only chooses which rows to show. It reads them
+through a :class:`~engine.collection.Collection` (the runs' stored derived state), one
+query a table for every run at once; the ``audit_*`` views read the states evaluated at
+every decision, and the tables of final rows come from those same states.
 """
 
 from __future__ import annotations
@@ -17,11 +16,10 @@ from typing import Any
 
 import duckdb
 
-from engine.catalog import Catalog, read_views
-from engine.replay import loaded_at_decisions
-from engine.runs import DamagedRun, over_runs, runs_to_read
+from engine.catalog import read_views
+from engine.collection import Collection
+from engine.runs import DamagedRun
 from ingest.errors import InputError
-from ingest.log import EventLog
 
 TOP_ERRORS = 5
 
@@ -70,38 +68,27 @@ def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] 
     Rows are in run id order, then in each table's own order, as one query over the
     collection's union views ordering by ``run_id`` first would give them.
     """
-    runs, damaged = runs_to_read(data_dir, run_ids)
-    queries = _queries(by)
-
-    def work(log: EventLog, catalog: Catalog, _started: float) -> tuple[dict[str, Rows], dict[str, Rows]]:
-        loaded_at_decisions(catalog, log)
-        found = {name: [{"run_id": log.run_id, **row} for row in catalog.query(sql)] for name, sql in queries.items()}
-        audits = {view: [{"run_id": log.run_id, **row}
-                         for row in catalog.query(f"select * from {view} order by seq nulls last, subject")]
-                  for view in sorted(v for v in catalog.views if v.startswith("audit_"))}  # fmt: skip
-        return found, audits
-
-    tables: dict[str, Rows] = {name: [] for name in queries}
-    violations: dict[str, Rows] = {}  # audit view -> its rows, listed view by view
-    for found, audits in over_runs(data_dir, sorted(runs), work):
-        for name, rows in found.items():
-            tables[name] += rows
-        for view, rows in audits.items():
-            violations.setdefault(view, []).extend(rows)
-    return AuditReport(runs=runs, **tables, violations=[r for view in sorted(violations) for r in violations[view]],
-                       damaged=damaged)  # fmt: skip
+    runs = Collection(data_dir, run_ids or None)
+    # The audit views first: the states at every decision they need hold the final rows too.
+    violations = [row for view in sorted(v for v in runs.views if v.startswith("audit_"))
+                  for row in runs.query(f"select * from {view} order by run_id, seq nulls last, subject")]  # fmt: skip
+    tables = {name: runs.query(sql) for name, sql in _queries(by).items()}
+    return AuditReport(runs=list(runs.run_ids), **tables, violations=violations, damaged=runs.damaged)
 
 
 def _queries(by: tuple[str, ...]) -> dict[str, str]:
-    """The query of each table, over one run's views."""
+    """The query of each table, over every run's views (rows in run order, then the table's own)."""
     strata = ", ".join(f"'{s}'" for s in ("all", *by))
     return {
         "coverage": f"select * from coverage where stratum in ({strata}) "
-                    f"order by list_position([{strata}], stratum), stratum_key",
-        "learnability": "select * from learnability where flagged order by tree_id",
-        "tool_errors": f"select * from tool_error_messages order by errors desc, message limit {TOP_ERRORS}",
-        "tool_error_rates": "select * from tool_error_rates where dimension = 'tool' order by calls desc, key",
-        "knowledge": "select * from knowledge_usage where dimension = 'all' order by area, access",
-        "knowledge_improvement": "select * from knowledge_improvement order by task, measure, with_knowledge desc",
-        "cost": "select * from cost_tasks order by task",
+                    f"order by run_id, list_position([{strata}], stratum), stratum_key",
+        "learnability": "select * from learnability where flagged order by run_id, tree_id",
+        "tool_errors": "select * exclude (n) from (select *, row_number() over (partition by run_id "
+                       "order by errors desc, message) as n from tool_error_messages) "
+                       f"where n <= {TOP_ERRORS} order by run_id, errors desc, message",
+        "tool_error_rates": "select * from tool_error_rates where dimension = 'tool' order by run_id, calls desc, key",
+        "knowledge": "select * from knowledge_usage where dimension = 'all' order by run_id, area, access",
+        "knowledge_improvement": "select * from knowledge_improvement "
+                                 "order by run_id, task, measure, with_knowledge desc",
+        "cost": "select * from cost_tasks order by run_id, task",
     }  # fmt: skip

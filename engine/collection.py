@@ -1,20 +1,24 @@
 """A collection: several runs read together, read-only, through the same views.
 
-Each run's catalog lives in an in-memory database of its own (``run_1``, ``run_2``,
-...) of one DuckDB instance, evaluated at every recorded decision (so the ``audit_*``
-views mean what replay reads). In the main database every view of the catalog is the
-union of the runs' rows, ``run_id`` first (created when a query first names it): a
-query over ``trees`` or ``coverage`` sees every run, and no run's events are copied
-anywhere.
+Each run's views are read from its stored derived state (:mod:`engine.derived`): the
+rows of a view, one Parquet file a run with ``run_id`` first, derived once from the
+run's log and reused by every later process until the log changes. In the main
+database a view the query names is one scan of every run's file of it, so a query
+over ``trees`` or ``coverage`` sees every run, evaluates no view and pays one
+statement, however many runs. A query naming an ``audit_*`` view, or one with a row
+per evaluation point or path selection (``asof_seq``, ``selection_seq``), reads the runs' states evaluated at every
+recorded decision (what replay reads); any other reads their final state. The
+collection is a snapshot: the runs as they were when first queried (``refresh()``
+reads them again, a grown run caught up from its last state).
 
 Reads cannot write, by construction (:func:`read_only`): a query must be
 one SELECT (or a plain EXPLAIN of one - EXPLAIN ANALYZE runs what it explains),
 calling no function that changes the session or runs SQL given as text; anything
-else is refused before it runs. Once the logs are loaded the instance has external
-access disabled, with only the runs' log directories readable, no temporary
+else is refused before it runs. The instance has external access disabled, with
+only the runs' log directories and the derived states readable, no temporary
 directory (nothing spills to disk, so no directory of DuckDB's own is readable or
 writable either), and its configuration locked, so a query cannot undo any of it.
-A query has a memory limit (beyond what the loaded runs hold) and a time limit
+A query has a memory limit and a time limit
 (``Limits``; options of ``sql``, or the environment).
 
 ``open_runs(data_dir)`` is the notebook API: ``.sql(query)`` gives a polars DataFrame,
@@ -35,13 +39,14 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from engine.catalog import Catalog, QueryError
-from engine.catalog.definitions import read_macros, relations_read
-from engine.replay import loaded_at_decisions
-from engine.runs import DamagedRun, runs_to_read
-from ingest.errors import InputError, OutputError
+from engine.catalog import QueryError
+from engine.catalog.definitions import load_graph, read_macros, relations_read
+from engine.derived import AT_DECISIONS, NOW, Derived, State
+from engine.runs import DamagedRun, diagnosed
+from ingest.errors import InputError, LogError, OutputError
 from ingest.events import as_utf8
 from ingest.log import EventLog
+from ingest.log import run_ids as run_ids_under
 from ingest.paths import outside_data
 
 SELECT = duckdb.StatementType.SELECT
@@ -110,79 +115,122 @@ class Collection:
     """Several runs' views, read-only (see the module docstring).
 
     ``damaged``: the runs under ``data_dir`` left out because ``verify`` finds them
-    damaged (only when no runs are named; a named run that is damaged is an error).
+    damaged (only when no runs are named; a named run that is damaged is an error),
+    found as the runs are first read.
     """
 
     def __init__(self, data_dir: Path | str, runs: list[str] | None = None, limits: Limits | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.limits = limits or Limits.resolve()
-        self.damaged: list[DamagedRun]
-        self.run_ids, self.damaged = runs_to_read(self.data_dir, runs)
+        self.derived = Derived(self.data_dir)
+        self._named = bool(runs)
+        self.run_ids = list(dict.fromkeys(runs)) if runs else run_ids_under(self.data_dir)
+        if not self.run_ids:
+            raise LogError(f"no runs under {self.data_dir / 'runs'}")
+        self.logs = {run_id: EventLog(self.data_dir, run_id).require() for run_id in self.run_ids}
+        self._damaged: list[DamagedRun] = []
+        graph = load_graph(self.derived.views_dir)
+        self.views = sorted(graph.views)
+        # Views with a row per evaluation point or path selection, and those listing the decisions a
+        # point contradicts: a query reading one is answered from states evaluated at every recorded
+        # decision (a test checks that every other view has the same rows in either).
+        self._at_decisions = {n for n, v in graph.views.items()
+                              if n.startswith("audit_") or {"asof_seq", "selection_seq"} & set(v.grain)}  # fmt: skip
+        self._variables: dict[str, Any] = {}  # set by the caller (reselection weights, ...)
+        self._known_variables = set(graph.variable_tables)
+        self._states: dict[str, dict[str, State]] = {}  # flavour (JSON) -> run -> its state
+        self._bound: dict[str, tuple[str, ...]] = {}  # union view -> the files it reads
         # No temporary directory: DuckDB would make the default one (<cwd>/.tmp) readable and
         # writable to every query despite allowed_directories; nothing spills to disk instead.
         self.con = duckdb.connect(config={"temp_directory": ""})
-        self.catalogs: dict[str, Catalog] = {}
-        logs = []
-        for i, run_id in enumerate(self.run_ids, start=1):
-            log = EventLog(self.data_dir, run_id).require()
-            self.catalogs[run_id] = loaded_at_decisions(Catalog.inside(self.con, f"run_{i}"), log)
-            logs.append(log)
-        self.views = sorted(next(iter(self.catalogs.values())).views)
         _path, macros, _reads = read_macros()
         self.con.execute(macros)  # node_key, pct, ...: for queries over the union views too
-        self._unions: set[str] = set()
-        self._main_variables({"asof_points": "decisions"} | self._run_defaults())
-        self.refresh()
-        for catalog in self.catalogs.values():
-            catalog.plan.tune_optimizers = False  # a locked configuration refuses the refresh's tuning
-        self.con.execute("set allowed_directories = ?", [[f"{log.log_dir.resolve()}/" for log in logs]])
+        readable = [f"{log.log_dir.resolve()}/" for log in self.logs.values()] + [f"{self.derived.root.resolve()}/"]
+        self.con.execute("set allowed_directories = ?", [readable])
         self.con.execute("set enable_external_access = false")
-        # What a query may take comes on top of what the loaded runs hold already.
-        held = self.con.execute("select coalesce(sum(memory_usage_bytes), 0) from duckdb_memory()").fetchone()[0]
-        self.con.execute(f"set memory_limit = '{held + self.limits.memory}B'")
+        self.con.execute(f"set memory_limit = '{self.limits.memory}B'")
         self.con.execute("set lock_configuration = true")  # no query can change any of the above
 
-    def _union(self, names: set[str]) -> None:
-        """Create the union views of these views (on first use: binding one costs ~10 ms a run)."""
-        for name in sorted(names & set(self.views) - self._unions):
-            columns = [d[0] for d in self.con.execute(f"select * from run_1.main.{name} limit 0").description]
-            run = "" if "run_id" in columns else "'{run_id}' as run_id, "  # events carry their run already
-            members = " union all by name ".join(
-                f"select {run.format(run_id=run_id)}* from run_{i}.main.{name}"
-                for i, run_id in enumerate(self.run_ids, start=1)
-            )
-            self.con.execute(f"create view main.{name} as {members}")
-            self._unions.add(name)
+    @property
+    def damaged(self) -> list[DamagedRun]:
+        """The runs left out as damaged (the runs are read to know, if no query has read them yet)."""
+        if not self._states:
+            self.states()
+        return list(self._damaged)
 
-    def _run_defaults(self) -> dict[str, Any]:
-        values: dict[str, Any] = {}
+    # -- the runs' states
+
+    def _flavour(self, at_decisions: bool) -> dict[str, Any]:
+        return (AT_DECISIONS if at_decisions else NOW) | self._variables
+
+    def states(self, at_decisions: bool = False) -> dict[str, State]:
+        """Every readable run's state (evaluated at every decision, or now), built where none is current.
+
+        A run that cannot be read is left out and named in ``damaged`` (none named), or
+        its error raised (runs named); LogError when every run is damaged.
+        """
+        variables = self._flavour(at_decisions)
+        key = json.dumps(variables, sort_keys=True, default=str)
+        if key not in self._states:
+            states: dict[str, State] = {}
+            for run_id in list(self.run_ids):
+                try:
+                    states[run_id] = self._state(run_id, variables, at_decisions)
+                except LogError as err:
+                    if self._named:
+                        raise
+                    self._damaged.append(diagnosed(self.data_dir, run_id, str(err)))
+                    self.run_ids.remove(run_id)
+            if not states:
+                raise LogError("every run under " + str(self.data_dir / "runs") + " is damaged:\n"
+                               + "\n".join(d.message() for d in self._damaged))  # fmt: skip
+            self._check_defaults(states)
+            self._states[key] = states
+        return self._states[key]
+
+    def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool) -> State:
+        log = self.logs[run_id]
+        if not at_decisions:  # final rows are the same at either: use a current state at decisions if stored
+            held = self.derived.find(log, self._flavour(True))
+            if held is not None:
+                return held
+        return self.derived.state(log, variables)
+
+    def _check_defaults(self, states: dict[str, State]) -> None:
         for name in RUN_DEFAULTS:
-            found = {c.variables.values.get(name) for c in self.catalogs.values()}
+            found = {s.values.get(name) for s in states.values()}
             if len(found) > 1:
-                msg = (f"the runs {', '.join(self.run_ids)} record different {name.replace('_', '.', 1)} "
+                msg = (f"the runs {', '.join(states)} record different {name.replace('_', '.', 1)} "
                        "patterns - read them in separate collections")  # fmt: skip
                 raise InputError(msg)
-            values[name] = found.pop()
-        return values
 
-    def _main_variables(self, values: dict[str, Any]) -> None:
-        for name, value in values.items():
-            if value is None:
-                self.con.execute(f"reset variable {name}")
-            else:
-                self.con.execute(f"set variable {name} = ?", [value])
+    def _bind(self, names: set[str]) -> None:
+        """Point the union view of each view the query names at every run's file of its rows."""
+        named = names & set(self.views)
+        states = self.states(at_decisions=bool(named & self._at_decisions)) if named else {}
+        for name in sorted(named):
+            files = tuple(str(self.derived.view_file(state, name)) for state in states.values())
+            if self._bound.get(name) != files:
+                listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+                self.con.execute(f'create or replace view main."{name}" as select * from read_parquet([{listed}])')
+                self._bound[name] = files
 
     def set(self, **values: Any) -> None:
         """Set view variables (None: reset) for every run, e.g. reselection weights."""
-        for catalog in self.catalogs.values():
-            catalog.variables.set(**values)
-        self._main_variables(values)
+        unknown = sorted(set(values) - self._known_variables)
+        if unknown:
+            known = ", ".join(sorted(self._known_variables))
+            raise KeyError(f"no view reads the variable {unknown[0]!r} (known: {known})")
+        for name, value in values.items():
+            if value is None:
+                self._variables.pop(name, None)
+            else:
+                self._variables[name] = value
         self.refresh()
 
     def refresh(self) -> None:
-        """Bring every run's materialized views up to date (they are read from the main database)."""
-        for catalog in self.catalogs.values():
-            catalog.refresh()
+        """Read the runs again at the next query: a run that grew meanwhile is caught up."""
+        self._states.clear()
 
     def _run(self, query: str, fetch):
         """``fetch`` the result of one read-only query within the limits; RefusedQueryError or QueryError otherwise."""
@@ -198,7 +246,7 @@ class Collection:
         timer = threading.Timer(self.limits.timeout_s, stop)
         timer.daemon = True
         try:
-            self._union(relations_read(self.con, select) or set())
+            self._bind(relations_read(self.con, select) or set())
             timer.start()
             return fetch(query)
         except duckdb.PermissionException as err:

@@ -72,14 +72,19 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
         problem = _unreadable(data_dir, run_id)
         if problem is None:
             readable.append(run_id)
-            continue
-        verification = verify_log(EventLog(data_dir, run_id))
-        bad = verification.first_bad
-        damaged.append(DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None))
+        else:
+            damaged.append(diagnosed(data_dir, run_id, problem))
     if not readable:
         raise LogError("every run under " + str(Path(data_dir) / "runs") + " is damaged:\n"
                        + "\n".join(d.message() for d in damaged))  # fmt: skip
     return readable, damaged
+
+
+def diagnosed(data_dir: Path, run_id: str, problem: str) -> DamagedRun:
+    """A run a reader could not read (``problem``), as ``verify`` diagnoses it."""
+    verification = verify_log(EventLog(data_dir, run_id))
+    bad = verification.first_bad
+    return DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None)
 
 
 def _unreadable(data_dir: Path, run_id: str) -> str | None:

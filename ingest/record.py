@@ -79,10 +79,13 @@ class Record:
     committed: int = 0  # bytes of the file that are committed entries
     torn: bool = False  # a line a crash cut short follows them
     raw: bytes = b""  # the committed entries as read (to parse only what is appended later)
+    shas: list[str] = field(default_factory=list)  # each entry's checksum, in order (entry n at n - 1)
+    quarantines: list[int] = field(default_factory=list)  # the numbers of the entries that quarantined parts
 
     def copy(self) -> Record:
         return Record(self.run_id, self.log_dir, dict(self.live), dict(self.removed), set(self.quarantined),
-                      self.entries, self.last_sha, self.identity, self.committed, self.torn, self.raw)  # fmt: skip
+                      self.entries, self.last_sha, self.identity, self.committed, self.torn, self.raw,
+                      list(self.shas), list(self.quarantines))  # fmt: skip
 
     @property
     def path(self) -> Path:
@@ -99,6 +102,14 @@ class Record:
     def known(self) -> set[str]:
         """Every part name the record has committed (live or removed)."""
         return set(self.live) | set(self.removed) | self.quarantined
+
+    def extends(self, entries: int, sha: str) -> bool:
+        """Whether this record grew from its state after entry ``entries`` (whose checksum was ``sha``)
+        by appending only: that entry is in its chain and no later entry quarantined a part, so
+        every event the record held then it holds now, unchanged (merges keep events)."""
+        if entries == 0 or entries > self.entries or self.shas[entries - 1] != sha:
+            return False
+        return all(n <= entries for n in self.quarantines)
 
     def commit(self, add: list[Part], remove: list[Part], note: str | None = None) -> None:
         """Append one entry and make it durable (the writer's; it holds the run's lock)."""
@@ -136,6 +147,9 @@ class Record:
             self.live[name] = parse_part(self.log_dir / name)  # type: ignore[assignment]
             self.removed.pop(name, None)
         self.entries += 1
+        if entry.get("note") == "quarantined":
+            self.quarantines.append(self.entries)
+        self.shas.append(entry["sha"])
         self.last_sha = entry["sha"]
         self.identity = self.identity or entry["sha"]
         self.committed += size

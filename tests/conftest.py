@@ -177,13 +177,13 @@ def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> st
 
 @pytest.fixture(scope="session")
 def real_coral_bin(tmp_path_factory) -> Path:
-    """A dir holding only the ``coral`` of the real CORAL: from ``$CORAL_VENV`` (the venv README
+    """A dir holding only the ``coral`` of the real CORAL: from ``$CORAL_VENV`` (the venv docs/REAL_RUNS.md
     has the user make), else installed from ``$CORAL_SRC`` into a venv of the test session."""
     given = os.environ.get("CORAL_VENV")
     if given:
         coral = Path(given).resolve() / "bin" / "coral"
         if not coral.exists():
-            pytest.fail(f"CORAL_VENV={given}: no bin/coral there - make it as README says, or unset it")
+            pytest.fail(f"CORAL_VENV={given}: no bin/coral there - make it as docs/REAL_RUNS.md says, or unset it")
         bin_dir = tmp_path_factory.mktemp("coral-bin")
         (bin_dir / "coral").symlink_to(coral)
         return bin_dir

@@ -1,6 +1,6 @@
 """Bad input and first-day traps: each is refused up front with a clean error and the right exit code.
 
-The rule (README, exit codes): a command-line option's value that no run could use is
+The rule (docs/COMMANDS.md, exit codes): a command-line option's value that no run could use is
 a usage error (exit 2); bad content of files and logs is exit 1. Nothing is left behind.
 """
 

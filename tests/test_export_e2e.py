@@ -78,7 +78,7 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
         rendered = tokenizer.apply_chat_template(row["messages"], tools=json.loads(row["tools"]), tokenize=False)
         assert all((m["content"] or "") in rendered for m in sample["messages"] if isinstance(m["content"], str))
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["lengths"][0]["chars"] > 20_000  # the system prompt and the tools (README: max_length)
+    assert manifest["lengths"][0]["chars"] > 20_000  # the system prompt and the tools (docs/TRAINING.md: max_length)
     # The forks record only what they add; the key reaches the endpoint and nothing recorded.
     bases = {(b["edge_id"], b["turn"]): b["base"] for b in
              cat.query("select edge_id, turn, base from stg_conversation_recorded")}  # fmt: skip

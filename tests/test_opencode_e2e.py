@@ -410,7 +410,7 @@ def opencode_process(args: list[str], cwd: Path, model: FakeModel, config: Path)
 @pytest.mark.slow
 @pytest.mark.parametrize("data_option", [["--data", "data"], []], ids=["relative-data", "default-data"])
 def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots, data_option):
-    """The README recipe run from a checkout (a git repository) with ./data: every path given
+    """The docs/REAL_RUNS.md recipe run from a checkout (a git repository) with ./data: every path given
     to git and OpenCode must be absolute (a relative one made git add the worktree at the
     checkout's own HEAD, and OpenCode fail to change into it). Without --coral-dir, a
     self-contained eval command grades inside the worktree."""

@@ -1,6 +1,6 @@
 """A real trainer consumes the export as it is: TRL's SFTTrainer, transformers' chat templates.
 
-The code of README's "Training on the export" runs as written on an export of the
+The code of docs/TRAINING.md runs as written on an export of the
 hand-built run and a sim run (in data/out/train under a temporary directory): it
 trains a tokenizer on the samples, builds a tiny causal LM from a config (random
 weights, nothing downloaded) and runs SFTTrainer a few steps with the loss on the
@@ -23,8 +23,8 @@ from cli import cli
 
 
 def snippet() -> str:
-    """The Python block of README's "Training on the export" that trains."""
-    section = (ROOT / "README.md").read_text().split("## Training on the export", 1)[1].split("\n## ", 1)[0]
+    """The Python block of docs/TRAINING.md that trains."""
+    section = (ROOT / "docs" / "TRAINING.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     (code,) = [b for b in blocks if "SFTTrainer" in b]
     return code
@@ -48,7 +48,7 @@ def test_the_readme_training_code_trains_on_the_export(export_dir, monkeypatch):
     monkeypatch.chdir(export_dir)
     monkeypatch.setenv("HF_DATASETS_CACHE", str(export_dir / "hf-cache"))
     scope: dict = {}
-    exec(compile(snippet(), "README.md (Training on the export)", "exec"), scope)  # noqa: S102 - the snippet as written
+    exec(compile(snippet(), "docs/TRAINING.md", "exec"), scope)  # noqa: S102 - the snippet as written
     train, tokenizer, trainer = scope["train"], scope["tokenizer"], scope["trainer"]
     manifest = json.loads((export_dir / "data" / "out" / "train" / "manifest.json").read_text())
     assert len(train) == manifest["samples"] > 2

@@ -58,6 +58,18 @@ class Variables:
         if name not in self._explicit and self._values.get(name, _UNSET) != value:
             self._assign({name: value})
 
+    def restore(self, values: dict[str, Any], explicit: set[str]) -> None:
+        """Take the variables of a saved catalog whose tables were derived under them (nothing becomes stale)."""
+        for name, value in values.items():
+            self.con.execute(f"set variable {name} = ?", [value])
+        self._values = dict(values)
+        self._explicit = set(explicit)
+
+    @property
+    def explicit(self) -> set[str]:
+        """The variables the caller set (the others hold a view's default)."""
+        return set(self._explicit)
+
     @contextmanager
     def using(self, **values: Any) -> Iterator[None]:
         """Set variables for the duration of a block, then restore what they were."""

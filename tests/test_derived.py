@@ -1,0 +1,202 @@
+"""Derived state that outlives a process (engine/derived.py): keyed by the run's record, the
+views and the variables; reused while they hold, caught up when a run grows, rebuilt when
+anything else changes, never trusted over the log."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, SMALL, SNAPSHOTS, copy_run
+
+from cli import cli
+from engine.catalog.definitions import VIEWS_DIR
+from engine.collection import open_runs
+from engine.derived import AT_DECISIONS, NOW, Derived
+from engine.replay import replay_run
+from ingest.log import EventLog
+
+QUERIES = (
+    "select run_id, tree_id, nodes, kept_edges, stop_reason from trees order by all",
+    "select run_id, tree_id, leaf_id, path_score from paths order by all",
+    "select run_id, stratum, stratum_key, selected_paths, n_eff from coverage order by all",
+    "select run_id, count(*) as n, max(seq) as tail from events group by all order by all",
+    "select run_id, count(*) as n from audit_node_selected group by all order by all",
+)
+
+
+def answers(data: Path) -> dict[str, list]:
+    runs = open_runs(data)
+    return {q: runs.query(q) for q in QUERIES}
+
+
+def states(data: Path) -> list[Path]:
+    return sorted((data / "derived").glob("*/*/*/state.json"))
+
+
+@pytest.fixture
+def data(runs, tmp_path) -> Path:
+    """A copy of the session's two small runs (rounds, async) with no derived state."""
+    dst = tmp_path / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, dst)
+    return dst
+
+
+def test_a_second_read_derives_nothing_and_answers_the_same(data):
+    first = open_runs(data)
+    cold = {q: first.query(q) for q in QUERIES}
+    assert first.derived.built["cold"] == 2 and set(first.derived.loaded) == {"rounds", "async"}
+    second = open_runs(data)
+    assert {q: second.query(q) for q in QUERIES} == cold
+    assert not second.derived.built and not second.derived.loaded  # read, not derived
+
+
+def test_deleting_the_derived_state_changes_no_answer(data):
+    before = answers(data)
+    shutil.rmtree(data / "derived")
+    assert answers(data) == before
+    assert states(data)  # derived again
+
+
+def test_final_views_read_the_same_now_and_at_every_decision(data):
+    """A view without a row per evaluation point has the same rows in either state: so a query over
+    final rows may read the state at every decision when one is stored."""
+    runs = open_runs(data)
+    derived, log = runs.derived, EventLog(data, "rounds")
+    now, at = derived.state(log, NOW), derived.state(log, AT_DECISIONS)
+    import pyarrow.parquet as pq
+
+    checked = 0
+    for view in runs.views:
+        if view in runs._at_decisions:
+            continue
+        a = pq.read_table(derived.view_file(now, view)).to_pylist()
+        b = pq.read_table(derived.view_file(at, view)).to_pylist()
+        key = lambda row: json.dumps(row, sort_keys=True, default=str)  # noqa: E731
+        assert sorted(map(key, a)) == sorted(map(key, b)), view
+        checked += 1
+    assert checked > 40
+
+
+def test_a_run_added_to_the_collection_is_in_the_next_answer(data, runs):
+    shutil.rmtree(data / "runs" / "async")
+    before = open_runs(data).query("select distinct run_id from trees order by 1")
+    assert before == [{"run_id": "rounds"}]
+    copy_run(runs, "async", data)
+    after = open_runs(data)
+    assert after.query("select distinct run_id from trees order by 1") == [{"run_id": "async"}, {"run_id": "rounds"}]
+    assert after.derived.built["cold"] == 1 and set(after.derived.loaded) == {"async"}  # only the new run
+
+
+def _interrupted(data: Path, run_id: str, tmp_path: Path) -> None:
+    """An exploration killed (kill -9) after its 12th edge start: a run to resume."""
+    config = tmp_path / "small.toml"
+    config.write_text(SMALL)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TEACHER_MCTS_CRASH_AT="edge.started:12")
+    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS),
+                           "--select", "--task", "kernel-speedup", "--num-roots", "4", "--run-id", run_id,
+                           "--config", str(config)], env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == -9, done.stderr
+
+
+def test_a_grown_run_is_caught_up_loading_only_its_new_events(data, tmp_path):
+    _interrupted(data, "grown", tmp_path)
+    log = EventLog(data, "grown")
+    runs = open_runs(data, ["grown"])
+    before = runs.query("select count(*) as n from events")[0]["n"]
+    assert before == log.tail_seq()
+    r = CliRunner().invoke(cli, ["--data", str(data), "explore", "--resume", "grown"])
+    assert r.exit_code == 0, r.output
+    grown = log.tail_seq()
+    assert grown > before
+    again = open_runs(data, ["grown"])
+    assert again.query("select count(*) as n from events")[0]["n"] == grown
+    assert again.derived.built == {"caught_up": 1}
+    assert again.derived.loaded["grown"] == grown - before  # only the new events were processed
+    # the state caught up equals one derived from the log alone
+    caught_up = {q: again.query(q.replace("from trees", "from trees where run_id = 'grown'")) for q in QUERIES[:3]}
+    shutil.rmtree(data / "derived")
+    fresh = open_runs(data, ["grown"])
+    assert {q: fresh.query(q.replace("from trees", "from trees where run_id = 'grown'")) for q in QUERIES[:3]} \
+        == caught_up  # fmt: skip
+    assert fresh.derived.built == {"cold": 1}
+    assert replay_run(data, "grown").differences == []
+
+
+def test_a_quarantined_part_rebuilds_that_runs_state(data):
+    """The last part damaged in place with its size and time kept (a warm read does not see it:
+    DECISIONS), then quarantined: the record changed, so the run is read again from its log."""
+    before = answers(data)
+    part = EventLog(data, "async").parts()[-1]
+    st = part.path.stat()
+    raw = bytearray(part.path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    part.path.write_bytes(bytes(raw))
+    os.utime(part.path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert answers(data) == before  # stored state, keyed by names, sizes and times
+    r = CliRunner().invoke(cli, ["--data", str(data), "quarantine", "async", part.path.name])
+    assert r.exit_code == 0, r.output
+    runs = open_runs(data)
+    tail = runs.query("select run_id, max(seq) as tail from events group by 1 order by 1")
+    assert tail == [{"run_id": "async", "tail": part.first - 1}, {"run_id": "rounds",
+                    "tail": before[QUERIES[3]][1]["tail"]}]  # fmt: skip
+    assert runs.derived.built == {"cold": 1}  # async again, from its log; rounds as stored
+
+
+def test_a_part_changed_in_place_is_read_again_and_found_damaged(data):
+    answers(data)
+    part = EventLog(data, "async").parts()[0].path
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    part.write_bytes(bytes(raw))  # its modification time changes: the state no longer matches
+    runs = open_runs(data)
+    assert runs.query("select distinct run_id from trees") == [{"run_id": "rounds"}]
+    assert [d.run_id for d in runs.damaged] == ["async"]
+
+
+def test_edited_view_definitions_rebuild_the_state(data, tmp_path):
+    before = answers(data)
+    flavours = {p.parent.parent.name for p in states(data)}
+    views = tmp_path / "views"
+    shutil.copytree(VIEWS_DIR, views)
+    trees = views / "trees.sql"
+    trees.write_text(trees.read_text().rstrip() + "\n-- edited: the same rows, another definition\n")
+    derived = Derived(data, views)
+    state = derived.state(EventLog(data, "rounds"), NOW)
+    assert derived.built == {"cold": 1} and state.dir.parent.name not in flavours
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(derived.view_file(state, "trees")).to_pylist()
+    query = QUERIES[0]
+    assert sorted((r["run_id"], r["tree_id"], r["nodes"], r["kept_edges"], r["stop_reason"]) for r in rows) == [
+        tuple(r.values()) for r in before[query] if r["run_id"] == "rounds"]  # fmt: skip
+
+
+def test_two_processes_reading_a_fresh_collection_at_once_agree_and_leave_it_intact(data):
+    script = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from engine.collection import open_runs\n"
+        f"queries = {list(QUERIES)!r}\n"
+        "runs = open_runs(sys.argv[1])\n"
+        "print(json.dumps({q: runs.query(q) for q in queries}, default=str))\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]  # fmt: skip
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err
+        outputs.append(json.loads(out))
+    assert outputs[0] == outputs[1]
+    assert json.loads(json.dumps(answers(data), default=str)) == outputs[0]
+    for state in states(data):  # every state whole: readable, and a tmp directory of neither left
+        assert (state.parent / "catalog.duckdb").is_file()
+    assert not list((data / "derived").glob("*/*/.tmp-*"))
