@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
+from engine.catalog import read_views
 from engine.collection import Collection
 from engine.runs import DamagedRun
 from ingest.errors import InputError
 
-STRATA = ("task", "stage", "depth", "lineage", "root")
 TOP_ERRORS = 5
 
 Rows = list[dict[str, Any]]
@@ -43,12 +45,20 @@ class AuditReport:
         return {k: v for k, v in vars(self).items() if k not in ("runs", "damaged")}
 
 
+def strata() -> tuple[str, ...]:
+    """The strata ``--by`` takes: those of the ``coverage_strata`` view but ``all`` (always listed)."""
+    with duckdb.connect() as con:
+        rows = con.execute(read_views()["coverage_strata"].sql).fetchall()
+    return tuple(name for name, _order in sorted(rows, key=lambda r: r[1]) if name != "all")
+
+
 def parse_by(text: str | None) -> tuple[str, ...]:
     """``task,stage`` into strata; InputError names an unknown one."""
     by = tuple(s.strip() for s in (text or "task,stage").split(",") if s.strip())
-    unknown = [s for s in by if s not in STRATA]
+    known = strata()
+    unknown = [s for s in by if s not in known]
     if unknown:
-        raise InputError(f"--by: unknown stratum {unknown[0]!r} (use {', '.join(STRATA)})")
+        raise InputError(f"--by: unknown stratum {unknown[0]!r} (use {', '.join(known)})")
     return by
 
 

@@ -15,7 +15,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import InputError
-from ingest.events import fits_int64
+from ingest.schema import fits_int64
 
 SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
 # Weights and score levels are bounded so that no score can overflow to infinity
@@ -188,12 +188,6 @@ class RunConfig(_Strict):
         if isinstance(data, dict) and data.get("schedule") is None:
             data = dict(data, schedule="rounds" if data.get("backend", "sim") == "sim" else "async")
         return data
-
-    @model_validator(mode="after")
-    def _tree_is_possible(self) -> RunConfig:
-        if self.tree.root_children < 1 or self.tree.max_depth < 1:
-            raise ValueError("tree.root_children and tree.max_depth must be at least 1")
-        return self
 
 
 def parallel_cap() -> tuple[int, str]:

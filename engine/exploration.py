@@ -8,16 +8,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import __version__
 from engine.catalog import Catalog
 from engine.config import RunConfig, parallel_problem
 from engine.mcts.explorer import Explorer
 from engine.mcts.spool import Spool
-from engine.roots import copy_snapshots, default_run_id, is_attempt, picked_detail, plan_selection
+from engine.roots import (
+    Selection,
+    copy_snapshots,
+    default_run_id,
+    is_attempt,
+    picked_detail,
+    plan_selection,
+    run_started,
+)
 from engine.runs import open_run, recorded_config
-from engine.teachers import make_teacher
+from engine.teachers import Teacher, make_teacher
 from ingest.errors import InputError, LogError, OptionError
-from ingest.events import RootAdded, RunStarted, SnapshotsPicked
+from ingest.events import RootAdded, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.snapshots import read_direction, read_snapshot, root_problem
 
@@ -98,9 +105,12 @@ def _roots_task(roots_dir: Path, recorded: list[str | None], given: str | None) 
     return tasks[0] if tasks else given  # type: ignore[return-value]
 
 
-def _roots_from_selection(picks: list[dict[str, Any]], task: str, written_to: Path | None) -> list[RootAdded]:
-    """The picks as roots: their own folders, or (``written_to``) the folders they were written to."""
-    return [
+def _roots_from_selection(picks: list[dict[str, Any]], task: str,
+                          roots_dir: Path) -> tuple[list[RootAdded], Path | None]:  # fmt: skip
+    """The picks as roots: their own folders, or (when a pick is a CORAL attempt) the folders they are
+    to be written to in ``roots_dir``; and where they are to be written (None: nowhere)."""
+    written_to = roots_dir if any(is_attempt(p) for p in picks) else None
+    roots = [
         RootAdded(
             tree_id=_tree_id(i, len(picks)), task=task, snapshot=p["snapshot"],
             path=str(written_to / p["snapshot"]) if written_to else p["path"],
@@ -109,6 +119,7 @@ def _roots_from_selection(picks: list[dict[str, Any]], task: str, written_to: Pa
         )
         for i, p in enumerate(picks, start=1)
     ]  # fmt: skip
+    return roots, written_to
 
 
 def new_run(
@@ -132,52 +143,51 @@ def new_run(
     (a CORAL run's attempts are first written out as snapshot folders in the run's
     ``roots/``).
     """
-    written_to = None
-    if select:
-        if not config.task:
-            raise InputError("--select needs the task's name (--task)")
-        task = config.task
-        run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", task)
-        _refuse_existing(data_dir, run_id)
-        events, catalog = plan_selection(source, task, run_id, config.direction, config.selection.num_roots)
-        picks = catalog.query(
-            "select * from snapshots where task = ? and selected order by global_index, snapshot", [task]
-        )
-        if any(is_attempt(p) for p in picks):
-            written_to = EventLog(data_dir, run_id).dir / "roots"
-        roots = _roots_from_selection(picks, task, written_to)
-        selection = [e for e in events if not isinstance(e, RunStarted)]
-        direction = events[0].direction
-    else:
+    if select and not config.task:
+        raise InputError("--select needs the task's name (--task)")
+    if not select:
         roots, task, direction = roots_from_dir(source, config.task)
-        run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", task)
-        _refuse_existing(data_dir, run_id)
-        selection = []
-    config = config.model_copy(update={"task": task, "direction": config.direction or direction})
+        config = config.model_copy(update={"task": task, "direction": config.direction or direction})
+    run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", config.task)
+    _refuse_existing(data_dir, run_id)
+    run_dir = EventLog(data_dir, run_id).dir
     if config.backend == "opencode":  # record the resolved options (never a secret value)
         from engine.teachers.opencode import resolve_options
 
         config = config.model_copy(update={"backend_options": resolve_options(config.backend_options)})
-    make_teacher(config, EventLog(data_dir, run_id).dir).close()  # fail early, before the run exists
-    if written_to is not None:  # (an earlier attempt at this run id that failed here is replaced)
-        copy_snapshots(picks, written_to, overwrite=True, run_id=run_id)
-    started = RunStarted(
-        command="explore", task=task, direction=config.direction,
-        config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},
-        tool_version=__version__,
-    )  # fmt: skip
-    catalog = Catalog.empty(threads=ENGINE_THREADS)
-    with LogWriter.create(data_dir, run_id) as writer:
-        catalog.insert(writer.stage([started, *selection]))
-        if select:
-            decision = SnapshotsPicked(watermark=writer.tail, task=task, detail=picked_detail(catalog, task))
-            catalog.insert(writer.stage([decision]))
-        catalog.insert(writer.stage(roots))
-        writer.flush()
-        if on_start:
-            on_start(run_id)
-        _explore(writer, catalog, config, on_progress, False, executor, ray_address)
+    selection, picks, written_to = None, [], None
+    if select:
+        selection = plan_selection(source, config, "explore", run_id)
+        config, picks = selection.config, selection.picks
+        roots, written_to = _roots_from_selection(picks, config.task, run_dir / "roots")
+    teacher = make_teacher(config, run_dir)  # fails before the run exists
+    try:
+        if written_to is not None:  # (an earlier attempt at this run id that failed later is replaced)
+            copy_snapshots(picks, written_to, overwrite=True, run_id=run_id)
+        with LogWriter.create(data_dir, run_id) as writer:
+            catalog = _start(writer, config, source, selection, roots)
+            if on_start:
+                on_start(run_id)
+            _explore(writer, catalog, config, teacher, on_progress, False, executor, ray_address)
+    finally:
+        teacher.close()
     return run_summary(data_dir, run_id, resumed=False)
+
+
+def _start(writer: LogWriter, config: RunConfig, source: Path, selection: Selection | None,
+           roots: list[RootAdded]) -> Catalog:  # fmt: skip
+    """The run's first events, in its log and in the engine's catalog: RunStarted, the selection made
+    here (when there is one) and the roots."""
+    catalog = Catalog.empty(threads=ENGINE_THREADS)
+    if selection is None:
+        catalog.insert(writer.stage([run_started("explore", config, source)]))
+    else:
+        catalog.insert(writer.stage([selection.started, *selection.facts]))
+        detail = picked_detail(catalog, config.task)  # type: ignore[arg-type]
+        catalog.insert(writer.stage([SnapshotsPicked(watermark=writer.tail, task=config.task, detail=detail)]))
+    catalog.insert(writer.stage(roots))
+    writer.flush()
+    return catalog
 
 
 def _refuse_existing(data_dir: Path, run_id: str) -> None:
@@ -189,12 +199,12 @@ EXECUTORS = ("local", "ray")
 RESUMED = "resumed from the log"
 
 
-def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, on_progress: Progress | None,
-             resumed: bool, executor: str, ray_address: str | None, note: str = RESUMED) -> None:  # fmt: skip
-    """Run the engine; the Teacher here forks roots and discards states, the executor runs the turns."""
+def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, teacher: Teacher,
+             on_progress: Progress | None, resumed: bool, executor: str, ray_address: str | None,
+             note: str = RESUMED) -> None:  # fmt: skip
+    """Run the engine; ``teacher`` forks roots and discards states, the executor runs the turns."""
     if executor not in EXECUTORS:
         raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
-    teacher = make_teacher(config, writer.log.dir)
     cluster = None
     try:
         if executor == "ray":
@@ -206,7 +216,6 @@ def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, on_progress
     finally:
         if cluster is not None:
             cluster.close()
-        teacher.close()
 
 
 def resume_run(
@@ -230,7 +239,7 @@ def resume_run(
     log = EventLog(data_dir, run_id).require()
     with LogWriter.open(data_dir, run_id) as writer:
         catalog = Catalog.for_log(log, threads=ENGINE_THREADS)
-        command = catalog.query("select command from stg_run_started order by seq limit 1")
+        command = catalog.query("select command from run_config")
         if not command or command[0]["command"] != "explore":
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
         config, note = recorded_config(catalog, log), RESUMED
@@ -240,7 +249,11 @@ def resume_run(
         if on_start:
             on_start(catalog.query("select * from run_progress")[0] | {"task": config.task, "finished": finished})
         if not finished:
-            _explore(writer, catalog, config, on_progress, True, executor, ray_address, note)
+            teacher = make_teacher(config, log.dir)
+            try:
+                _explore(writer, catalog, config, teacher, on_progress, True, executor, ray_address, note)
+            finally:
+                teacher.close()
         else:  # killed after its last part was published, before the spool was removed
             Spool(log.dir).clear()
     return run_summary(data_dir, run_id, resumed=not finished)

@@ -13,14 +13,13 @@ shows its details (an SVG title), clicking one puts them in the panel.
 from __future__ import annotations
 
 import html
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection
 from engine.trees import TreeRows, sql_text, tree_rows
-from ingest.errors import OutputError
+from ingest.paths import write_atomically
 
 Row = dict[str, Any]
 ROW_PX, DEPTH_PX, LEFT_PX, TOP_PX = 16, 130, 14, 12
@@ -284,12 +283,5 @@ def build(runs: Collection) -> str:
 def write_report(runs: Collection, out: Path) -> int:
     """Write the report to ``out`` atomically; its size in bytes."""
     text = build(runs).encode()
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(text)
-        os.replace(tmp, out)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{out}: cannot write the report ({err.strerror or err})") from err
+    write_atomically(Path(out), lambda tmp: tmp.write_bytes(text), "the report")
     return len(text)

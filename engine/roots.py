@@ -23,11 +23,12 @@ from typing import Any
 
 from engine import __version__
 from engine.catalog import Catalog
-from engine.config import load_config
+from engine.config import RunConfig, load_config
 from ingest import coral_run
 from ingest.errors import InputError, OptionError, OutputError, os_problem
-from ingest.events import RunStarted, SnapshotsPicked, to_arrow
+from ingest.events import RunStarted, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.schema import to_arrow
 from ingest.snapshots import NAME_RE, read_direction, scan
 
 
@@ -85,38 +86,40 @@ def _check_replaceable(out: Path, overwrite: bool) -> None:
         raise InputError(msg)
 
 
-def plan_selection(
-    all_snapshots: Path,
-    task: str,
-    run_id: str,
-    direction: str | None = None,
-    num_roots: int = 30,
-) -> tuple[list[Any], Catalog]:
-    """Scan and check a snapshot dir or CORAL run; return the events to log and a catalog holding them.
+@dataclass
+class Selection:
+    """A selection as planned: the run's first event, what the scan saw, and the picks the views make.
 
+    ``catalog`` is a scratch catalog holding ``started`` and ``facts`` (not a run's log).
+    """
+
+    config: RunConfig  # the run's config, its direction resolved
+    started: RunStarted
+    facts: list[Any]
+    catalog: Catalog
+    picks: list[dict[str, Any]]
+
+
+def plan_selection(source: Path, config: RunConfig, command: str, run_id: str) -> Selection:
+    """Scan and check a snapshot dir or CORAL run for ``config.task``; the selection its views make.
+
+    A direction ``config`` leaves open is the source's (maximize when it gives none).
     Raises InputError when the directory is neither or has no numeric score.
     """
+    task = config.task
     if not task:
         raise OptionError("--task", "must not be empty")
-    coral = coral_run.find_coral(all_snapshots)
+    coral = coral_run.find_coral(source)
     if coral is not None:
         facts = coral_run.scan(coral, task)
-        direction = direction or coral_run.direction(coral) or "maximize"
+        direction = config.direction or coral_run.direction(coral) or "maximize"
     else:
-        facts = scan(all_snapshots, task)
-        direction = direction or read_direction(all_snapshots, facts) or "maximize"
-    config = load_config(None, {"task": task, "direction": direction, "selection": {"num_roots": num_roots}})
-    # (the resolved direction is recorded)
-    started = RunStarted(
-        command="select-snapshots",
-        task=task,
-        direction=direction,
-        config=config.model_dump(mode="json") | {"source": str(Path(all_snapshots).resolve())},
-        tool_version=__version__,
-    )
-    events = [started, *facts]
+        facts = scan(source, task)
+        direction = config.direction or read_direction(source, facts) or "maximize"
+    config = config.model_copy(update={"direction": direction})  # (the resolved direction is recorded)
+    started = run_started(command, config, source)
     catalog = Catalog.empty()
-    catalog.insert(to_arrow(events, run_id, 1, datetime.now(UTC)))
+    catalog.insert(to_arrow([started, *facts], run_id, 1, datetime.now(UTC)))
     counts = catalog.query(
         "select count(*) as candidates, count(score_for_stage) as numeric "
         "from int_snapshots__staged where is_now"
@@ -126,14 +129,26 @@ def plan_selection(
             "select skip_reason, count(*) as n from snapshots group by 1 order by n desc limit 3"
         )
         detail = "; ".join(f"{r['n']} x {r['skip_reason']}" for r in reasons)
-        raise InputError(f"{all_snapshots}: no candidate snapshot ({detail})")
+        raise InputError(f"{source}: no candidate snapshot ({detail})")
     if counts["numeric"] == 0:
         msg = (
-            f"{all_snapshots}: none of the {counts['candidates']} candidate snapshots has a "
+            f"{source}: none of the {counts['candidates']} candidate snapshots has a "
             "numeric score in its attempt JSON, so stages cannot be computed"
         )
         raise InputError(msg)
-    return events, catalog
+    picks = catalog.query(
+        "select * from snapshots where task = ? and selected order by global_index, snapshot", [task]
+    )
+    return Selection(config, started, facts, catalog, picks)
+
+
+def run_started(command: str, config: RunConfig, source: Path) -> RunStarted:
+    """The first event of a run: its command and whole config, and the source it started from."""
+    return RunStarted(
+        command=command, task=config.task, direction=config.direction,
+        config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},
+        tool_version=__version__,
+    )  # fmt: skip
 
 
 def picked_detail(catalog: Catalog, task: str) -> list[dict[str, Any]]:
@@ -149,16 +164,15 @@ def picked_detail(catalog: Catalog, task: str) -> list[dict[str, Any]]:
     )
 
 
-def record_selection(
-    data_dir: Path, run_id: str, events: list[Any], catalog: Catalog, task: str
-) -> SnapshotsPicked:
+def record_selection(data_dir: Path, run_id: str, selection: Selection) -> SnapshotsPicked:
     """Create the run, append the facts and the SnapshotsPicked decision."""
+    task = selection.config.task
     with LogWriter.create(data_dir, run_id) as writer:
-        writer.append(events, expected_seq=0)
+        writer.append([selection.started, *selection.facts], expected_seq=0)
         decision = SnapshotsPicked(
-            watermark=writer.tail, task=task, detail=picked_detail(catalog, task)
+            watermark=writer.tail, task=task, detail=picked_detail(selection.catalog, task)
         )
-        catalog.insert(writer.append([decision]))
+        selection.catalog.insert(writer.append([decision]))
     return decision
 
 
@@ -242,17 +256,14 @@ def select_snapshots(
     run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "select", task)
     if EventLog(data_dir, run_id).exists():
         raise InputError(f"run {run_id!r} already exists - choose another --run-id")
-    events, catalog = plan_selection(all_snapshots, task, run_id, direction, num_roots)
-    direction = events[0].direction
-    picks = catalog.query(
-        "select * from snapshots where task = ? and selected order by global_index, snapshot",
-        [task],
-    )
+    config = load_config(None, {"task": task, "direction": direction, "selection": {"num_roots": num_roots}})
+    selection = plan_selection(all_snapshots, config, "select-snapshots", run_id)
+    catalog, picks = selection.catalog, selection.picks
     copied: list[bool] = []
 
     def record() -> None:
         copied.append(True)
-        record_selection(data_dir, run_id, events, catalog, task)
+        record_selection(data_dir, run_id, selection)
 
     if out is None:
         record()
@@ -281,4 +292,4 @@ def select_snapshots(
         warnings.append(
             f"only {eligible} eligible snapshots for {num_roots} roots: all of them were taken"
         )
-    return SelectionResult(run_id, task, direction, num_roots, out, stages, picks, skipped, warnings)
+    return SelectionResult(run_id, task, selection.config.direction, num_roots, out, stages, picks, skipped, warnings)

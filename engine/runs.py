@@ -168,10 +168,10 @@ def over_runs(data_dir: Path, run_ids: list[str], work: Callable[[EventLog, Cata
 
 def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:
     """The configuration the run's first event records, validated."""
-    rows = catalog.query("select config from stg_run_started order by seq limit 1")
+    rows = catalog.query("select config_json from run_config")
     if not rows:
         raise LogError(f"{log.dir}: the log has no RunStarted event - not a run of this tool")
-    recorded = {k: v for k, v in json.loads(rows[0]["config"]).items() if k != "source"}
+    recorded = {k: v for k, v in json.loads(rows[0]["config_json"]).items() if k != "source"}
     try:
         return RunConfig.model_validate(recorded)
     except ValidationError as err:

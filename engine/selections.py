@@ -20,8 +20,9 @@ from engine.catalog import Catalog
 from engine.config import MAX_WEIGHT, PathWeights, problems
 from engine.runs import open_run
 from ingest.errors import InputError, LogError, OptionError
-from ingest.events import PathsSelected, fits_int64
+from ingest.events import PathsSelected
 from ingest.log import EventLog, LogWriter
+from ingest.schema import fits_int64
 
 WEIGHT_KEYS = ("max", "avg", "clean", "know")
 PATH_FIELDS = (
@@ -55,12 +56,6 @@ class Params:
         if self.diversity is not None:
             canon["diversity"] = float(self.diversity)
         return "paths-" + hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()[:12]
-
-    @classmethod
-    def of(cls, selection: dict[str, Any]) -> Params:
-        """The parameters of a recorded selection (``recorded_selections`` row)."""
-        weights = dict(selection["weights"])
-        return cls({k: weights[k] for k in WEIGHT_KEYS}, selection["top_k"], weights.get("diversity"))
 
 
 def selection_id(weights: dict[str, float], top_k: int) -> str:

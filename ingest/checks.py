@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ingest.errors import LogError, PartDamagedError
-from ingest.events import ENVELOPE, SCHEMA
 from ingest.parts import Part, content_digest
+from ingest.schema import ENVELOPE, SCHEMA
 
 CHECKSUM_MISMATCH = "its content does not match the checksum its name records"
 

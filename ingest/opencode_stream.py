@@ -22,14 +22,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.events import (
-    Event,
-    MessageWritten,
-    StepFinished,
-    StreamLineSkipped,
-    ToolCalled,
-    fits_int64,
-)
+from ingest.events import Event, MessageWritten, StepFinished, StreamLineSkipped, ToolCalled
+from ingest.schema import fits_int64
 
 SHELL_TOOLS = ("bash", "shell")
 KNOWN_TYPES = {"step_start", "step_finish", "tool_use", "text", "reasoning", "error"}

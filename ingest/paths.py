@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 from ingest.errors import InputError, OutputError
@@ -63,3 +64,21 @@ def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
         raise OutputError(f"{path}: is or holds the runs of the data directory ({runs}), their logs - "
                           f"write {what} elsewhere; nothing was written")  # fmt: skip
     return Path(path)
+
+
+def write_atomically(path: Path, write: Callable[[Path], object], what: str) -> None:
+    """``write(tmp)`` to a hidden sibling of ``path``, then renamed over it: ``path`` is the old file or
+    the whole new one, never part of it.
+
+    OutputError names ``path`` and ``what`` when the machine refuses the write;
+    the temporary file is never left behind.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise OutputError(f"{path}: cannot write {what} ({err.strerror or err})") from err
+    finally:
+        tmp.unlink(missing_ok=True)

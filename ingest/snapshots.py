@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ingest.errors import InputError
-from ingest.events import SnapshotSeen, as_utf8, fits_int64
+from ingest.events import SnapshotSeen, as_utf8
+from ingest.schema import fits_int64
 
 NAME_RE = re.compile(r"eval-([0-9]+)-(.+)-([0-9a-fA-F]+)")
 HEX_RE = re.compile(r"^[0-9a-fA-F]+$")

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from ingest.checks import check_part, content_problem, damaged_part
 from ingest.encoding import canonical, encode_part, narrow
 from ingest.errors import LogError, PartDamagedError, SeqConflictError, WriterLockedError
-from ingest.events import SCHEMA, Event, to_arrow
+from ingest.events import Event
 from ingest.faults import crash_point
 from ingest.parts import Part, content_digest, part_name
 from ingest.paths import fsync_dir
@@ -43,6 +43,7 @@ from ingest.record import (
     new_record,
     read_record,
 )
+from ingest.schema import SCHEMA, to_arrow
 from ingest.steps import uninterruptible
 
 FANOUT = 8

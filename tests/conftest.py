@@ -19,7 +19,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from engine.catalog import Catalog  # noqa: E402
 from engine.config import RunConfig  # noqa: E402
-from ingest.events import Event, RunStarted, to_arrow  # noqa: E402
+from ingest.events import Event, RunStarted  # noqa: E402
+from ingest.schema import to_arrow  # noqa: E402
 
 # Counts that tests report (the kill -9 soak, the fuzzing, checks left unselected), printed at the end.
 REPORT: dict[str, str] = {}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.catalog import Catalog
-from ingest.events import WALL_CLOCK_COLUMNS
 from ingest.log import EventLog
+from ingest.schema import WALL_CLOCK_COLUMNS
 
 
 def logical_log(data_dir: Path, run_id: str) -> list[dict]:

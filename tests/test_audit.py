@@ -21,8 +21,9 @@ from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
 from engine.collection import open_runs
 from engine.config import RunConfig, TreeConfig
-from ingest.events import RootAdded, RunStarted, TreeStopped, to_arrow
+from ingest.events import RootAdded, RunStarted, TreeStopped
 from ingest.log import EventLog, LogWriter
+from ingest.schema import to_arrow
 
 
 def neff_reference(paths: dict[str, list[str]]) -> float:

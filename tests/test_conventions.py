@@ -58,3 +58,31 @@ def test_every_declared_dependency_is_imported_by_the_code_that_needs_it():
     for requirement in project["dependencies"]:
         name = re.match(r"[A-Za-z0-9_-]+", requirement)[0].replace("-", "_")
         assert re.search(rf"^\s*(import|from) {name}\b", code, re.M), f"{name} is declared but never imported"
+
+
+TOKEN_SUM = r"\btokens_[a-z_]+\b[^+]{0,12}\+[^+]{0,30}?\btokens_[a-z_]+\b"
+
+
+def views_adding_token_kinds(texts: dict[str, str]) -> set[str]:
+    """The views (name -> SQL) whose code, comments left out, adds one kind of tokens to another."""
+    import re
+
+    found = set()
+    for name, text in texts.items():
+        code = " ".join(re.sub(r"--[^\n]*", "", text).split())
+        if re.search(TOKEN_SUM, code):
+            found.add(name)
+    return found
+
+
+def test_the_total_of_tokens_is_summed_in_one_view():
+    """int_turns__costs.tokens is the one total of a turn's tokens: every view that counts tokens sums it."""
+    texts = {p.stem: p.read_text() for p in sorted((ROOT / "views").glob("*.sql"))}
+    assert views_adding_token_kinds(texts) == {"int_turns__costs"}
+    # the check sees a second total, however it is written
+    for second in ("sum(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning)",
+                   "coalesce(c.tokens_input, 0)\n    + coalesce(c.tokens_output, 0) as tokens",
+                   "tokens_output+tokens_reasoning"):  # fmt: skip
+        assert views_adding_token_kinds({"x": f"select {second} from int_turns__costs as c"}) == {"x"}
+    one_total = "select sum(c.tokens) as tokens, sum(c.tokens_input) as tokens_input"
+    assert views_adding_token_kinds({"x": one_total}) == set()

@@ -14,8 +14,9 @@ import pytest
 
 from engine.catalog import KIND_COLUMNS, Catalog
 from engine.mcts.spool import Spool
-from ingest.events import EVENT_TYPES, HEAVY_FIELDS, JSON_FIELDS, Event, edge_id, from_row, to_arrow
+from ingest.events import EVENT_TYPES, Event, edge_id
 from ingest.log import EventLog, LogWriter
+from ingest.schema import HEAVY_FIELDS, JSON_FIELDS, from_row, to_arrow
 
 
 def _value(name: str, annotation: Any) -> Any:

@@ -30,10 +30,11 @@ from engine.config import load_config
 from engine.teachers import make_teacher
 from ingest.coral_eval import EVAL_BLOCK, from_attempt, from_printed
 from ingest.errors import InputError
-from ingest.events import JSON_FIELDS, EvalFinished, Event, from_row, to_arrow
+from ingest.events import EvalFinished, Event
 from ingest.integrity import verify_log
 from ingest.log import EventLog
 from ingest.opencode_stream import KNOWN_TYPES, ShellCall, StreamParser
+from ingest.schema import JSON_FIELDS, from_row, to_arrow
 from ingest.snapshots import read_snapshot, scan
 
 pytestmark = pytest.mark.slow

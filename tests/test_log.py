@@ -18,8 +18,9 @@ import pytest
 from conftest import ROOT
 
 from ingest.errors import LogError, PartDamagedError, SeqConflictError, WriterLockedError
-from ingest.events import SCHEMA, RunResumed, RunStarted, SnapshotSeen, ToolCalled, from_row
+from ingest.events import RunResumed, RunStarted, SnapshotSeen, ToolCalled
 from ingest.log import RECORD, EventLog, LogWriter, RecordDamagedError
+from ingest.schema import SCHEMA, from_row
 
 
 def _created(data_dir: Path) -> LogWriter:
@@ -260,8 +261,8 @@ def test_a_merged_part_gives_each_large_kind_a_row_group_and_a_kind_load_skips_t
 
 def test_a_merge_of_parts_grouped_by_kind_writes_each_group_in_seq_order(tmp_path):
     """A merge beyond the writer's cache reads merged parts as written (grouped by kind)."""
-    from ingest.events import to_arrow
     from ingest.log import write_part
+    from ingest.schema import to_arrow
 
     events = [RunStarted(command="t")] + [
         e for k in range(20) for e in (*facts(1, start=k), ToolCalled(

@@ -184,7 +184,7 @@ def test_a_line_a_fuzzer_found_is_a_recorded_skip_or_a_storable_fact():
     (a model's half emoji) made a fact the log could not store (UnicodeEncodeError)."""
     from datetime import UTC, datetime
 
-    from ingest.events import to_arrow
+    from ingest.schema import to_arrow
 
     parser = StreamParser("T1", "T1/e1-1", 1)
     (skip,) = parser.feed('{"type": []}')

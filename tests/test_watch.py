@@ -18,8 +18,8 @@ from conftest import ROOT, SNAPSHOTS, copy_run
 from cli import cli
 from engine.catalog import Catalog
 from engine.watch import follow
-from ingest.events import LIGHT_SCHEMA
 from ingest.log import EventLog
+from ingest.schema import LIGHT_SCHEMA
 
 MONOTONE = ("trees_done", "kept_edges", "pruned_edges", "retried_edges", "leaves", "tool_calls")
 
@@ -51,7 +51,7 @@ def test_a_later_load_adds_only_the_new_parts_and_equals_a_whole_load(runs, tmp_
     data = tmp_path / "data"
     with LogWriter.create(data, "grow") as writer:
         first = events.slice(0, cut).to_pylist()
-        from ingest.events import from_row
+        from ingest.schema import from_row
 
         writer.append([from_row(r) for r in first])
         catalog = Catalog.for_log(EventLog(data, "grow"), threads=1)

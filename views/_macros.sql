@@ -8,7 +8,8 @@ create or replace macro pct(n_less, n_equal, n_total) as
         else (n_less + 0.5 * (n_equal - 1)) / (n_total - 1)
     end;
 
--- The oriented score o(s) of ALGORITHM §0: s for maximize, -s for minimize.
+-- The oriented score o(s) of ALGORITHM §0: s for maximize, -s for minimize (the one rule of
+-- orientation: run_config.sign, which views multiply by to orient back, is oriented(1.0, direction)).
 create or replace macro oriented(s, direction) as
     case when direction = 'minimize' then -s else s end;
 

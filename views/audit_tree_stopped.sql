@@ -1,16 +1,10 @@
 -- Recorded tree stops the prefix they saw does not imply, edges started after a stop,
 -- and finished runs with a done tree never stopped (empty when healthy).
 -- grain: kind, seq, subject, problem
--- sources: stg_tree_stopped, stg_edge_started, stg_run_finished, int_trees__asof
+-- sources: stg_tree_stopped, int_trees__stopped, stg_edge_started, stg_run_finished, int_trees__asof
 --
 -- Needs `set variable asof_points = 'decisions'` (replay sets it).
-with first_stop as (
-    select *
-    from stg_tree_stopped
-    qualify row_number() over (partition by tree_id order by seq) = 1
-),
-
-checked as (
+with checked as (
     select
         r.seq,
         r.tree_id,
@@ -32,9 +26,9 @@ late_starts as (
         e.edge_id as subject,
         'edge started after the tree stopped' as problem,
         'started' as recorded,
-        'stopped at seq ' || s.seq as derived
+        'stopped at seq ' || s.stopped_seq as derived
     from stg_edge_started as e
-    inner join first_stop as s on e.tree_id = s.tree_id and e.seq > s.seq
+    inner join int_trees__stopped as s on e.tree_id = s.tree_id and e.seq > s.stopped_seq
 ),
 
 unstopped as (

@@ -11,7 +11,7 @@ select
     sum(c.tokens_cached) as tokens_cached,
     sum(c.tokens_output) as tokens_output,
     sum(c.tokens_reasoning) as tokens_reasoning,
-    sum(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning) as tokens,
+    sum(c.tokens) as tokens,
     sum(c.cost order by e.depth, c.turn) as cost,
     sum(c.wall_seconds order by e.depth, c.turn) as wall_seconds
 from int_paths__edges as e

@@ -14,6 +14,7 @@ with costs as (
         sum(tokens_cached) as tokens_cached,
         sum(tokens_output) as tokens_output,
         sum(tokens_reasoning) as tokens_reasoning,
+        sum(tokens) as tokens,
         sum(cost order by edge_id, turn) as cost,
         sum(wall_seconds order by edge_id, turn) as wall_seconds
     from int_turns__costs
@@ -30,12 +31,12 @@ select
     coalesce(c.tokens_cached, 0) as tokens_cached,
     coalesce(c.tokens_output, 0) as tokens_output,
     coalesce(c.tokens_reasoning, 0) as tokens_reasoning,
-    coalesce(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning, 0) as tokens,
+    coalesce(c.tokens, 0) as tokens,
     coalesce(c.cost, 0.0) as cost,
     coalesce(c.wall_seconds, 0.0) as wall_seconds,
     t.selected as selected_paths,
     case when t.selected > 0
-        then (c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning) / t.selected
+        then c.tokens / t.selected
     end as tokens_per_selected_path
 from trees as t
 left join costs as c using (tree_id)

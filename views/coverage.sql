@@ -1,9 +1,8 @@
 -- Per stratum of the run: roots, candidate, ranked and selected paths, edges by verdict, N_eff and quota fill (ALGORITHM §5).
 -- grain: stratum, stratum_key
--- sources: trees, paths, edges, int_paths__edges, snapshot_stages
+-- sources: coverage_strata, trees, paths, edges, int_paths__edges, snapshot_stages
 --
--- Strata: all; task; stage (of the root); depth (of the path's leaf, and the edges at
--- that layer); lineage (task / Student agent / stage of the root); root (one tree). N = selected paths
+-- Strata: those of coverage_strata (all, task, stage, depth, lineage, root). N = selected paths
 -- (the Top-k under the current weighting); N_eff = sum over the stratum's selected
 -- (path, edge) pairs of 1 / (m_e * L_p), m_e the stratum's selected paths through
 -- edge e and L_p the path's length, recomputed inside the stratum; n_eff_ratio =
@@ -22,15 +21,21 @@ with tree_keys as (
 ),
 
 tree_strata as (
-    select 'all' as stratum, 'all' as stratum_key, tree_id from tree_keys
-    union all
-    select 'task', task, tree_id from tree_keys
-    union all
-    select 'stage', stage, tree_id from tree_keys
-    union all
-    select 'lineage', lineage, tree_id from tree_keys
-    union all
-    select 'root', tree_id, tree_id from tree_keys
+    -- every stratum but depth is a set of trees (depth strata are of paths and edges)
+    select
+        s.stratum,
+        case s.stratum
+            when 'all' then 'all'
+            when 'task' then k.task
+            when 'stage' then k.stage
+            when 'lineage' then k.lineage
+            when 'root' then k.tree_id
+            else error('views/coverage.sql: no key for the stratum ' || s.stratum)
+        end as stratum_key,
+        k.tree_id
+    from coverage_strata as s
+    cross join tree_keys as k
+    where s.stratum <> 'depth'
 ),
 
 path_strata as (

@@ -1,6 +1,6 @@
 -- One row per tree, as of now: stop, edges by verdict, leaves by reason, best score (ALGORITHM §2).
 -- grain: tree_id
--- sources: stg_root_added, stg_tree_stopped, int_trees__asof, int_nodes__final, int_edges__started, run_config
+-- sources: stg_root_added, int_trees__stopped, int_trees__asof, int_nodes__final, int_edges__started, run_config
 --
 -- The trees view without its path counts (run_progress reads this, every second
 -- of a live run, without computing paths). stop_reason is the recorded
@@ -14,15 +14,6 @@
 with roots as (
     select *
     from stg_root_added
-    qualify row_number() over (partition by tree_id order by seq) = 1
-),
-
-stops as (
-    select
-        tree_id,
-        reason as stop_reason,
-        seq as stopped_seq
-    from stg_tree_stopped
     qualify row_number() over (partition by tree_id order by seq) = 1
 ),
 
@@ -83,7 +74,7 @@ select
     s.stopped_seq
 from roots as r
 cross join run_config as c
-left join stops as s using (tree_id)
+left join int_trees__stopped as s using (tree_id)
 left join now_state as n using (tree_id)
 left join leaves as l using (tree_id)
 left join verdicts as v using (tree_id)

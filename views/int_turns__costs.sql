@@ -1,9 +1,10 @@
--- Per finished turn: its tokens by kind, model calls, the backend's cost and wall time.
+-- Per finished turn: its tokens by kind and in all, model calls, the backend's cost and wall time.
 -- grain: tree_id, edge_id, turn
 -- sources: stg_turn_finished, stg_step_finished
 --
 -- Tokens are summed over the turn's steps as the backend reported them (OpenCode:
--- input excludes the cached part, output excludes reasoning). wall_seconds is
+-- input excludes the cached part, output excludes reasoning); tokens is the four
+-- kinds' total, the one definition every view that counts tokens reads. wall_seconds is
 -- wall-clock time, as is finished_at (when the turn was recorded): for reports
 -- only, never for a decision.
 with steps as (
@@ -30,6 +31,8 @@ select
     coalesce(s.tokens_cached, 0) as tokens_cached,
     coalesce(s.tokens_output, 0) as tokens_output,
     coalesce(s.tokens_reasoning, 0) as tokens_reasoning,
+    coalesce(s.tokens_input, 0) + coalesce(s.tokens_cached, 0) + coalesce(s.tokens_output, 0)
+        + coalesce(s.tokens_reasoning, 0) as tokens,
     coalesce(s.cost, 0.0) as cost,
     coalesce(f.wall_seconds, 0.0) as wall_seconds,
     f.recorded_at as finished_at

@@ -6,7 +6,8 @@
 --
 -- Every parameter and weight of ALGORITHM §1-§4; views cross join this single row.
 -- eval_error_limit and the grader check's tolerance are null in runs recorded before
--- them (no such stop is then due).
+-- them (no such stop is then due). config_json is the config as recorded (what
+-- engine.runs.recorded_config validates), tool_version the version that recorded it.
 -- The two knowledge regexes are the defaults of the variables knowledge_path_regex
 -- and knowledge_command_regex, which tool_calls reads (a regex must be a constant
 -- for DuckDB to compile it once); set those variables to re-classify tool calls
@@ -24,7 +25,7 @@ final as (
         command,
         task,
         direction,
-        case when direction = 'minimize' then -1.0 else 1.0 end as sign,
+        oriented(1.0, direction) as sign,
         cast(json_extract_string(config, '$.seed') as bigint) as seed,
         json_extract_string(config, '$.backend') as backend,
         cast(json_extract_string(config, '$.selection.num_roots') as bigint) as num_roots,
@@ -75,7 +76,9 @@ final as (
         cast(json_extract_string(config, '$.backend_options.grader_check_tolerance.relative') as double)
             as grader_check_relative,
         cast(json_extract_string(config, '$.backend_options.grader_check_tolerance.absolute') as double)
-            as grader_check_absolute
+            as grader_check_absolute,
+        config as config_json,
+        tool_version
     from first_start
 )
 

@@ -42,8 +42,7 @@ judged as (
 
 tokens as (
     select
-        coalesce(sum(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning)
-            filter (where c.finished_at >= s.started_at), 0) as session_tokens
+        coalesce(sum(c.tokens) filter (where c.finished_at >= s.started_at), 0) as session_tokens
     from int_turns__costs as c
     cross join session as s
 ),

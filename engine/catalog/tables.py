@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.errors import LogError
-from ingest.events import ENVELOPE, EVENT_TYPES, LIGHT_SCHEMA
+from ingest.events import EVENT_TYPES
 from ingest.log import GROUP_SHARE, EventLog, check_part
+from ingest.schema import ENVELOPE, LIGHT_SCHEMA
 
 
 def _kind_columns() -> dict[str, list[str]]:

@@ -244,7 +244,7 @@ def _turn_facts(catalog: Catalog, selection_id: str, placeholder: Placeholder) -
 def _agent(catalog: Catalog, log: EventLog) -> dict[str, Any]:
     """ATIF's agent: the Teacher backend, the version that recorded the run, its model."""
     config = recorded_config(catalog, log)
-    version = catalog.query("select tool_version from stg_run_started order by seq limit 1")[0]["tool_version"]
+    version = catalog.query("select tool_version from run_config")[0]["tool_version"]
     model = config.backend_options.get("model") or config.backend
     return {"name": f"teacher-mcts {config.backend}", "version": version or "unknown", "model_name": model}
 

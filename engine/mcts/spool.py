@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ingest.events import Event, SpoolEntryDropped, from_row, to_arrow
+from ingest.events import Event, SpoolEntryDropped
 from ingest.faults import crash_point
 from ingest.log import content_digest
+from ingest.schema import from_row, to_arrow
 
 SPOOL_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # spooled rows are renumbered when appended
 

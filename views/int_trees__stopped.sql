@@ -1,0 +1,9 @@
+-- Each tree's stop: its first recorded TreeStopped decision, with its reason and seq.
+-- grain: tree_id
+-- sources: stg_tree_stopped
+select
+    tree_id,
+    reason as stop_reason,
+    seq as stopped_seq
+from stg_tree_stopped
+qualify row_number() over (partition by tree_id order by seq) = 1
