@@ -308,8 +308,8 @@ def measure_growth(root: Path, size: str, repeat: int) -> dict[str, float]:
     (its record and parts are appended to); each growth appends ~100 of that run's own tool
     calls again, as a turn's recorder would (the trees' views change; no decision is taken).
     """
-    from ingest.schema import from_row
     from ingest.log import LogWriter
+    from ingest.schema import from_row
 
     data, src = root / f"grow-{size}", root / size
     shutil.rmtree(data, ignore_errors=True)

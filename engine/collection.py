@@ -45,7 +45,7 @@ from engine.derived import AT_DECISIONS, NOW, Derived, State
 from ingest.errors import InputError, LogError, OutputError
 from ingest.listing import has_log
 from ingest.listing import run_ids as run_ids_under
-from ingest.paths import outside_data, run_dir
+from ingest.paths import outside_data, run_dir, write_atomically
 from ingest.text import as_utf8
 
 if TYPE_CHECKING:
@@ -435,11 +435,5 @@ def write_parquet(table, path: Path, data_dir: Path, overwrite: bool = False) ->
     import pyarrow.parquet as pq
 
     path = parquet_target(path, data_dir, overwrite)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write the result ({err.strerror or err})") from err
+    write_atomically(path, lambda tmp: pq.write_table(table, tmp), "the result")
     return table.num_rows

@@ -57,9 +57,9 @@ import duckdb
 
 from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
-from ingest.errors import LogError
+from ingest.errors import LogError, OutputError
 from ingest.listing import located
-from ingest.paths import fsync_dir, run_dir
+from ingest.paths import fsync_dir, run_dir, write_atomically
 from ingest.record import RECORD, read_record
 
 if TYPE_CHECKING:
@@ -248,11 +248,9 @@ class Derived:
         src = Source.of(self.data_dir, run_id)
         if _record_stat(log_dir) == record and self._writable_quietly():
             body = json.dumps({"record": list(record), "source": src.as_json()})
-            tmp = cache.with_name(f"{_TMP}{os.getpid()}-{threading.get_ident()}-{SOURCE_CACHE}")
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, OutputError):  # a cache: not kept is only slower
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp.write_text(body)
-                os.replace(tmp, cache)
+                write_atomically(cache, lambda tmp: tmp.write_text(body), "the run's source")
         return src
 
     def _writable_quietly(self) -> bool:
@@ -474,7 +472,6 @@ class Derived:
         with self._lock:
             self._n += 1
             db = f"view_{self._n}"
-        tmp = path.with_name(f"{_TMP}{os.getpid()}-{threading.get_ident()}-{path.name}")
         try:
             cursor.execute(f"attach '{_quoted(state.catalog_file)}' as \"{db}\" (read_only)")
             try:
@@ -488,16 +485,15 @@ class Derived:
                 # DOUBLE (1714.0). Stored as BIGINT, it reads back the integer it is.
                 cols = ", ".join(f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"'
                                  for n, t, *_ in described)  # fmt: skip
-                cursor.execute(f"copy (select {run}{cols} from {view}) to '{_quoted(tmp)}' (format parquet)")
+                copy = f"copy (select {run}{cols} from {view}) to '{{}}' (format parquet)"
+                write_atomically(path, lambda tmp: cursor.execute(copy.format(_quoted(tmp))), f"the rows of {view}")
             finally:
                 cursor.execute("use memory")
                 cursor.execute(f'detach "{db}"')
-            os.replace(tmp, path)
             return path
         except duckdb.Error as err:
             raise LogError(f"{state.dir}: cannot derive the rows of {view} ({err})") from err
         finally:
-            tmp.unlink(missing_ok=True)
             cursor.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def write_atomically(path: Path, write: Callable[[Path], object], what: str) -> 
     the temporary file is never left behind.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         write(tmp)
         os.replace(tmp, path)
