@@ -417,7 +417,7 @@ class Derived:
         mine = {flavour_key(self.digest, NOW), flavour_key(self.digest, AT_DECISIONS), flavour.name}
         others = []
         for path in run.iterdir():
-            if path.name.startswith(_TMP):
+            if path.name.startswith(_TMP) or not path.is_dir():
                 continue
             states = sorted(((_mtime(p), p.parent) for p in path.glob("*/state.json")), reverse=True)
             if not states:  # nothing stored yet (another reader may be building its first state)
