@@ -1,0 +1,163 @@
+"""What the pages show: rows of views read through collections kept open while the logs are unchanged.
+
+A collection (``engine.collection.open_runs``) is opened for the runs a page reads
+(every run, or one) and kept; a page that finds a run's record changed since (a part
+landed, a run appeared) opens it anew, so a page always shows a published prefix of
+each log. One lock serializes the queries (a DuckDB connection serves one thread at a
+time). This module only chooses rows; every figure is a column of a view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.collection import Collection, Limits, open_runs
+from ingest.log import RECORD, EventLog, run_ids
+
+Rows = list[dict[str, Any]]
+KEPT = 8  # collections kept open: all runs, and the last runs looked at one by one
+SAMPLES_KEPT = 64
+STAGES = "['early', 'middle', 'late']"
+
+
+def quoted(value: str) -> str:
+    """``value`` as an SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+class Source:
+    """The data directory a server reads, through collections reopened when their logs change."""
+
+    def __init__(self, data_dir: Path, limits: Limits | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.limits = limits or Limits.resolve()
+        self.lock = threading.RLock()
+        self._open: OrderedDict[tuple[str, ...] | None, tuple[tuple, Collection]] = OrderedDict()
+        self._samples: OrderedDict[tuple, Any] = OrderedDict()
+
+    def fingerprint(self, runs: list[str] | None) -> tuple:
+        """Which runs, and the state of each one's record (it changes whenever a part is published)."""
+        found = []
+        for run_id in runs if runs is not None else run_ids(self.data_dir):
+            try:
+                stat = (EventLog(self.data_dir, run_id).log_dir / RECORD).stat()
+                found.append((run_id, stat.st_mtime_ns, stat.st_size))
+            except FileNotFoundError:
+                found.append((run_id, None, None))
+        return tuple(found)
+
+    @contextlib.contextmanager
+    def reading(self, runs: list[str] | None = None) -> Iterator[Collection]:
+        """The collection of ``runs`` (None: every run but the damaged ones), up to date, held for the caller."""
+        key = tuple(runs) if runs is not None else None
+        with self.lock:
+            now = self.fingerprint(runs)
+            kept = self._open.get(key)
+            if kept is None or kept[0] != now:
+                self._open.pop(key, None)
+                self._open[key] = (now, open_runs(self.data_dir, runs, self.limits))
+                while len(self._open) > KEPT:
+                    self._open.popitem(last=False)
+            self._open.move_to_end(key)
+            yield self._open[key][1]
+
+    def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None):
+        """The export's chat sample of a path and its conversation, kept while the run's log is unchanged."""
+        from engine.export import path_sample
+
+        key = (self.fingerprint([run_id]), tree_id, leaf_id, selection)
+        with self.lock:
+            if key not in self._samples:
+                self._samples[key] = path_sample(self.data_dir, run_id, tree_id, leaf_id, selection)
+                while len(self._samples) > SAMPLES_KEPT:
+                    self._samples.popitem(last=False)
+            self._samples.move_to_end(key)
+            return self._samples[key]
+
+
+def collection_page(runs: Collection) -> dict[str, Rows]:
+    """The runs, their tasks and the audit's tables over every run."""
+    q = runs.query
+    return {
+        "runs": q(
+            "select c.run_id, r.task, r.backend, p.trees, p.trees_done, c.roots, c.selected_paths, c.n_eff, "
+            "c.n_eff_ratio, k.tokens, k.cost, a.finished "
+            "from coverage as c join run_config as r using (run_id) join run_progress as p using (run_id) "
+            "join run_pace as a using (run_id) "
+            "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
+            "using (run_id) where c.stratum = 'all' order by c.run_id"
+        ),
+        "tasks": q("select * from cost_tasks order by task, run_id"),
+        "coverage": q(
+            "select * from coverage where stratum in ('all', 'task', 'stage') order by run_id, "
+            f"list_position(['all', 'task', 'stage'], stratum), list_position({STAGES}, stratum_key), stratum_key"
+        ),
+        "learnability": q("select * from learnability where flagged order by run_id, tree_id"),
+        "tool_errors": q("select * from tool_error_rates where dimension = 'tool' order by run_id, calls desc, key"),
+        "tool_messages": q("select * from tool_error_messages order by errors desc, run_id, message limit 10"),
+        "knowledge": q("select * from knowledge_usage where dimension = 'all' order by run_id, area, access"),
+        "knowledge_improvement": q("select * from knowledge_improvement order by run_id, task, measure, "
+                                   "with_knowledge desc"),  # fmt: skip
+    }
+
+
+def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
+    """One run: its config, progress, stop reasons, trees and selected paths."""
+    run = quoted(run_id)
+    q = runs.query
+    return {
+        "config": q(f"select task, backend, direction, seed, num_roots, top_k from run_config where run_id = {run}")[0],
+        "progress": q(f"select * from run_progress where run_id = {run}")[0],
+        "pace": q(f"select * from run_pace where run_id = {run}")[0],
+        "stops": q(f"select stop_reason, count(*) as trees from int_trees__summarized where run_id = {run} "
+                   "and stop_reason is not null group by all order by 1"),  # fmt: skip
+        "trees": q(f"select * from trees where run_id = {run} order by status = 'done', tree_id"),
+        "paths": q(f"select * from top_paths where run_id = {run} order by tree_id, rank, leaf_id"),
+        "in_flight": q(f"select * from turns_in_flight where run_id = {run} order by since, tree_id, edge_id"),
+        "seq": q(f"select max(seq) as seq from events where run_id = {run}")[0]["seq"],
+    }
+
+
+def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
+    """One tree: its nodes with the edge that made each, their turns and tool calls, its paths."""
+    scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)}"
+    q = runs.query
+    trees = q(f"select * from trees where {scope}")
+    nodes = q(
+        "select n.*, e.verdict, e.soft, e.outcome, e.cleanliness, e.knowledge, e.regression_stability, "
+        "e.tool_calls, e.tool_errors, e.steps, e.s1, e.s2 "
+        f"from nodes as n left join edges as e using (run_id, tree_id, edge_id) where {scope} "
+        "order by node_key(n.node_id)"
+    )  # fmt: skip
+    failed = q(f"select * from edges where {scope} and child_id is null order by started_seq")
+    turns = q(f"select * from turns where {scope} order by edge_id, turn")
+    calls = q(f"select edge_id, turn, step, call_id, tool, status, target, error from tool_calls where {scope} "
+              "order by seq")  # fmt: skip
+    paths = q(f"select * from paths where {scope} order by rank nulls last, leaf_id")
+    return {"tree": trees[0] if trees else None, "nodes": nodes, "failed": failed, "turns": turns, "calls": calls,
+            "paths": paths}  # fmt: skip
+
+
+def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict[str, Any]:
+    """A path's row of ``paths`` and the run's PathScore weights."""
+    scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)} and leaf_id = {quoted(leaf_id)}"
+    found = runs.query(f"select * from paths where {scope}")
+    weights = runs.query(f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config "
+                         f"where run_id = {quoted(run_id)}")  # fmt: skip
+    return {"path": found[0] if found else None, "weights": weights[0] if weights else {}}
+
+
+def eval_feedback(data_dir: Path, run_id: str, turns: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    """The grader's feedback of these turns' evals (a heavy column: read from the log, not a view)."""
+    found: dict[tuple[str, int], str] = {}
+    for batch in EventLog(data_dir, run_id).scan_kind("eval_finished", ["edge_id", "turn", "feedback"]):
+        for row in batch.to_pylist():
+            key = (row["edge_id"], row["turn"])
+            if key in turns and row["feedback"]:
+                found[key] = row["feedback"]
+    return found
