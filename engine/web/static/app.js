@@ -16,7 +16,7 @@ function followRun(live) {
   };
   const finished = () => live.querySelector('.live-section[data-finished="true"]') !== null;
   if (finished()) { state.textContent = ""; return; }
-  state.textContent = "live";
+  state.textContent = "updating as parts land";
   const events = new EventSource(base + "/events");
   events.addEventListener("frame", refresh);
   events.addEventListener("end", () => {
