@@ -25,6 +25,11 @@ SAMPLES_KEPT = 64
 STAGES = "['early', 'middle', 'late']"
 
 
+def kept_ids(kept: tuple[tuple, Collection] | None) -> list[str]:
+    """The runs a kept collection reads (not those it left out, damaged)."""
+    return kept[1].run_ids if kept is not None else []
+
+
 def quoted(value: str) -> str:
     """``value`` as an SQL string literal."""
     return "'" + value.replace("'", "''") + "'"
@@ -65,6 +70,20 @@ class Source:
                     self._open.popitem(last=False)
             self._open.move_to_end(key)
             yield self._open[key][1]
+
+    @contextlib.contextmanager
+    def reading_run(self, run_id: str) -> Iterator[Collection]:
+        """A collection holding ``run_id`` as it is now: the open one of every run if the run has not
+        changed since it was opened (no second copy of the run), else one of the run alone (a run
+        being written reopens only itself)."""
+        with self.lock:
+            kept = self._open.get(None)
+            seen = {entry[0]: entry for entry in kept[0]} if kept is not None else {}
+            if run_id in kept_ids(kept) and seen[run_id] == self.fingerprint([run_id])[0]:
+                yield kept[1]
+                return
+            with self.reading([run_id]) as runs:
+                yield runs
 
     def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None):
         """The export's chat sample of a path and its conversation, kept while the run's log is unchanged."""
