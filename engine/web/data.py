@@ -102,20 +102,23 @@ class Source:
 def collection_page(runs: Collection) -> dict[str, Rows]:
     """The runs, their tasks and the audit's tables over every run."""
     q = runs.query
+    coverage = q(
+        "select * from coverage where stratum in ('all', 'task', 'stage') order by run_id, "
+        f"list_position(['all', 'task', 'stage'], stratum), list_position({STAGES}, stratum_key), stratum_key"
+    )
+    overall = {r["run_id"]: r for r in coverage if r["stratum"] == "all"}  # (coverage is the costly view: read once)
+    runs_rows = q(
+        "select r.run_id, r.task, r.backend, p.trees, p.trees_done, a.finished, k.tokens, k.cost "
+        "from run_config as r join run_progress as p using (run_id) join run_pace as a using (run_id) "
+        "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
+        "using (run_id) order by r.run_id"
+    )
+    for r in runs_rows:
+        r.update({k: overall.get(r["run_id"], {}).get(k) for k in ("roots", "selected_paths", "n_eff", "n_eff_ratio")})
     return {
-        "runs": q(
-            "select c.run_id, r.task, r.backend, p.trees, p.trees_done, c.roots, c.selected_paths, c.n_eff, "
-            "c.n_eff_ratio, k.tokens, k.cost, a.finished "
-            "from coverage as c join run_config as r using (run_id) join run_progress as p using (run_id) "
-            "join run_pace as a using (run_id) "
-            "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
-            "using (run_id) where c.stratum = 'all' order by c.run_id"
-        ),
+        "runs": runs_rows,
+        "coverage": coverage,
         "tasks": q("select * from cost_tasks order by task, run_id"),
-        "coverage": q(
-            "select * from coverage where stratum in ('all', 'task', 'stage') order by run_id, "
-            f"list_position(['all', 'task', 'stage'], stratum), list_position({STAGES}, stratum_key), stratum_key"
-        ),
         "learnability": q("select * from learnability where flagged order by run_id, tree_id"),
         "tool_errors": q("select * from tool_error_rates where dimension = 'tool' order by run_id, calls desc, key"),
         "tool_messages": q("select * from tool_error_messages order by errors desc, run_id, message limit 10"),
@@ -129,7 +132,7 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
     """One run: its config, progress, stop reasons, trees and selected paths."""
     run = quoted(run_id)
     q = runs.query
-    return {
+    page = {
         "config": q(f"select task, backend, direction, seed, num_roots, top_k from run_config where run_id = {run}")[0],
         "progress": q(f"select * from run_progress where run_id = {run}")[0],
         "pace": q(f"select * from run_pace where run_id = {run}")[0],
@@ -137,9 +140,11 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
                    "and stop_reason is not null group by all order by 1"),  # fmt: skip
         "trees": q(f"select * from trees where run_id = {run} order by status = 'done', tree_id"),
         "paths": q(f"select * from top_paths where run_id = {run} order by tree_id, rank, leaf_id"),
-        "in_flight": q(f"select * from turns_in_flight where run_id = {run} order by since, tree_id, edge_id"),
-        "seq": q(f"select max(seq) as seq from events where run_id = {run}")[0]["seq"],
+        "seq": q(f"select asof_seq from stg_log_tail where run_id = {run}")[0]["asof_seq"],
     }
+    page["in_flight"] = [] if page["pace"]["finished"] else q(
+        f"select * from turns_in_flight where run_id = {run} order by since, tree_id, edge_id")
+    return page
 
 
 def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
