@@ -312,3 +312,10 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         shot(page, "path-opencode")
         assert shown_messages(page) == sample_messages(samples[("T001", "T001.1.1")])
         assert page.locator(".eval").count() == 4  # each turn's eval after its last message
+
+
+def test_serve_refuses_a_missing_data_directory(tmp_path):
+    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "nowhere"), "serve", "--port", "0"])
+    assert r.exit_code == 1
+    assert r.stderr == f"Error: {tmp_path / 'nowhere'}: no such directory - give --data the directory that holds " \
+                       "(or will hold) runs/\n"

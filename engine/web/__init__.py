@@ -12,14 +12,20 @@ import sys
 from pathlib import Path
 
 from engine.web.app import LOOPBACK, create_app
+from ingest.errors import InputError
 
 __all__ = ["create_app", "serve"]
 
 
 def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve the app on ``host:port`` until interrupted; a non-loopback host gets a token, printed with the address."""
+    """Serve the app on ``host:port`` until interrupted; a non-loopback host gets a token, printed with the address.
+
+    InputError when ``data_dir`` is not a directory.
+    """
     import uvicorn
 
+    if not Path(data_dir).is_dir():
+        raise InputError(f"{data_dir}: no such directory - give --data the directory that holds (or will hold) runs/")
     token = None if host in LOOPBACK else secrets.token_urlsafe(24)
     app = create_app(Path(data_dir), host, token)
     shown = f"[{host}]" if ":" in host else host
