@@ -209,13 +209,13 @@ def path(request: Request) -> HTMLResponse:
     # The messages in order, each with the turn it belongs to; a turn's eval after its last message.
     system = len(sample["messages"]) - len(conv.owners)
     items = []
+    owners = ["start", *[None] * system, *conv.owners, "end"]  # (system messages belong to no turn)
     for i, message in enumerate(sample["messages"]):
-        owner = conv.owners[i - system] if i >= system else None
-        after = conv.owners[i - system + 1] if i - system + 1 < len(conv.owners) else "end"
+        before, owner, after = owners[i : i + 3]
         ends = owner is not None and after != owner
         items.append({"message": message, "owner": owner, "index": i, "eval": turns.get(owner) if ends else None,
                       "feedback": feedback.get(owner) if ends else None,
-                      "starts": i >= system and (i == system or conv.owners[i - system - 1] != owner)})  # fmt: skip
+                      "starts": owner is not None and before != owner})  # fmt: skip
     names = {c["id"]: (c.get("function") or {}).get("name") for m in sample["messages"]
              for c in m.get("tool_calls") or []}  # fmt: skip
     return _page(request, "path.html", run_id=run_id, tree_id=tree_id, leaf_id=leaf_id, items=items, meta=meta,
