@@ -1,10 +1,12 @@
 """What the pages show: rows of views read through collections kept open while the logs are unchanged.
 
-A collection (``engine.collection.open_runs``) is opened for the runs a page reads
-(every run, or one) and kept; a page that finds a run's record changed since (a part
-landed, a run appeared) opens it anew, so a page always shows a published prefix of
-each log. One lock serializes the queries (a DuckDB connection serves one thread at a
-time). This module only chooses rows; every figure is a column of a view.
+A collection (``engine.collection.open_runs``) is opened for the runs a page reads -
+every run for the collection and SQL pages, the run alone for a run's pages (the union
+views of every run answer a query of one run several times slower) - and kept; a
+page that finds a run's record changed since (a part landed, a run appeared) opens it
+anew, so a page always shows a published prefix of each log. One lock serializes the
+queries (a DuckDB connection serves one thread at a time). This module only chooses
+rows; every figure is a column of a view.
 """
 
 from __future__ import annotations
@@ -23,11 +25,6 @@ Rows = list[dict[str, Any]]
 KEPT = 8  # collections kept open: all runs, and the last runs looked at one by one
 SAMPLES_KEPT = 64
 STAGES = "['early', 'middle', 'late']"
-
-
-def kept_ids(kept: tuple[tuple, Collection] | None) -> list[str]:
-    """The runs a kept collection reads (not those it left out, damaged)."""
-    return kept[1].run_ids if kept is not None else []
 
 
 def quoted(value: str) -> str:
@@ -70,20 +67,6 @@ class Source:
                     self._open.popitem(last=False)
             self._open.move_to_end(key)
             yield self._open[key][1]
-
-    @contextlib.contextmanager
-    def reading_run(self, run_id: str) -> Iterator[Collection]:
-        """A collection holding ``run_id`` as it is now: the open one of every run if the run has not
-        changed since it was opened (no second copy of the run), else one of the run alone (a run
-        being written reopens only itself)."""
-        with self.lock:
-            kept = self._open.get(None)
-            seen = {entry[0]: entry for entry in kept[0]} if kept is not None else {}
-            if run_id in kept_ids(kept) and seen[run_id] == self.fingerprint([run_id])[0]:
-                yield kept[1]
-                return
-            with self.reading([run_id]) as runs:
-                yield runs
 
     def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None):
         """The export's chat sample of a path and its conversation, kept while the run's log is unchanged."""
