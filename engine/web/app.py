@@ -153,7 +153,7 @@ def _live(source: data.Source, run_id: str) -> Markup:
     if not EventLog(source.data_dir, run_id).exists():
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, data_dir=source.data_dir))
     try:
-        with source.reading([run_id]) as runs:
+        with source.reading() as runs:
             page = data.run_page(runs, run_id)
             drawings = drawn_trees(runs, run_id)
     except ProjectError as err:
@@ -168,7 +168,7 @@ def tree(request: Request) -> HTMLResponse:
     if run_id is None:
         return _problem(request, "no such run id")
     try:
-        with request.app.state.source.reading([run_id]) as runs:
+        with request.app.state.source.reading() as runs:
             page = data.tree_page(runs, run_id, tree_id)
             drawings = drawn_trees(runs, run_id, tree_id)
     except ProjectError as err:
@@ -199,7 +199,7 @@ def path(request: Request) -> HTMLResponse:
     source: data.Source = request.app.state.source
     try:
         sample, conv = source.sample(run_id, tree_id, leaf_id, selection)
-        with source.reading([run_id]) as runs:
+        with source.reading() as runs:
             rows = data.path_rows(runs, run_id, tree_id, leaf_id)
     except ProjectError as err:
         return _problem(request, str(err))

@@ -1,12 +1,13 @@
-"""What the pages show: rows of views read through collections kept open while the logs are unchanged.
+"""What the pages show: rows of views read through the collection of the data directory.
 
-A collection (``engine.collection.open_runs``) is opened for the runs a page reads -
-every run for the collection and SQL pages, the run alone for a run's pages (the union
-views of every run answer a query of one run several times slower) - and kept; a
-page that finds a run's record changed since (a part landed, a run appeared) opens it
-anew, so a page always shows a published prefix of each log. One lock serializes the
-queries (a DuckDB connection serves one thread at a time). This module only chooses
-rows; every figure is a column of a view.
+One collection (``engine.collection.open_runs``: every run, its views read from the
+runs' stored derived state) serves every page; a page of one run reads that run's
+rows alone. A page that finds a run's record changed since the last read (a part
+landed) has the collection read the runs again (``refresh``: a grown run is caught
+up from its last state), and a new run opens it anew, so a page always shows a
+published prefix of each log. One lock serializes the queries (a DuckDB connection
+serves one thread at a time). This module only chooses rows; every figure is a column
+of a view.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from engine.collection import Collection, Limits, open_runs
 from ingest.log import RECORD, EventLog, run_ids
 
 Rows = list[dict[str, Any]]
-KEPT = 8  # collections kept open: all runs, and the last runs looked at one by one
 SAMPLES_KEPT = 64
 STAGES = "['early', 'middle', 'late']"
 
@@ -33,16 +33,16 @@ def quoted(value: str) -> str:
 
 
 class Source:
-    """The data directory a server reads, through collections reopened when their logs change."""
+    """The data directory a server reads, through one collection brought up to date as the logs change."""
 
     def __init__(self, data_dir: Path, limits: Limits | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.limits = limits or Limits.resolve()
         self.lock = threading.RLock()
-        self._open: OrderedDict[tuple[str, ...] | None, tuple[tuple, Collection]] = OrderedDict()
+        self._open: tuple[tuple, Collection] | None = None
         self._samples: OrderedDict[tuple, Any] = OrderedDict()
 
-    def fingerprint(self, runs: list[str] | None) -> tuple:
+    def fingerprint(self, runs: list[str] | None = None) -> tuple:
         """Which runs, and the state of each one's record (it changes whenever a part is published)."""
         found = []
         for run_id in runs if runs is not None else run_ids(self.data_dir):
@@ -54,19 +54,19 @@ class Source:
         return tuple(found)
 
     @contextlib.contextmanager
-    def reading(self, runs: list[str] | None = None) -> Iterator[Collection]:
-        """The collection of ``runs`` (None: every run but the damaged ones), up to date, held for the caller."""
-        key = tuple(runs) if runs is not None else None
+    def reading(self) -> Iterator[Collection]:
+        """The collection of every run (but the damaged ones), up to date, held for the caller.
+
+        LogError when there is no run yet.
+        """
         with self.lock:
-            now = self.fingerprint(runs)
-            kept = self._open.get(key)
-            if kept is None or kept[0] != now:
-                self._open.pop(key, None)
-                self._open[key] = (now, open_runs(self.data_dir, runs, self.limits))
-                while len(self._open) > KEPT:
-                    self._open.popitem(last=False)
-            self._open.move_to_end(key)
-            yield self._open[key][1]
+            now = self.fingerprint()
+            if self._open is None or [r[0] for r in self._open[0]] != [r[0] for r in now]:
+                self._open = (now, open_runs(self.data_dir, None, self.limits))
+            elif self._open[0] != now:
+                self._open[1].refresh()
+                self._open = (now, self._open[1])
+            yield self._open[1]
 
     def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None):
         """The export's chat sample of a path and its conversation, kept while the run's log is unchanged."""
@@ -114,7 +114,10 @@ def collection_page(runs: Collection) -> dict[str, Rows]:
 def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
     """One run: its config, progress, stop reasons, trees and selected paths."""
     run = quoted(run_id)
-    q = runs.query
+
+    def q(sql: str) -> Rows:
+        return runs.query(sql, run_id)  # that run's rows alone
+
     page = {
         "config": q(f"select task, backend, direction, seed, num_roots, top_k from run_config where run_id = {run}")[0],
         "progress": q(f"select * from run_progress where run_id = {run}")[0],
@@ -133,7 +136,10 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
 def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
     """One tree: its nodes with the edge that made each, their turns and tool calls, its paths."""
     scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)}"
-    q = runs.query
+
+    def q(sql: str) -> Rows:
+        return runs.query(sql, run_id)
+
     trees = q(f"select * from trees where {scope}")
     nodes = q(
         "select n.*, e.verdict, e.soft, e.outcome, e.cleanliness, e.knowledge, e.regression_stability, "
@@ -153,9 +159,9 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
 def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict[str, Any]:
     """A path's row of ``paths`` and the run's PathScore weights."""
     scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)} and leaf_id = {quoted(leaf_id)}"
-    found = runs.query(f"select * from paths where {scope}")
+    found = runs.query(f"select * from paths where {scope}", run_id)
     weights = runs.query(f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config "
-                         f"where run_id = {quoted(run_id)}")  # fmt: skip
+                         f"where run_id = {quoted(run_id)}", run_id)  # fmt: skip
     return {"path": found[0] if found else None, "weights": weights[0] if weights else {}}
 
 
