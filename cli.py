@@ -529,8 +529,8 @@ def serve(port: int, host: str) -> None:
 
     The collection and its audit, each run (its trees as `report` draws them, updated as
     parts land), each tree's nodes and turns, each path's conversation as `export`
-    writes it, and the read-only SQL of `sql`. Nothing is written, nothing fetched from
-    the network. Binding another address than 127.0.0.1 requires a token (printed).
+    writes it, and the read-only SQL of `sql`. No page changes a run; nothing is fetched
+    from the network. Binding another address than 127.0.0.1 requires a token (printed).
 
     \b
     Example:

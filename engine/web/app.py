@@ -1,7 +1,8 @@
 """The web app's routes: Starlette endpoints rendering Jinja2 templates (autoescaped), GET only.
 
-Nothing here writes: every endpoint reads views through :class:`~engine.web.data.Source`
-or the log through the export's sample building. A bind other than the loopback
+No endpoint changes a run: every one reads views through :class:`~engine.web.data.Source`
+(whose collection keeps the runs' derived state, as every reader does) or the log
+through the export's sample building. A bind other than the loopback
 needs the server's token (:class:`TokenGate`); a loopback bind refuses requests
 naming another host (a page of another site cannot reach it by DNS rebinding).
 """
