@@ -520,6 +520,27 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
     _name_damaged(runs.damaged)
 
 
+@cli.command()
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; any other than the loopback needs the token printed at start.")  # fmt: skip
+def serve(port: int, host: str) -> None:
+    """Serve a local web app over the runs under --data, live while they are written.
+
+    The collection and its audit, each run (its trees as `report` draws them, updated as
+    parts land), each tree's nodes and turns, each path's conversation as `export`
+    writes it, and the read-only SQL of `sql`. No page changes a run; nothing is fetched
+    from the network. Binding another address than 127.0.0.1 requires a token (printed).
+
+    \b
+    Example:
+        python cli.py serve --port 8000
+    """
+    from engine.web import serve as serve_app
+
+    serve_app(_data_dir(), host, port)
+
+
 # ------------------------------------------------------------ sql, audit
 
 

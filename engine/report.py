@@ -216,11 +216,30 @@ def _node_tip(n: Row, edge: Row | None, turns: dict[str, list[Row]], root_score:
 # ----------------------------------------------------------------- report
 
 
+def drawn_trees(runs: Collection, run_id: str, tree_id: str | None = None) -> list[tuple[Row, str, int]]:
+    """The trees of a run (or its one tree ``tree_id``) that have nodes, each with its drawing and node count."""
+    where = f"run_id = {sql_text(run_id)}" + ("" if tree_id is None else f" and tree_id = {sql_text(tree_id)}")
+
+    def q(sql: str) -> list[Row]:
+        return runs.query(sql, run_id)  # that run's files alone
+
+    trees = q(f"select * from trees where {where} order by tree_id")
+    sign = float(q(f"select sign from run_config where run_id = {sql_text(run_id)}")[0]["sign"])
+    rows_of = tree_rows(q, where)
+    return [(t, tree_svg(t, rows_of[t["tree_id"]], sign), len(rows_of[t["tree_id"]].nodes))
+            for t in trees if t["tree_id"] in rows_of]  # fmt: skip
+
+
+LEGEND = ('<p class="legend"><span><i class="sw" style="background:#69c369"></i>above the root</span>'
+          '<span><i class="sw" style="background:#eb6969"></i>below</span><span><i class="sw" '
+          'style="background:#ccc"></i>no score</span><span>blue: selected paths</span><span>dashed: kept '
+          'exempt</span><span>crosses: pruned (red), retried (orange)</span><span>leaves: d depth, t token, '
+          'e exhausted, s stopped</span></p>')  # fmt: skip
+
+
 def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
     q = lambda sql: runs.query(sql.replace("{run}", run_id.replace("'", "''")), run_id)  # noqa: E731
-    trees = q("select * from trees where run_id = '{run}' order by tree_id")
-    sign = float(q("select sign from run_config where run_id = '{run}'")[0]["sign"])
-    rows_of = tree_rows(lambda sql: runs.query(sql, run_id), f"run_id = {sql_text(run_id)}")
+    trees = q("select tree_id from trees where run_id = '{run}'")
     stages = q("select * from coverage where run_id = '{run}' and stratum = 'stage' "
                "order by list_position(['early', 'middle', 'late'], stratum_key), stratum_key")
     overall = q("select * from coverage where run_id = '{run}' and stratum = 'all'")
@@ -243,18 +262,10 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
              f'</div></div><details{" open" if len(costs) <= 40 else ""}><summary>tokens and cost per root'
              '</summary>', _table(costs, ["tree_id", "stage", "turns", "steps", "tokens", "cost", "selected_paths",
                                           "tokens_per_selected_path"]), "</details>",
-             '<h3>trees</h3><p class="legend"><span><i class="sw" style="background:#69c369"></i>above the root</span>'
-             '<span><i class="sw" style="background:#eb6969"></i>below</span><span><i class="sw" '
-             'style="background:#ccc"></i>no score</span><span>blue: selected paths</span><span>dashed: kept '
-             'exempt</span><span>crosses: pruned (red), retried (orange)</span><span>leaves: d depth, t token, '
-             'e exhausted, s stopped</span></p><div class="trees">']  # fmt: skip
+             f'<h3>trees</h3>{LEGEND}<div class="trees">']  # fmt: skip
     drawn = 0
-    for t in trees:
-        rows = rows_of.get(t["tree_id"])
-        if rows is None:
-            continue
-        drawn += len(rows.nodes)
-        drawing = tree_svg(t, rows, sign)
+    for t, drawing, nodes in drawn_trees(runs, run_id):
+        drawn += nodes
         parts.append(f'<div class="card"><b>{_e(t["tree_id"])}</b> {_e(t["stage"] or "")} · root '
                      f'{_num(t["root_score"])} → best {_num(t["best_score"])} · {_e(t["stop_reason"] or t["status"])}'
                      f"<br>{drawing}</div>")  # fmt: skip

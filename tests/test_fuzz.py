@@ -444,7 +444,9 @@ def options_of(argv: list[str]) -> list[str]:
 def command_line(draw) -> list[str]:
     """A command line that works, with up to two tokens replaced, added, doubled or dropped."""
     argv = list(draw(st.sampled_from(TEMPLATES)))
-    token = st.one_of(ODD, TEXT, st.sampled_from(options_of(argv) or ["--json"]), st.sampled_from(sorted(cli.commands)))
+    # Not serve: a command line of it that works serves until interrupted (tests/test_web.py runs it).
+    commands = sorted(set(cli.commands) - {"serve"})
+    token = st.one_of(ODD, TEXT, st.sampled_from(options_of(argv) or ["--json"]), st.sampled_from(commands))
     for _ in range(draw(st.integers(0, 2))):
         i = draw(st.integers(0, len(argv)))
         how = draw(st.sampled_from(["replace", "insert", "double", "drop"]))

@@ -27,6 +27,7 @@ from engine.catalog import Catalog
 from engine.derived import Derived
 from engine.export.conversations import (
     Contents,
+    PathConversation,
     Placeholder,
     TurnConversations,
     invalid_calls,
@@ -140,10 +141,38 @@ class _RunExport:
     extras: tuple[dict, dict] | None
     agent: dict[str, Any]
 
+    def conversation(self, path: dict[str, Any], workspace: str) -> tuple[PathConversation, dict[str, Any]]:
+        """A path's conversation, root to leaf, and its sample's metadata."""
+        walk = self.walks[(path["tree_id"], path["leaf_id"])]
+        turns = [self.conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
+        conv = join_turns(turns, self.contents)  # the workspaces already replaced in each turn's messages
+        metadata = _metadata(self.run_id, self.chosen["selection_id"], path, walk, conv.interrupted,
+                             invalid_calls(conv), workspace)  # fmt: skip
+        return conv, metadata
 
-def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: str,
-                 task: str | None, stage: str | None, workspace: str) -> _RunExport:  # fmt: skip
-    """Read what one run's samples are made of (``catalog``: its state, from :mod:`engine.derived`)."""
+
+def path_sample(data_dir: Path, run_id: str, tree_id: str, leaf_id: str, selection: str | None = None,
+                workspace: str = DEFAULT_WORKSPACE, reasoning: bool = True) -> tuple[dict[str, Any], PathConversation]:
+    """The ``chat`` sample ``export`` writes for one path of a run's selection (default: the run's
+    default one), and the path's conversation (which turn each message belongs to).
+
+    InputError when the selection has no path of that tree to that leaf.
+    """
+    log = EventLog(data_dir, run_id).require()
+    run = _prepare_run(log, Derived(data_dir).open(run_id), selection, "chat", None, None, workspace,
+                       leaf=(tree_id, leaf_id))  # fmt: skip
+    if not run.paths:
+        msg = (f"run {run_id!r}: selection {run.chosen['selection_id']!r} has no path of tree {tree_id!r} "
+               f"to {leaf_id!r}")  # fmt: skip
+        raise InputError(msg)
+    conv, metadata = run.conversation(run.paths[0], workspace)
+    return chat_sample(conv, metadata, reasoning), conv
+
+
+def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: str, task: str | None,
+                 stage: str | None, workspace: str, leaf: tuple[str, str] | None = None) -> _RunExport:  # fmt: skip
+    """Read what one run's samples are made of (``catalog``: its state, from :mod:`engine.derived`);
+    ``leaf``: only the path of that (tree id, leaf id)."""
     run_id = log.run_id
     chosen = recorded_selection(catalog, run_id, selection)
     tail = catalog.tail_seq()
@@ -152,6 +181,8 @@ def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: st
         "and (? is null or stage = ?) order by tree_id, rank, leaf_id",
         [chosen["selection_id"], task, task, stage, stage],
     )  # fmt: skip
+    if leaf is not None:
+        paths = [p for p in paths if (p["tree_id"], p["leaf_id"]) == leaf]
     walks = _walks(catalog, chosen["selection_id"], run_id, {(p["tree_id"], p["leaf_id"]) for p in paths})
     needed = {(t["edge_id"], t["turn"]) for walk in walks.values() for t in walk if t["turn"]}
     placeholder = Placeholder(
@@ -174,21 +205,18 @@ def _write_run(target: ExportDir, run: _RunExport, fmt: str, workspace: str, rea
     counts: Counter[tuple[str, str]] = Counter()
     with_invalid = 0
     for path in run.paths:
-        walk = run.walks[(path["tree_id"], path["leaf_id"])]
-        turns = [run.conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
-        conv = join_turns(turns, run.contents)  # the workspaces already replaced in each turn's messages
-        bad = invalid_calls(conv)
+        conv, metadata = run.conversation(path, workspace)
+        bad = metadata["invalid_calls"]
         with_invalid += bool(bad)
         if bad and invalid == "drop":
             continue
-        metadata = _metadata(run_id, chosen["selection_id"], path, walk, conv.interrupted, bad, workspace)
         lengths.add(name, path, conv, reasoning)
         if fmt == "chat":
             target.write(chat_sample(conv, metadata, reasoning))
         else:
             steps, calls = run.extras
             evals = {(t["edge_id"], t["turn"]): {k: t[k] for k in ("score", "eval_status", "outcome")}
-                     for t in walk if t["turn"]}  # fmt: skip
+                     for t in run.walks[(path["tree_id"], path["leaf_id"])] if t["turn"]}  # fmt: skip
             target.write(atif_trajectory(conv, metadata, reasoning, run.agent, steps, calls, evals))
         counts[(path["task"] or "", path["stage"] or "")] += 1
     target.end()

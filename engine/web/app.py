@@ -1,0 +1,316 @@
+"""The web app's routes: Starlette endpoints rendering Jinja2 templates (autoescaped), GET only.
+
+No endpoint changes a run: every one reads views through :class:`~engine.web.data.Source`
+(whose collection keeps the runs' derived state, as every reader does) or the log
+through the export's sample building. A bind other than the loopback
+needs the server's token (:class:`TokenGate`); a loopback bind refuses requests
+naming another host (a page of another site cannot reach it by DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import csv
+import hmac
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader
+from markupsafe import Markup
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engine.catalog.definitions import read_views
+from engine.collection import QueryLimitError, RefusedQueryError, read_only
+from engine.report import CSS as TREE_CSS
+from engine.report import LEGEND, drawn_trees
+from engine.web import data
+from engine.web.live import run_events
+from ingest.errors import ProjectError
+from ingest.log import RUN_ID_RE
+
+HERE = Path(__file__).parent
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+COOKIE = "teacher-mcts-token"
+SHOWN_ROWS = 500  # rows of a query shown on the SQL page (the CSV has them all)
+FOLD_CHARS, FOLD_LINES = 1200, 20  # longer outputs are folded
+HEADERS = {
+    # Defence in depth: content is escaped, and even a tag that slipped through could run no script.
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                               "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}  # fmt: skip
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list | dict):
+        return json.dumps(value, default=str)
+    return _num(value)
+
+
+def _folded(text: Any) -> bool:
+    text = "" if text is None else str(text)
+    return len(text) > FOLD_CHARS or text.count("\n") > FOLD_LINES
+
+
+def _arguments(text: Any) -> str:
+    """Tool-call arguments for reading: the JSON indented (the raw text when it is not JSON)."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False) if isinstance(text, str) else str(text)
+    except ValueError:
+        return text
+
+
+def _content(content: Any) -> str:
+    """A message's content as text (a list of parts: their texts)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+TEMPLATES = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True,
+                        lstrip_blocks=True)  # fmt: skip
+
+
+def _href(pattern: str, row: dict[str, Any]) -> str:
+    """``/run/{run_id}``-style ``pattern`` filled with the row's values, each quoted for a URL."""
+    return pattern.format_map({k: quote(str(v), safe="") for k, v in row.items()})
+
+
+TEMPLATES.filters.update(num=_num, cell=_cell, folded=_folded, arguments=_arguments, content=_content, href=_href)
+
+
+def _page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    body = TEMPLATES.get_template(name).render(request=request, **context)
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+
+def _problem(request: Request, message: str, status: int = 404) -> HTMLResponse:
+    return _page(request, "problem.html", status, message=message)
+
+
+def _run_id(request: Request) -> str | None:
+    run_id = request.path_params["run_id"]
+    return run_id if RUN_ID_RE.match(run_id) else None
+
+
+# ------------------------------------------------------------------- pages
+
+
+def collection(request: Request) -> HTMLResponse:
+    source: data.Source = request.app.state.source
+    try:
+        with source.reading() as runs:
+            tables = data.collection_page(runs)
+            damaged = [d.message() for d in runs.damaged]
+    except ProjectError as err:
+        return _page(request, "collection.html", tables=None, damaged=[], message=str(err),
+                     data_dir=source.data_dir)  # fmt: skip
+    return _page(request, "collection.html", tables=tables, damaged=damaged, message=None, data_dir=source.data_dir)
+
+
+def run(request: Request) -> HTMLResponse:
+    run_id = _run_id(request)
+    if run_id is None:
+        return _problem(request, "no such run id")
+    return _page(request, "run.html", run_id=run_id, live=_live(request.app.state.source, run_id))
+
+
+def run_live(request: Request) -> HTMLResponse:
+    """The part of the run page that follows the run (fetched again on each event)."""
+    run_id = _run_id(request)
+    if run_id is None:
+        return _problem(request, "no such run id")
+    return HTMLResponse(_live(request.app.state.source, run_id), headers=HEADERS)
+
+
+def _live(source: data.Source, run_id: str) -> Markup:
+    from ingest.log import EventLog
+
+    if not EventLog(source.data_dir, run_id).exists():
+        return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, data_dir=source.data_dir))
+    try:
+        with source.reading() as runs:
+            page = data.run_page(runs, run_id)
+            drawings = drawn_trees(runs, run_id)
+    except ProjectError as err:
+        return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, problem=str(err)))
+    drawings = [(t, Markup(svg), n) for t, svg, n in drawings]  # the report's drawing: escaped where it is made
+    live = TEMPLATES.get_template("run_live.html")
+    return Markup(live.render(run_id=run_id, drawings=drawings, legend=Markup(LEGEND), **page))
+
+
+def tree(request: Request) -> HTMLResponse:
+    run_id, tree_id = _run_id(request), request.path_params["tree_id"]
+    if run_id is None:
+        return _problem(request, "no such run id")
+    try:
+        with request.app.state.source.reading() as runs:
+            page = data.tree_page(runs, run_id, tree_id)
+            drawings = drawn_trees(runs, run_id, tree_id)
+    except ProjectError as err:
+        return _problem(request, str(err))
+    if page["tree"] is None:
+        return _problem(request, f"run {run_id!r} has no tree {tree_id!r}")
+    turns: dict[str, list] = {}
+    for t in page["turns"]:
+        turns.setdefault(t["edge_id"], []).append(t)
+    calls: dict[tuple[str, int], list] = {}
+    for c in page["calls"]:
+        calls.setdefault((c["edge_id"], c["turn"]), []).append(c)
+    through: dict[str, list] = {}
+    for p in page["paths"]:
+        for node_id in p["node_ids"]:
+            through.setdefault(node_id, []).append(p)
+    page |= {"turns": turns, "calls": calls, "through": through}
+    return _page(request, "tree.html", run_id=run_id, tree_id=tree_id, drawing=Markup(drawings[0][1]) if drawings
+                 else None, legend=Markup(LEGEND), **page)  # fmt: skip
+
+
+def path(request: Request) -> HTMLResponse:
+    run_id = _run_id(request)
+    tree_id, leaf_id = request.query_params.get("tree"), request.query_params.get("leaf")
+    selection = request.query_params.get("selection") or None
+    if run_id is None or not tree_id or not leaf_id:
+        return _problem(request, "a path page needs a run, ?tree= and ?leaf=", 400)
+    source: data.Source = request.app.state.source
+    try:
+        sample, conv = source.sample(run_id, tree_id, leaf_id, selection)
+        with source.reading() as runs:
+            rows = data.path_rows(runs, run_id, tree_id, leaf_id)
+    except ProjectError as err:
+        return _problem(request, str(err))
+    meta = sample["metadata"]
+    turns = {(t["edge_id"], t["turn"]): t for t in meta["turns"]}
+    feedback = data.eval_feedback(source.data_dir, run_id, set(turns))
+    # The messages in order, each with the turn it belongs to; a turn's eval after its last message.
+    system = len(sample["messages"]) - len(conv.owners)
+    items = []
+    owners = ["start", *[None] * system, *conv.owners, "end"]  # (system messages belong to no turn)
+    for i, message in enumerate(sample["messages"]):
+        before, owner, after = owners[i : i + 3]
+        ends = owner is not None and after != owner
+        items.append({"message": message, "owner": owner, "index": i, "eval": turns.get(owner) if ends else None,
+                      "feedback": feedback.get(owner) if ends else None,
+                      "starts": owner is not None and before != owner})  # fmt: skip
+    names = {c["id"]: (c.get("function") or {}).get("name") for m in sample["messages"]
+             for c in m.get("tool_calls") or []}  # fmt: skip
+    return _page(request, "path.html", run_id=run_id, tree_id=tree_id, leaf_id=leaf_id, items=items, meta=meta,
+                 tools=json.loads(sample["tools"]), call_names=names, **rows)  # fmt: skip
+
+
+def sql(request: Request) -> Response:
+    source: data.Source = request.app.state.source
+    query = request.query_params.get("q", "").strip()
+    as_csv = request.query_params.get("format") == "csv"
+    views = list(read_views().values())
+    rows, error = None, None
+    if query:
+        try:
+            read_only(query)  # refused before any run is read
+            with source.reading() as runs:
+                rows = runs.query(query)
+        except (RefusedQueryError, QueryLimitError, ProjectError) as err:
+            error = str(err)
+    if as_csv and rows is not None:
+        return Response(_csv(rows), media_type="text/csv; charset=utf-8",
+                        headers={**HEADERS, "Content-Disposition": 'attachment; filename="query.csv"'})  # fmt: skip
+    columns = list(rows[0]) if rows else []
+    return _page(request, "sql.html", status=400 if error else 200, query=query, rows=rows, columns=columns,
+                 shown=SHOWN_ROWS, error=error, views=views)  # fmt: skip
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    """As ``sql --csv`` prints them: a header, lists and objects as JSON."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    columns = list(rows[0]) if rows else []
+    writer.writerow(columns)
+    for r in rows:
+        writer.writerow([json.dumps(r[c], default=str) if isinstance(r[c], list | dict) else r[c] for c in columns])
+    return out.getvalue()
+
+
+def tree_css(_request: Request) -> Response:
+    """The report's styles of a tree's drawing (one drawing, one style)."""
+    return Response(TREE_CSS, media_type="text/css", headers=HEADERS)
+
+
+# -------------------------------------------------------------------- safety
+
+
+class TokenGate:
+    """Let through requests carrying the token: ``?token=`` (which sets a cookie, then
+    redirects to the address without it), the cookie, or ``Authorization: token <t>``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    def _matches(self, given: str | None) -> bool:
+        return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        header = request.headers.get("authorization", "")
+        if self._matches(request.query_params.get("token")):
+            url = request.url.remove_query_params("token")
+            response: Response = RedirectResponse(url.path + (f"?{url.query}" if url.query else ""), 303)
+            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+        elif self._matches(request.cookies.get(COOKIE)) or self._matches(header.removeprefix("token ")):
+            await self.app(scope, receive, send)
+            return
+        else:
+            response = PlainTextResponse("403: this server needs its token - open the address it printed when it "
+                                         "started (.../?token=...)\n", 403)  # fmt: skip
+        await response(scope, receive, send)
+
+
+def create_app(data_dir: Path, host: str = "127.0.0.1", token: str | None = None) -> Starlette:
+    """The app over ``data_dir``; ``token``: required of every request (a non-loopback ``host`` must have one)."""
+    if host not in LOOPBACK and not token:
+        raise ValueError(f"serving on {host} needs a token")
+    routes = [
+        Route("/", collection),
+        Route("/sql", sql),
+        Route("/run/{run_id}", run),
+        Route("/run/{run_id}/live", run_live),
+        Route("/run/{run_id}/events", run_events),
+        Route("/run/{run_id}/path", path),
+        Route("/run/{run_id}/tree/{tree_id}", tree),
+        Route("/static/tree.css", tree_css),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]  # every route answers GET (and HEAD) only: no endpoint writes
+    middleware = [Middleware(TokenGate, token=token)] if token else []
+    if host in LOOPBACK:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost", "[::1]", "::1"]))
+    app = Starlette(routes=routes, middleware=middleware)
+    app.state.source = data.Source(Path(data_dir))
+    return app

@@ -1,0 +1,176 @@
+"""What the pages show: rows of views read through the collection of the data directory.
+
+One collection (``engine.collection.open_runs``: every run, its views read from the
+runs' stored derived state) serves every page; a page of one run reads that run's
+rows alone. A page that finds a run's record changed since the last read (a part
+landed) has the collection read the runs again (``refresh``: a grown run is caught
+up from its last state), and a new run opens it anew, so a page always shows a
+published prefix of each log. One lock serializes the queries (a DuckDB connection
+serves one thread at a time). This module only chooses rows; every figure is a column
+of a view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.collection import Collection, Limits, open_runs
+from ingest.log import RECORD, EventLog, run_ids
+
+Rows = list[dict[str, Any]]
+SAMPLES_KEPT = 64
+STAGES = "['early', 'middle', 'late']"
+
+
+def quoted(value: str) -> str:
+    """``value`` as an SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+class Source:
+    """The data directory a server reads, through one collection brought up to date as the logs change."""
+
+    def __init__(self, data_dir: Path, limits: Limits | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.limits = limits or Limits.resolve()
+        self.lock = threading.RLock()
+        self._open: tuple[tuple, Collection] | None = None
+        self._samples: OrderedDict[tuple, Any] = OrderedDict()
+
+    def fingerprint(self, runs: list[str] | None = None) -> tuple:
+        """Which runs, and the state of each one's record (it changes whenever a part is published)."""
+        found = []
+        for run_id in runs if runs is not None else run_ids(self.data_dir):
+            try:
+                stat = (EventLog(self.data_dir, run_id).log_dir / RECORD).stat()
+                found.append((run_id, stat.st_mtime_ns, stat.st_size))
+            except FileNotFoundError:
+                found.append((run_id, None, None))
+        return tuple(found)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Collection]:
+        """The collection of every run (but the damaged ones), up to date, held for the caller.
+
+        LogError when there is no run yet.
+        """
+        with self.lock:
+            now = self.fingerprint()
+            if self._open is None or [r[0] for r in self._open[0]] != [r[0] for r in now]:
+                self._open = (now, open_runs(self.data_dir, None, self.limits))
+            elif self._open[0] != now:
+                self._open[1].refresh()
+                self._open = (now, self._open[1])
+            yield self._open[1]
+
+    def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None):
+        """The export's chat sample of a path and its conversation, kept while the run's log is unchanged."""
+        from engine.export import path_sample
+
+        key = (self.fingerprint([run_id]), tree_id, leaf_id, selection)
+        with self.lock:
+            if key not in self._samples:
+                self._samples[key] = path_sample(self.data_dir, run_id, tree_id, leaf_id, selection)
+                while len(self._samples) > SAMPLES_KEPT:
+                    self._samples.popitem(last=False)
+            self._samples.move_to_end(key)
+            return self._samples[key]
+
+
+def collection_page(runs: Collection) -> dict[str, Rows]:
+    """The runs, their tasks and the audit's tables over every run."""
+    q = runs.query
+    coverage = q(
+        "select * from coverage where stratum in ('all', 'task', 'stage') order by run_id, "
+        f"list_position(['all', 'task', 'stage'], stratum), list_position({STAGES}, stratum_key), stratum_key"
+    )
+    overall = {r["run_id"]: r for r in coverage if r["stratum"] == "all"}  # (coverage is the costly view: read once)
+    runs_rows = q(
+        "select r.run_id, r.task, r.backend, p.trees, p.trees_done, a.finished, k.tokens, k.cost "
+        "from run_config as r join run_progress as p using (run_id) join run_pace as a using (run_id) "
+        "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
+        "using (run_id) order by r.run_id"
+    )
+    for r in runs_rows:
+        r.update({k: overall.get(r["run_id"], {}).get(k) for k in ("roots", "selected_paths", "n_eff", "n_eff_ratio")})
+    return {
+        "runs": runs_rows,
+        "coverage": coverage,
+        "tasks": q("select * from cost_tasks order by task, run_id"),
+        "learnability": q("select * from learnability where flagged order by run_id, tree_id"),
+        "tool_errors": q("select * from tool_error_rates where dimension = 'tool' order by run_id, calls desc, key"),
+        "tool_messages": q("select * from tool_error_messages order by errors desc, run_id, message limit 10"),
+        "knowledge": q("select * from knowledge_usage where dimension = 'all' order by run_id, area, access"),
+        "knowledge_improvement": q("select * from knowledge_improvement order by run_id, task, measure, "
+                                   "with_knowledge desc"),  # fmt: skip
+    }
+
+
+def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
+    """One run: its config, progress, stop reasons, trees and selected paths."""
+    run = quoted(run_id)
+
+    def q(sql: str) -> Rows:
+        return runs.query(sql, run_id)  # that run's rows alone
+
+    page = {
+        "config": q(f"select task, backend, direction, seed, num_roots, top_k from run_config where run_id = {run}")[0],
+        "progress": q(f"select * from run_progress where run_id = {run}")[0],
+        "pace": q(f"select * from run_pace where run_id = {run}")[0],
+        "stops": q(f"select stop_reason, count(*) as trees from int_trees__summarized where run_id = {run} "
+                   "and stop_reason is not null group by all order by 1"),  # fmt: skip
+        "trees": q(f"select * from trees where run_id = {run} order by status = 'done', tree_id"),
+        "paths": q(f"select * from top_paths where run_id = {run} order by tree_id, rank, leaf_id"),
+        "seq": q(f"select asof_seq from stg_log_tail where run_id = {run}")[0]["asof_seq"],
+    }
+    page["in_flight"] = [] if page["pace"]["finished"] else q(
+        f"select * from turns_in_flight where run_id = {run} order by since, tree_id, edge_id")
+    return page
+
+
+def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
+    """One tree: its nodes with the edge that made each, their turns and tool calls, its paths."""
+    scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)}"
+
+    def q(sql: str) -> Rows:
+        return runs.query(sql, run_id)
+
+    trees = q(f"select * from trees where {scope}")
+    nodes = q(
+        "select n.*, e.verdict, e.soft, e.outcome, e.cleanliness, e.knowledge, e.regression_stability, "
+        "e.tool_calls, e.tool_errors, e.steps, e.s1, e.s2 "
+        f"from nodes as n left join edges as e using (run_id, tree_id, edge_id) where {scope} "
+        "order by node_key(n.node_id)"
+    )  # fmt: skip
+    failed = q(f"select * from edges where {scope} and child_id is null order by started_seq")
+    turns = q(f"select * from turns where {scope} order by edge_id, turn")
+    calls = q(f"select edge_id, turn, step, call_id, tool, status, target, error from tool_calls where {scope} "
+              "order by seq")  # fmt: skip
+    paths = q(f"select * from paths where {scope} order by rank nulls last, leaf_id")
+    return {"tree": trees[0] if trees else None, "nodes": nodes, "failed": failed, "turns": turns, "calls": calls,
+            "paths": paths}  # fmt: skip
+
+
+def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict[str, Any]:
+    """A path's row of ``paths`` and the run's PathScore weights."""
+    scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)} and leaf_id = {quoted(leaf_id)}"
+    found = runs.query(f"select * from paths where {scope}", run_id)
+    weights = runs.query(f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config "
+                         f"where run_id = {quoted(run_id)}", run_id)  # fmt: skip
+    return {"path": found[0] if found else None, "weights": weights[0] if weights else {}}
+
+
+def eval_feedback(data_dir: Path, run_id: str, turns: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    """The grader's feedback of these turns' evals (a heavy column: read from the log, not a view)."""
+    found: dict[tuple[str, int], str] = {}
+    for batch in EventLog(data_dir, run_id).scan_kind("eval_finished", ["edge_id", "turn", "feedback"]):
+        for row in batch.to_pylist():
+            key = (row["edge_id"], row["turn"])
+            if key in turns and row["feedback"]:
+                found[key] = row["feedback"]
+    return found

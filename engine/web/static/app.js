@@ -1,0 +1,79 @@
+// The web app's one script: no build step, nothing fetched but this server's pages.
+"use strict";
+
+// Run page: follow the run as parts land (server-sent events), replacing the part of
+// the page that shows it, without a reload; stop once the run has finished.
+function followRun(live) {
+  const run = live.dataset.run;
+  const state = document.getElementById("state");
+  const base = "/run/" + encodeURIComponent(run);
+  let chain = Promise.resolve();
+  const refresh = () => {
+    chain = chain.then(() => fetch(base + "/live", {cache: "no-store"}))
+      .then((r) => r.text()).then((html) => { live.innerHTML = html; })
+      .catch(() => { state.textContent = "disconnected"; });
+    return chain;
+  };
+  const finished = () => live.querySelector('.live-section[data-finished="true"]') !== null;
+  if (finished()) { state.textContent = ""; return; }
+  state.textContent = "updating as parts land";
+  const events = new EventSource(base + "/events");
+  events.addEventListener("frame", refresh);
+  events.addEventListener("end", () => {
+    events.close();
+    refresh().then(() => { state.textContent = ""; });
+  });
+  events.addEventListener("problem", (e) => {
+    events.close();
+    state.textContent = "stopped following: " + JSON.parse(e.data).message;
+  });
+  events.onerror = () => { if (events.readyState === EventSource.CLOSED) state.textContent = "disconnected"; };
+}
+
+// Tree page: a node (in the drawing, or its row) opens the turns of the edge that made it.
+function openNode(id, scroll) {
+  const body = document.getElementById("node-" + id);
+  if (!body) return false;
+  const row = body.querySelector("tr.turns");
+  const button = body.querySelector("button.open");
+  const open = row.hidden;
+  row.hidden = !open;
+  button.setAttribute("aria-expanded", String(open));
+  document.querySelectorAll("tbody.node.current").forEach((b) => b.classList.remove("current"));
+  body.classList.add("current");
+  if (scroll) body.scrollIntoView({block: "start", behavior: "smooth"});
+  return true;
+}
+
+document.addEventListener("click", (e) => {
+  const node = e.target.closest("svg.tree g[data-node]");
+  if (node) {
+    const id = node.dataset.node;
+    if (!openNode(id, true)) {  // the run page: go to the tree's page
+      const card = node.closest("[data-tree]");
+      const live = document.getElementById("live");
+      if (card && live) {
+        location.href = "/run/" + encodeURIComponent(live.dataset.run) + "/tree/" +
+          encodeURIComponent(card.dataset.tree) + "#node-" + encodeURIComponent(id);
+      }
+    }
+    return;
+  }
+  const cross = e.target.closest("svg.tree g[data-edge]");
+  const panel = document.getElementById("panel");
+  if (cross) {
+    const title = cross.querySelector("title");
+    panel.textContent = title ? title.textContent : "";
+    panel.style.display = "block";
+    return;
+  }
+  if (panel) panel.style.display = "none";
+  const button = e.target.closest("button.open");
+  if (button) openNode(button.closest("tbody.node").dataset.node, false);
+});
+
+document.addEventListener("DOMContentLoaded", () => {
+  const live = document.getElementById("live");
+  if (live) followRun(live);
+  if (location.hash.startsWith("#node-")) openNode(decodeURIComponent(location.hash.slice(6)), true);
+});

@@ -1,0 +1,321 @@
+"""The web app (``serve``) in a real browser: Playwright driving the system Chromium.
+
+Each test starts ``python cli.py serve`` as a process of its own on a free port and
+waits until it answers; pages are read through the DOM. A screenshot of each page
+goes to /tmp/web-shots/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, SNAPSHOTS
+from fake_model import FakeModel
+from playwright.sync_api import sync_playwright
+from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, student  # noqa: F401 - fixtures
+
+from cli import cli
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path("/tmp/web-shots")
+PAYLOAD = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+    except urllib.error.HTTPError:
+        return True  # it answered (a refusal is an answer)
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def serving(data: Path, tmp: Path, host: str = "127.0.0.1"):
+    """A ``serve`` process over ``data``: yields (base address, the token it printed or None)."""
+    port = _free_port()
+    err = tmp / f"serve-{port}.err"
+    with open(err, "w") as fh:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "serve",
+                                 "--port", str(port), "--host", host], stdout=fh, stderr=fh, cwd=ROOT)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while not _answers(base + "/static/app.css"):
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "the server did not answer within 120 s:\n" + err.read_text()
+            time.sleep(0.1)
+        found = re.search(r"\?token=(\S+)", err.read_text())
+        yield base, found and found[1]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing (apt install chromium): the tests drive the system browser")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    yield context.new_page()
+    context.close()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+SHOWN = """() => [...document.querySelectorAll('.conversation .msg')].map(m => ({
+  role: m.dataset.role,
+  content: [...m.querySelectorAll(':scope > pre.content, :scope > details > pre.content')]
+    .map(p => p.textContent).join(''),
+  reasoning: (m.querySelector('pre.reasoning-text') || {}).textContent ?? null,
+  tool_call_id: m.dataset.toolCallId ?? null,
+  calls: [...m.querySelectorAll('.call')].map(c => [c.dataset.callId, c.querySelector('.call-name').textContent,
+                                                    c.querySelector('pre.args').textContent]),
+}))"""
+
+
+def shown_messages(page) -> list[dict]:
+    """The conversation the page shows, message by message (arguments parsed: shown indented)."""
+    shown = page.evaluate(SHOWN)
+    for m in shown:
+        m["calls"] = [[i, n, json.loads(a)] for i, n, a in m["calls"]]
+    return shown
+
+
+def sample_messages(sample: dict) -> list[dict]:
+    """The same fields of an exported sample's messages."""
+    out = []
+    for m in sample["messages"]:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content)
+        out.append({"role": m["role"], "content": content or "", "reasoning": m.get("reasoning_content") or None,
+                    "tool_call_id": m.get("tool_call_id"),
+                    "calls": [[c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])]
+                              for c in m.get("tool_calls") or []]})  # fmt: skip
+    return out
+
+
+def exported(data: Path, run_id: str, out: Path) -> dict[tuple[str, str], dict]:
+    """The run's exported chat samples by (tree, leaf)."""
+    r = CliRunner().invoke(cli, ["--data", str(data), "export", run_id, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    samples = [json.loads(line) for line in (out / f"{run_id}.chat.jsonl").read_text().splitlines()]
+    return {(s["metadata"]["tree_id"], s["metadata"]["leaf_id"]): s for s in samples}
+
+
+def _path_of(url: str) -> tuple[str, str]:
+    from urllib.parse import parse_qs, urlparse
+
+    query = parse_qs(urlparse(url).query)
+    return query["tree"][0], query["leaf"][0]
+
+
+@pytest.mark.slow
+def test_navigate_collection_run_tree_path_shows_the_exported_sample(runs, tmp_path, page):
+    samples = exported(runs, "rounds", tmp_path / "out")
+    with serving(runs, tmp_path) as (base, _token):
+        page.goto(base + "/")
+        assert page.locator("table.runs tbody tr").count() == 2  # rounds and async
+        shot(page, "collection")
+        page.locator("table.runs a", has_text="rounds").click()
+        page.wait_for_url(re.compile(r"/run/rounds$"))
+        assert page.locator("table.tree-table tbody tr").count() == 4
+        assert page.locator("svg.tree").count() == 4  # the report's drawings
+        shot(page, "run")
+        page.locator("table.tree-table a", has_text="T001").click()
+        page.wait_for_url(re.compile(r"/run/rounds/tree/T001$"))
+        node = page.locator("tbody.node").nth(1)
+        node.locator("button.open").click()  # a node opens its two turns
+        assert node.locator(".turn").count() == 2
+        shot(page, "tree")
+        page.locator("table.nodes a", has_text="#1").first.click()
+        page.wait_for_url(re.compile(r"/run/rounds/path\?"))
+        shot(page, "path")
+        key = _path_of(page.url)
+        assert key in samples
+        assert shown_messages(page) == sample_messages(samples[key])
+        # The path's fields beside it.
+        assert page.locator("table.fields").inner_text().count(samples[key]["metadata"]["selection_id"]) == 1
+
+
+@pytest.mark.slow
+def test_a_run_written_while_the_page_is_open_updates_it_until_it_ends(tmp_path, page):
+    data = tmp_path / "data"
+    data.mkdir()
+    config = tmp_path / "slow.toml"
+    config.write_text("[tree]\ntarget_good_leaves = 2\n[backend_options]\nlatency_s = 0.05\n")
+    with serving(data, tmp_path) as (base, _token):
+        page.goto(base + "/run/live")
+        assert "No event of run live" in page.locator("#live").inner_text()
+        # Every state the page shows (its log prefix), and a mark a reload would lose.
+        page.evaluate("""() => { window.__mark = 'same page'; window.__seqs = [];
+            const live = document.getElementById('live');
+            new MutationObserver(() => { const s = live.querySelector('.live-section');
+                if (s) window.__seqs.push(s.dataset.seq); }).observe(live, {childList: true}); }""")
+        writer = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore",
+                                   str(SNAPSHOTS), "--select", "--task", "kernel-speedup", "--num-roots", "2",
+                                   "--run-id", "live", "--config", str(config)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)  # fmt: skip
+        try:
+            page.wait_for_selector('.live-section[data-finished="false"] table.tree-table', timeout=240_000)
+            shot(page, "run-live")
+            page.wait_for_selector('.live-section[data-finished="true"]', timeout=300_000)
+        finally:
+            _, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err.decode()
+        assert page.evaluate("window.__mark") == "same page"
+        from ingest.log import EventLog
+
+        seqs = page.evaluate("window.__seqs")
+        assert seqs[-1] == str(EventLog(data, "live").tail_seq())  # the final state
+        assert len(set(seqs)) >= 2, seqs  # and states before it
+        assert page.locator("table.tree-table tbody tr").count() == 2
+        assert "finished" in page.locator(".summary .status").inner_text()
+        assert page.locator("svg.tree").count() == 2
+        shot(page, "run-finished")
+
+
+def _hand_run_with(data: Path, payload: str) -> str:
+    """tests/hand_run.py's run, a tool result of its first turn replaced by ``payload``."""
+    import hand_run
+
+    from engine.catalog import Catalog
+    from engine.selections import default_parameters, selection_decision
+    from ingest.events import ConversationRecorded, RunFinished, RunStarted
+    from ingest.log import EventLog, LogWriter
+
+    def patched(event):
+        if isinstance(event, ConversationRecorded):
+            messages = [m | {"content": payload} if m.get("content") == "Tiles of 64 were best." else m
+                        for m in event.messages]  # fmt: skip
+            return event.model_copy(update={"messages": messages})
+        return event
+
+    started = RunStarted(command="explore", task="speedup", config=hand_run.CONFIG.model_dump(mode="json"))
+    with LogWriter.create(data, "hand") as writer:
+        writer.append([started, *map(patched, hand_run.events())])
+        catalog = Catalog.for_log(EventLog(data, "hand"))
+        writer.append([selection_decision(catalog, writer.tail, *default_parameters(catalog)), RunFinished()])
+    return "hand"
+
+
+@pytest.mark.slow
+def test_html_in_a_tool_result_is_shown_as_text(tmp_path, page):
+    data = tmp_path / "data"
+    _hand_run_with(data, PAYLOAD)
+    samples = exported(data, "hand", tmp_path / "out")
+    with serving(data, tmp_path) as (base, _token):
+        page.goto(base + "/run/hand/path?tree=T1&leaf=T1.1.1")
+        shot(page, "path-escaped")
+        assert page.evaluate("window.__pwned") is None  # no script ran
+        assert page.locator(".conversation img").count() == 0 and page.locator(".conversation script").count() == 0
+        results = page.locator('.msg[data-role="tool"] pre.content').all_inner_texts()
+        assert PAYLOAD in results
+        assert shown_messages(page) == sample_messages(samples[("T1", "T1.1.1")])
+
+
+@pytest.mark.slow
+def test_a_non_local_bind_refuses_requests_without_its_token(runs, tmp_path, page):
+    with serving(runs, tmp_path, host="0.0.0.0") as (base, token):
+        assert token, "the server printed no token"
+        for path in ("/", "/sql?q=select+1", "/run/rounds", "/run/rounds/events", "/static/app.css"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(base + path, timeout=30)
+            assert refused.value.code == 403
+            assert b"needs its token" in refused.value.read()
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{base}/?token={token}x", timeout=30)
+        page.goto(f"{base}/?token={token}")  # sets the cookie, then leaves the token out of the address
+        assert "token" not in page.url
+        assert page.locator("table.runs tbody tr").count() == 2
+        page.goto(base + "/run/rounds")
+        assert page.locator("svg.tree").count() == 4
+
+
+@pytest.mark.slow
+def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(runs, tmp_path, page):
+    from engine.collection import RefusedQueryError, open_runs, read_only
+
+    with pytest.raises(RefusedQueryError) as refused:
+        read_only("delete from nodes")
+    query = "select run_id, tree_id, node_id, score from nodes where depth = 1 order by run_id, node_id"
+    expected = open_runs(runs).query(query)
+    with serving(runs, tmp_path) as (base, _token):
+        page.goto(base + "/sql")
+        page.fill("#q", "delete from nodes")
+        page.click("form.sql button")
+        assert page.locator("#sql-error").inner_text() == str(refused.value)
+        assert page.locator("table.result").count() == 0
+        shot(page, "sql-refused")
+        page.fill("#q", query)
+        page.click("form.sql button")
+        assert page.locator("table.result tbody tr").count() == len(expected)
+        assert page.locator("table.views a.view").count() > 50  # every view, with its summary
+        shot(page, "sql")
+        href = page.locator("a.csv").get_attribute("href")
+        csv_text = urllib.request.urlopen(base + href, timeout=60).read().decode()
+    lines = csv_text.splitlines()
+    assert lines[0] == "run_id,tree_id,node_id,score"
+    assert [line.split(",")[2] for line in lines[1:]] == [r["node_id"] for r in expected]
+
+
+@pytest.mark.slow
+def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots, student, coral_on_path):  # noqa: F811
+    model = FakeModel(script).start()
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
+    data = tmp_path / "data"
+    try:
+        r = explore_opencode(data, roots, model, config, "oc", "--coral-dir", str(student))
+    finally:
+        model.stop()
+    assert r.exit_code == 0, r.output
+    samples = exported(data, "oc", tmp_path / "out")
+    with serving(data, tmp_path) as (base, _token):
+        page.goto(base + "/run/oc")
+        page.locator("details.paths a", has_text="T001.1.1").click()
+        page.wait_for_url(re.compile(r"/run/oc/path\?"))
+        shot(page, "path-opencode")
+        assert shown_messages(page) == sample_messages(samples[("T001", "T001.1.1")])
+        assert page.locator(".eval").count() == 4  # each turn's eval after its last message
+
+
+def test_serve_refuses_a_missing_data_directory(tmp_path):
+    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "nowhere"), "serve", "--port", "0"])
+    assert r.exit_code == 1
+    assert r.stderr == f"Error: {tmp_path / 'nowhere'}: no such directory - give --data the directory that holds " \
+                       "(or will hold) runs/\n"
