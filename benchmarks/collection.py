@@ -22,7 +22,7 @@ parsing the arguments to the last line printed, without starting Python):
 - audit: ``python cli.py --data DIR audit --json``;
 - export: ``python cli.py --data DIR export --out OUT`` (every run's default selection).
 
-Reads go through the runs' stored derived state (``engine/derived.py``), so each read
+Reads go through the runs' stored derived state (``engine/derived/``), so each read
 command is measured cold (``<data>/derived`` deleted first: the first read of a
 collection) and warm (a later process, the state stored):
 

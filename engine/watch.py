@@ -5,7 +5,7 @@ only whole parts, and each load adds the parts published since the last one, so 
 counts of successive frames never go back). New parts are noticed by watching the
 log directory (watchfiles), with a periodic look as a fallback; reading needs no lock,
 so the writer goes on undisturbed. The first frame is read from the run's stored
-derived state (engine/derived.py: caught up to the log, or derived from it).
+derived state (engine/derived/: caught up to the log, or derived from it).
 Following ends once the run has finished, or with an error once no process writes it
 any more (its writer died: nothing would ever change again, and a frozen "running"
 frame would be shown for good).

@@ -1,4 +1,4 @@
-"""Derived state that outlives a process (engine/derived.py): keyed by the run's record, the
+"""Derived state that outlives a process (engine/derived/): keyed by the run's record, the
 views and the variables; reused while they hold, caught up when a run grows, rebuilt when
 anything else changes, never trusted over the log."""
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ingest.log import EventLog
 
 # The event tables and their refresh need Arrow and the event schema: imported when a
-# catalog is made, so that reading stored derived state (engine/derived.py) loads neither.
+# catalog is made, so that reading stored derived state (engine/derived/) loads neither.
 _LAZY = {"KIND_COLUMNS": "engine.catalog.tables", "LOG_RELATIONS": "engine.catalog.tables"}
 
 

@@ -40,7 +40,6 @@ process (and a note says so).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -49,7 +48,6 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,110 +55,29 @@ import duckdb
 
 from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
+from engine.derived.keys import (
+    _TMP,
+    AT_DECISIONS,
+    DERIVED,
+    KEPT_FLAVOURS,
+    NOW,
+    SOURCE_CACHE,
+    WIDE_INTEGERS,
+    Source,
+    State,
+    file_stat,
+    flavour_key,
+    record_stat,
+    source_from,
+    views_digest,
+)
 from ingest.errors import LogError, OutputError
-from ingest.listing import located
 from ingest.paths import fsync_dir, run_dir, write_atomically
-from ingest.record import RECORD, read_record
 
 if TYPE_CHECKING:
     from ingest.reader import EventLog
 
-DERIVED = "derived"
-# Bump to rebuild every stored state (the code deriving a state is in its key too: CODE).
-VERSION = 1
-ROOT = Path(__file__).resolve().parent.parent
-# The code a state is derived by: the event schema and the log's reading (ingest/), the
-# catalog (its tables, their refresh) and this module. Its source is part of every
-# state's key, so a state derived by other code is never read.
-CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived.py", "engine/runs.py")
-NOW = {"asof_points": "now"}
-AT_DECISIONS = {"asof_points": "decisions"}
-_TMP = ".tmp-"
-WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
-KEPT_FLAVOURS = 4
-SOURCE_CACHE = "source.json"  # per run, besides now and at decisions: the newest states of variables a caller set
-
-
-def views_digest(views_dir: Path = VIEWS_DIR) -> str:
-    """The digest of what derives a state: every view file (the macros too), the code (CODE), VERSION."""
-    h = hashlib.sha256(f"v{VERSION}\n".encode())
-    code = sorted({p for pattern in CODE for p in ROOT.glob(pattern)})
-    for path in [*code, *sorted(Path(views_dir).glob("*.sql"))]:
-        h.update(f"\n{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}\n".encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-def flavour_key(digest: str, variables: dict[str, Any]) -> str:
-    """The directory name of the states derived by these views under these variables."""
-    text = json.dumps(variables, sort_keys=True, default=str)
-    return hashlib.sha256(f"{digest}\n{text}".encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Source:
-    """What a run's state is derived from: its committed record of parts, as read now."""
-
-    run_id: str
-    identity: str  # the record's first entry ("" for a run written before records)
-    entries: int
-    last_sha: str
-    tail: int
-    parts: tuple[tuple[str, int, int], ...]  # (name, size, mtime_ns) of each live part, in seq order
-
-    @classmethod
-    def of(cls, data_dir: Path, run_id: str, attempts: int = 20) -> Source:
-        """The source of a run's log now; LogError when its record or parts cannot be read.
-
-        Reads the record and lists its parts (no part is opened); a run written before
-        records is listed by its reader.
-        """
-        log_dir = run_dir(data_dir, run_id) / "log"
-        for _attempt in range(attempts):
-            record = read_record(log_dir, run_id)
-            if record is None:
-                from ingest.reader import EventLog
-
-                parts, problem = EventLog(data_dir, run_id).parts(), None
-            else:
-                parts, problem = located(record)
-            if problem is not None:
-                continue  # a part merged away since the record was read: read it again
-            try:
-                stats = tuple((p.path.name, *_stat(p.path)) for p in parts)
-            except FileNotFoundError:  # renamed or merged away since the listing
-                continue
-            if record is None:
-                return cls(run_id, "", 0, "", parts[-1].last if parts else 0, stats)
-            return cls(run_id, record.identity, record.entries, record.last_sha, record.tail, stats)
-        raise LogError(f"{log_dir}: its parts kept changing while they were listed - try again")
-
-    @property
-    def key(self) -> str:
-        text = json.dumps([self.run_id, self.identity, self.entries, self.last_sha, self.tail, self.parts])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "identity": self.identity, "entries": self.entries,
-                "last_sha": self.last_sha, "tail": self.tail, "parts": [list(p) for p in self.parts]}  # fmt: skip
-
-
-@dataclass
-class State:
-    """One stored state: its directory, and the variables its tables were derived under."""
-
-    run_id: str
-    dir: Path
-    source: Source
-    values: dict[str, Any]  # every variable set (the flavour's and the views' defaults)
-    explicit: set[str]
-
-    @property
-    def catalog_file(self) -> Path:
-        return self.dir / "catalog.duckdb"
-
-    def view_file(self, view: str) -> Path:
-        return self.dir / "views" / f"{view}.parquet"
+__all__ = ["AT_DECISIONS", "NOW", "Derived", "Source", "State", "views_digest"]
 
 
 class Derived:
@@ -234,7 +151,7 @@ class Derived:
         the files they were; ``<derived>/<run>/source.json`` keeps the last one parsed."""
         log_dir = run_dir(self.data_dir, run_id) / "log"
         cache = self.root / run_id / SOURCE_CACHE
-        record = _record_stat(log_dir)
+        record = record_stat(log_dir)
         if record is None:
             return Source.of(self.data_dir, run_id)
         held: dict[str, Any] = {}
@@ -242,11 +159,11 @@ class Derived:
             held = json.loads(cache.read_text())
         if held.get("record") == list(record):
             with contextlib.suppress(KeyError, TypeError, OSError):
-                src = _source_from(held["source"])
-                if all(list(_stat(log_dir / name)) == stat for name, *stat in src.parts):
+                src = source_from(held["source"])
+                if all(list(file_stat(log_dir / name)) == stat for name, *stat in src.parts):
                     return src
         src = Source.of(self.data_dir, run_id)
-        if _record_stat(log_dir) == record and self._writable_quietly():
+        if record_stat(log_dir) == record and self._writable_quietly():
             body = json.dumps({"record": list(record), "source": src.as_json()})
             with contextlib.suppress(OSError, OutputError):  # a cache: not kept is only slower
                 cache.parent.mkdir(parents=True, exist_ok=True)
@@ -298,7 +215,7 @@ class Derived:
         for path in sorted(flavour.parent.glob("*/*/state.json")):
             try:
                 held = json.loads(path.read_text())
-                src = _source_from(held["source"])
+                src = source_from(held["source"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if src.identity != record.identity or not record.extends(src.entries, src.last_sha):
@@ -501,19 +418,6 @@ class _Moved(Exception):
     """The log moved on while a state was built from it."""
 
 
-def _record_stat(log_dir: Path) -> tuple[int, int, int] | None:
-    try:
-        st = (log_dir / RECORD).stat()
-    except FileNotFoundError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
-
-
-def _source_from(held: dict[str, Any]) -> Source:
-    return Source(**{k: held[k] for k in ("run_id", "identity", "entries", "last_sha", "tail")},
-                  parts=tuple(tuple(p) for p in held["parts"]))  # fmt: skip
-
-
 def _held(state_dir: Path) -> dict[str, Any]:
     try:
         return json.loads((state_dir / "state.json").read_text())
@@ -526,11 +430,6 @@ def _mtime(path: Path) -> int:
         return path.stat().st_mtime_ns
     except OSError:
         return 0
-
-
-def _stat(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns
 
 
 def _quoted(path: Path) -> str:
