@@ -45,8 +45,11 @@ class _Command(click.Command):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.params.append(click.Option(["--data"], type=DATA_TYPE, default=None, expose_value=False,
-                                        callback=_subcommand_data, help=DATA_HELP))  # fmt: skip
+        self.params.append(
+            click.Option(
+                ["--data"], type=DATA_TYPE, default=None, expose_value=False, callback=_subcommand_data, help=DATA_HELP
+            )
+        )
 
     def invoke(self, ctx: click.Context) -> Any:
         """Refuse a text argument that is not UTF-8 (exit 2) before the command runs.
@@ -83,8 +86,9 @@ class _Group(click.Group):
             if isinstance(err, ProjectError):
                 raise click.ClickException(str(err)) from err
             if isinstance(err, UnicodeEncodeError):  # a path no file system can name (a lone surrogate)
-                raise click.UsageError(f"{as_utf8(err.object)!r} cannot be a path: it is not text the file "
-                                       "system can encode") from err  # fmt: skip
+                raise click.UsageError(
+                    f"{as_utf8(err.object)!r} cannot be a path: it is not text the file system can encode"
+                ) from err
             if isinstance(err, OSError) and err.errno != errno.EPIPE:  # EPIPE: click exits quietly
                 raise click.ClickException(os_problem(err)) from err  # a full disk, a quota
             raise
@@ -189,15 +193,28 @@ def views(as_json: bool) -> None:
 @click.argument("all_snapshots", metavar="SOURCE", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--task", required=True, help="Task name recorded with every fact and in the copies.")
-@click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None,
-              help="Score direction (default: the snapshots' CORAL config, else maximize).")  # fmt: skip
+@click.option(
+    "--direction",
+    type=click.Choice(["maximize", "minimize"]),
+    default=None,
+    help="Score direction (default: the snapshots' CORAL config, else maximize).",
+)
 @click.option("--num-roots", type=click.IntRange(min=1, max=2**63 - 1), default=30, show_default=True)
 @click.option("--run-id", default=None, callback=_run_id_option, help="Id of the run to record (default: generated).")
-@click.option("--overwrite", is_flag=True,
-              help="Replace an earlier output in OUT (only snapshot folders are replaced).")  # fmt: skip
+@click.option(
+    "--overwrite", is_flag=True, help="Replace an earlier output in OUT (only snapshot folders are replaced)."
+)
 @json_option
-def select_snapshots(all_snapshots: Path, out: Path, task: str, direction: str | None, num_roots: int,
-                     run_id: str | None, overwrite: bool, as_json: bool) -> None:  # fmt: skip
+def select_snapshots(
+    all_snapshots: Path,
+    out: Path,
+    task: str,
+    direction: str | None,
+    num_roots: int,
+    run_id: str | None,
+    overwrite: bool,
+    as_json: bool,
+) -> None:
     """Choose the MCTS roots of a task and copy them to OUT (docs/ALGORITHM.md, "Roots").
 
     SOURCE is a task's all_snapshots dir, or a CORAL run directory (every attempt
@@ -228,44 +245,93 @@ def select_snapshots(all_snapshots: Path, out: Path, task: str, direction: str |
 @cli.command()
 @click.argument("roots", type=click.Path(path_type=Path), required=False)
 @click.option("--run-id", default=None, callback=_run_id_option, help="Id of the new run (default: generated).")
-@click.option("--resume", "resume_id", default=None, metavar="RUN_ID",
-              help="Continue an interrupted run from its log.")  # fmt: skip
-@click.option("--backend", type=click.Choice(["sim", "opencode"]), default=None,
-              help="Teacher backend (default sim).")  # fmt: skip
-@click.option("--parallel", type=click.IntRange(min=1), default=None, callback=_parallel_option,
-              help="Teacher slots shared by all trees (default 4; at most 4096, or half of ulimit -u).")  # fmt: skip
-@click.option("--schedule", type=click.Choice(["rounds", "async"]), default=None,
-              help="rounds: batches, reproducible (default for sim); async: a free slot is refilled "
-                   "at once (default for opencode).")  # fmt: skip
+@click.option("--resume", "resume_id", default=None, metavar="RUN_ID", help="Continue an interrupted run from its log.")
+@click.option("--backend", type=click.Choice(["sim", "opencode"]), default=None, help="Teacher backend (default sim).")
+@click.option(
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    callback=_parallel_option,
+    help="Teacher slots shared by all trees (default 4; at most 4096, or half of ulimit -u).",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["rounds", "async"]),
+    default=None,
+    help="rounds: batches, reproducible (default for sim); async: a free slot is refilled "
+    "at once (default for opencode).",
+)
 @click.option("--seed", type=INT64, default=None, help="Seed of the run (default 0).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="TOML file with run configuration.")  # fmt: skip
-@click.option("--select", "select", is_flag=True,
-              help="ROOTS is an all_snapshots dir or CORAL run: select the roots first (needs --task).")  # fmt: skip
-@click.option("--task", default=None,
-              help="Task name (default: the one the roots were selected for; needed with --select).")  # fmt: skip
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML file with run configuration.",
+)
+@click.option(
+    "--select",
+    "select",
+    is_flag=True,
+    help="ROOTS is an all_snapshots dir or CORAL run: select the roots first (needs --task).",
+)
+@click.option(
+    "--task", default=None, help="Task name (default: the one the roots were selected for; needed with --select)."
+)
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
-@click.option("--num-roots", type=click.IntRange(min=1, max=2**63 - 1), default=None,
-              help="Roots to select with --select (default 30).")  # fmt: skip
+@click.option(
+    "--num-roots",
+    type=click.IntRange(min=1, max=2**63 - 1),
+    default=None,
+    help="Roots to select with --select (default 30).",
+)
 @click.option("--model", default=None, help="opencode: provider/model.")
 @click.option("--endpoint", default=None, help="opencode: OpenAI-compatible base URL (.../v1).")
 @click.option("--api-key-env", default=None, help="opencode: variable holding the API key.")
 @click.option("--eval-command", default=None, help='opencode: eval command (default "coral eval -m").')
-@click.option("--turn-timeout", type=FiniteFloat(min=0, min_open=True, max=MAX_TURN_TIMEOUT_S), default=None,
-              help="opencode: seconds per turn (at most a week).")  # fmt: skip
+@click.option(
+    "--turn-timeout",
+    type=FiniteFloat(min=0, min_open=True, max=MAX_TURN_TIMEOUT_S),
+    default=None,
+    help="opencode: seconds per turn (at most a week).",
+)
 @click.option("--worktrees", default=None, help="opencode: where worktrees go (default: in the run).")
-@click.option("--coral-dir", default=None,
-              help="opencode: the Student run's .coral; every edge gets a CORAL run of its own, graded by "
-                   "CORAL's daemon (the Student run is only read).")  # fmt: skip
-@click.option("--no-grader-check", is_flag=True, default=None,
-              help="opencode with --coral-dir: do not grade a root's own code before the first turn.")  # fmt: skip
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="Where turns run: this machine, or the workers of a Ray cluster.")  # fmt: skip
-@click.option("--ray-address", default=None,
-              help="With --executor ray: the cluster to join (default $RAY_ADDRESS, else a local one).")  # fmt: skip
+@click.option(
+    "--coral-dir",
+    default=None,
+    help="opencode: the Student run's .coral; every edge gets a CORAL run of its own, graded by "
+    "CORAL's daemon (the Student run is only read).",
+)
+@click.option(
+    "--no-grader-check",
+    is_flag=True,
+    default=None,
+    help="opencode with --coral-dir: do not grade a root's own code before the first turn.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where turns run: this machine, or the workers of a Ray cluster.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="With --executor ray: the cluster to join (default $RAY_ADDRESS, else a local one).",
+)
 @json_option
-def explore(roots: Path | None, run_id: str | None, resume_id: str | None, config_file: Path | None,
-            select: bool, executor: str, ray_address: str | None, as_json: bool, **options: Any) -> None:  # fmt: skip
+def explore(
+    roots: Path | None,
+    run_id: str | None,
+    resume_id: str | None,
+    config_file: Path | None,
+    select: bool,
+    executor: str,
+    ray_address: str | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
     """Grow the token-aware MCTS trees of every root (docs/ALGORITHM.md, "Trees").
 
     ROOTS is the output of select-snapshots (or, with --select, a task's
@@ -295,8 +361,15 @@ def explore(roots: Path | None, run_id: str | None, resume_id: str | None, confi
     progress = ProgressLine()
     try:
         if resume_id:
-            result = _resume(resume_id, roots is not None or bool(run_id) or select, config_file, options,
-                             progress, executor, ray_address)  # fmt: skip
+            result = _resume(
+                resume_id,
+                roots is not None or bool(run_id) or select,
+                config_file,
+                options,
+                progress,
+                executor,
+                ray_address,
+            )
         else:
             result = _start(roots, run_id, select, config_file, options, progress, executor, ray_address)
     finally:
@@ -304,8 +377,15 @@ def explore(roots: Path | None, run_id: str | None, resume_id: str | None, confi
     _show(outputs.exploration(result, _data_dir()), _format(as_json))
 
 
-def _resume(run_id: str, new_run_options: bool, config_file: Path | None, options: dict[str, Any],
-            progress: Any, executor: str, ray_address: str | None) -> Any:  # fmt: skip
+def _resume(
+    run_id: str,
+    new_run_options: bool,
+    config_file: Path | None,
+    options: dict[str, Any],
+    progress: Any,
+    executor: str,
+    ray_address: str | None,
+) -> Any:
     from engine import outputs
     from engine.exploration import resume_run
     from engine.explore_options import resume_problem
@@ -314,12 +394,28 @@ def _resume(run_id: str, new_run_options: bool, config_file: Path | None, option
         raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
     if problem := resume_problem(options, config_file):
         raise click.UsageError(problem)
-    return resume_run(_data_dir(), run_id, progress, lambda p: click.echo(outputs.resuming(run_id, p), err=True),
-                      executor, ray_address, options["parallel"], options["turn_timeout"])  # fmt: skip
+    return resume_run(
+        _data_dir(),
+        run_id,
+        progress,
+        lambda p: click.echo(outputs.resuming(run_id, p), err=True),
+        executor,
+        ray_address,
+        options["parallel"],
+        options["turn_timeout"],
+    )
 
 
-def _start(roots: Path | None, run_id: str | None, select: bool, config_file: Path | None,
-           options: dict[str, Any], progress: Any, executor: str, ray_address: str | None) -> Any:  # fmt: skip
+def _start(
+    roots: Path | None,
+    run_id: str | None,
+    select: bool,
+    config_file: Path | None,
+    options: dict[str, Any],
+    progress: Any,
+    executor: str,
+    ray_address: str | None,
+) -> Any:
     from engine.exploration import new_run
     from engine.explore_options import new_run_config
     from ingest.paths import command_line
@@ -339,9 +435,11 @@ def _start(roots: Path | None, run_id: str | None, select: bool, config_file: Pa
     except InputError as err:  # about the folders of ROOTS: they may be ones to select from
         if select or not roots.is_dir() or not str(err).startswith(f"{roots}: "):
             raise
-        raise InputError(f"{err} (ROOTS is the output of select-snapshots; to select the roots "
-                         "from a task's all_snapshots dir or a CORAL run first, add --select "
-                         "--task NAME)") from err  # fmt: skip
+        raise InputError(
+            f"{err} (ROOTS is the output of select-snapshots; to select the roots "
+            "from a task's all_snapshots dir or a CORAL run first, add --select "
+            "--task NAME)"
+        ) from err
 
 
 # ------------------------------------------------------------ replay, paths
@@ -407,8 +505,9 @@ def _replay_collection(run_ids: list[str], as_json: bool) -> None:
 @cli.command()
 @click.argument("run_id")
 @click.option("--tree", "tree_id", default=None, help="Only this tree.")
-@click.option("--selection", "selection", default=None,
-              help="A recorded selection id (default: the run's default selection).")  # fmt: skip
+@click.option(
+    "--selection", "selection", default=None, help="A recorded selection id (default: the run's default selection)."
+)
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool, as_csv: bool) -> None:
@@ -432,13 +531,23 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool
 
 @cli.command()
 @click.argument("run_id")
-@click.option("--weights", default=None, metavar="max=W,avg=W,clean=W,know=W",
-              help="PathScore weights (missing keys keep the run's; each within +-1e6, not all 0).")  # fmt: skip
-@click.option("--top-k", type=click.IntRange(min=1, max=2**63 - 1), default=None,
-              help="Paths per root (default: the run's).")  # fmt: skip
-@click.option("--diversity", "diversity", type=FiniteFloat(min=0, max=1e6), default=None, metavar="LAMBDA",
-              help="Pick each root's paths greedily by PathScore + LAMBDA x the N_eff each adds "
-                   "(0 to 1e6).")  # fmt: skip
+@click.option(
+    "--weights",
+    default=None,
+    metavar="max=W,avg=W,clean=W,know=W",
+    help="PathScore weights (missing keys keep the run's; each within +-1e6, not all 0).",
+)
+@click.option(
+    "--top-k", type=click.IntRange(min=1, max=2**63 - 1), default=None, help="Paths per root (default: the run's)."
+)
+@click.option(
+    "--diversity",
+    "diversity",
+    type=FiniteFloat(min=0, max=1e6),
+    default=None,
+    metavar="LAMBDA",
+    help="Pick each root's paths greedily by PathScore + LAMBDA x the N_eff each adds (0 to 1e6).",
+)
 @json_option
 def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: float | None, as_json: bool) -> None:
     """Select paths again with other weights, k or diversity, from the same log (no rollout re-run).
@@ -468,8 +577,13 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: flo
 @cli.command()
 @click.argument("run_id")
 @click.option("--once", is_flag=True, help="Print one frame and exit.")
-@click.option("--period", type=FiniteFloat(min=0.2, max=3600), default=5.0, show_default=True,
-              help="Seconds between looks at the log when no new part is noticed.")  # fmt: skip
+@click.option(
+    "--period",
+    type=FiniteFloat(min=0.2, max=3600),
+    default=5.0,
+    show_default=True,
+    help="Seconds between looks at the log when no new part is noticed.",
+)
 def watch(run_id: str, once: bool, period: float) -> None:
     """Watch a run as another process writes it, until it finishes.
 
@@ -493,8 +607,9 @@ def watch(run_id: str, once: bool, period: float) -> None:
 
 @cli.command()
 @click.argument("run_ids", nargs=-1)
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The HTML file to write.")  # fmt: skip
+@click.option(
+    "--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The HTML file to write."
+)
 def report(run_ids: tuple[str, ...], out: Path) -> None:
     """Write one self-contained HTML report of runs (default: every run under --data).
 
@@ -522,8 +637,12 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
 
 @cli.command()
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; any other than the loopback needs the token printed at start.")  # fmt: skip
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; any other than the loopback needs the token printed at start.",
+)
 def serve(port: int, host: str) -> None:
     """Serve a local web app over the runs under --data, live while they are written.
 
@@ -548,15 +667,38 @@ def serve(port: int, host: str) -> None:
 @click.argument("args", nargs=-1, metavar="[RUN_ID ...] QUERY")
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
-@click.option("--parquet", "parquet", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the result to this Parquet file instead (never among the runs of --data).")  # fmt: skip
+@click.option(
+    "--parquet",
+    "parquet",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the result to this Parquet file instead (never among the runs of --data).",
+)
 @click.option("--overwrite", is_flag=True, help="With --parquet: replace an existing file.")
-@click.option("--memory-limit", "memory_limit", default=None, metavar="SIZE",
-              help="Memory the query may take (default 4GB, or $TEACHER_MCTS_SQL_MEMORY).")
-@click.option("--timeout", "timeout", type=float, default=None, metavar="SECONDS",
-              help="Seconds the query may run (default 300, or $TEACHER_MCTS_SQL_TIMEOUT_S).")  # fmt: skip
-def sql_command(args: tuple[str, ...], as_json: bool, as_csv: bool, parquet: Path | None, overwrite: bool,
-                memory_limit: str | None, timeout: float | None) -> None:  # fmt: skip
+@click.option(
+    "--memory-limit",
+    "memory_limit",
+    default=None,
+    metavar="SIZE",
+    help="Memory the query may take (default 4GB, or $TEACHER_MCTS_SQL_MEMORY).",
+)
+@click.option(
+    "--timeout",
+    "timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Seconds the query may run (default 300, or $TEACHER_MCTS_SQL_TIMEOUT_S).",
+)
+def sql_command(
+    args: tuple[str, ...],
+    as_json: bool,
+    as_csv: bool,
+    parquet: Path | None,
+    overwrite: bool,
+    memory_limit: str | None,
+    timeout: float | None,
+) -> None:
     """Run a read-only SQL query over the views of runs (default: every run under --data).
 
     Every view is the union of the runs' rows, run_id first (`python cli.py views` lists
@@ -609,8 +751,14 @@ def _parse_by(_ctx: click.Context, _param: click.Parameter, value: str | None) -
 
 @cli.command("audit")
 @click.argument("run_ids", nargs=-1)
-@click.option("--by", "by", default="task,stage", callback=_parse_by, show_default=True,
-              help="Strata of the coverage table: any of task, stage, depth, lineage, root.")  # fmt: skip
+@click.option(
+    "--by",
+    "by",
+    default="task,stage",
+    callback=_parse_by,
+    show_default=True,
+    help="Strata of the coverage table: any of task, stage, depth, lineage, root.",
+)
 @json_option
 @click.option("--csv", "as_csv", is_flag=True, help="Print the coverage table as CSV.")
 def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
@@ -647,25 +795,61 @@ def _workspace_option(_ctx: click.Context, _param: click.Parameter, value: str) 
 @click.argument("run_ids", nargs=-1, metavar="[RUN_ID ...]")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write (new or empty).")
 @click.option("--selection", default=None, help="A recorded selection id (default: each run's default selection).")
-@click.option("--format", "fmt", type=click.Choice(["chat", "atif"]), default="chat", show_default=True,
-              help="chat: OpenAI messages and tools (SFT trainers); atif: ATIF v1.4 trajectories.")  # fmt: skip
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["chat", "atif"]),
+    default="chat",
+    show_default=True,
+    help="chat: OpenAI messages and tools (SFT trainers); atif: ATIF v1.4 trajectories.",
+)
 @click.option("--task", default=None, help="Only paths of this task.")
-@click.option("--stage", type=click.Choice(["early", "middle", "late"]), default=None,
-              help="Only paths whose root is of this stage.")  # fmt: skip
-@click.option("--workspace", default="/workspace", show_default=True, callback=_workspace_option,
-              help="The path that replaces every worktree directory in the samples.")  # fmt: skip
+@click.option(
+    "--stage",
+    type=click.Choice(["early", "middle", "late"]),
+    default=None,
+    help="Only paths whose root is of this stage.",
+)
+@click.option(
+    "--workspace",
+    default="/workspace",
+    show_default=True,
+    callback=_workspace_option,
+    help="The path that replaces every worktree directory in the samples.",
+)
 @click.option("--no-reasoning", "no_reasoning", is_flag=True, help="Leave out the model's reasoning text.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
-@click.option("--invalid-calls", "invalid", type=click.Choice(["keep", "drop"]), default="keep", show_default=True,
-              help="Keep or leave out the samples holding a call of a tool the model was not offered "
-                   "(OpenCode re-sends it as a call of 'invalid'; metadata.invalid_calls marks them).")  # fmt: skip
-@click.option("--tokenizer", default=None, type=click.Path(exists=True, file_okay=False),
-              help="A local Hugging Face tokenizer directory: the manifest gives each sample's tokens "
-                   "as its chat template renders it (needs the train extra).")  # fmt: skip
+@click.option(
+    "--invalid-calls",
+    "invalid",
+    type=click.Choice(["keep", "drop"]),
+    default="keep",
+    show_default=True,
+    help="Keep or leave out the samples holding a call of a tool the model was not offered "
+    "(OpenCode re-sends it as a call of 'invalid'; metadata.invalid_calls marks them).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="A local Hugging Face tokenizer directory: the manifest gives each sample's tokens "
+    "as its chat template renders it (needs the train extra).",
+)
 @json_option
-def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str, task: str | None,
-           stage: str | None, workspace: str, no_reasoning: bool, overwrite: bool, invalid: str,
-           tokenizer: str | None, as_json: bool) -> None:  # fmt: skip
+def export(
+    run_ids: tuple[str, ...],
+    out: Path,
+    selection: str | None,
+    fmt: str,
+    task: str | None,
+    stage: str | None,
+    workspace: str,
+    no_reasoning: bool,
+    overwrite: bool,
+    invalid: str,
+    tokenizer: str | None,
+    as_json: bool,
+) -> None:
     """Export the selected paths of runs as a training set: one sample per path.
 
     Each sample is the conversation the model had along the path, root to leaf
@@ -683,8 +867,20 @@ def export(run_ids: tuple[str, ...], out: Path, selection: str | None, fmt: str,
     from engine import outputs
     from engine.export import export_runs
 
-    result = export_runs(_data_dir(), list(run_ids), out, selection, fmt, task, stage, workspace,
-                         not no_reasoning, overwrite, invalid, tokenizer)  # fmt: skip
+    result = export_runs(
+        _data_dir(),
+        list(run_ids),
+        out,
+        selection,
+        fmt,
+        task,
+        stage,
+        workspace,
+        not no_reasoning,
+        overwrite,
+        invalid,
+        tokenizer,
+    )
     _show(outputs.export(result, invalid), _format(as_json))
     _name_damaged(result.damaged)
 

@@ -44,8 +44,10 @@ def pct(values: list[float], q: float) -> float:
 def turn_facts(i: int) -> list:
     edge = f"T001.{i}/e1-1"
     ids = {"tree_id": "T001", "edge_id": edge, "turn": 1}
-    facts = [ToolCalled(**ids, step=1 + c // 5, call_id=f"c{i}-{c}", tool="read", status="ok",
-                        target=f"src/file{c}.py") for c in range(24)]  # fmt: skip
+    facts = [
+        ToolCalled(**ids, step=1 + c // 5, call_id=f"c{i}-{c}", tool="read", status="ok", target=f"src/file{c}.py")
+        for c in range(24)
+    ]
     facts += [StepFinished(**ids, step=s, tokens_total=1000 * s) for s in range(1, 5)]
     facts += [EvalFinished(**ids, score=1.0 + i / 1e6), TurnFinished(**ids, context_tokens=20_000, state={"i": i})]
     return facts
@@ -101,12 +103,16 @@ def main() -> None:
             log = per_turn_log(data, turns)
             doc = per_turn_json(data / f"tree-{turns}.json", turns) if turns <= JSON_TURNS else None
             tail = slice(-max(1, turns // 10), None)  # the last tenth: the tree at its size
-            line = (f"{turns:6d} turns (~30 events each): log p50 {1000 * statistics.median(log):.1f} ms, "
-                    f"p99 {1000 * pct(log, 0.99):.1f} ms, last tenth p50 {1000 * statistics.median(log[tail]):.1f} ms")
+            line = (
+                f"{turns:6d} turns (~30 events each): log p50 {1000 * statistics.median(log):.1f} ms, "
+                f"p99 {1000 * pct(log, 0.99):.1f} ms, last tenth p50 {1000 * statistics.median(log[tail]):.1f} ms"
+            )
             if doc:
-                line += (f"; one JSON document: p50 {1000 * statistics.median(doc):.1f} ms, last tenth p50 "
-                         f"{1000 * statistics.median(doc[tail]):.1f} ms "
-                         f"({statistics.median(doc[tail]) / statistics.median(log[tail]):.1f}x the log)")
+                line += (
+                    f"; one JSON document: p50 {1000 * statistics.median(doc):.1f} ms, last tenth p50 "
+                    f"{1000 * statistics.median(doc[tail]):.1f} ms "
+                    f"({statistics.median(doc[tail]) / statistics.median(log[tail]):.1f}x the log)"
+                )
             print(line, flush=True)
 
 

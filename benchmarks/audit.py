@@ -25,8 +25,10 @@ from replay import floor_seconds, main  # noqa: E402
 from engine.audit import audit  # noqa: E402
 from engine.collection import open_runs  # noqa: E402
 
-SQL = ("select run_id, stratum_key as stage, n_eff_ratio, selected_paths from coverage "
-       "where stratum = 'stage' order by all")  # fmt: skip
+SQL = (
+    "select run_id, stratum_key as stage, n_eff_ratio, selected_paths from coverage "
+    "where stratum = 'stage' order by all"
+)
 
 
 def timed(data: Path, run_id: str) -> tuple[float, float, float]:
@@ -44,8 +46,10 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
     floor = statistics.median(floor_seconds(data, run_id) for _ in range(repeat))
     runs = [timed(data, run_id) for _ in range(repeat)]
     opening, whole, sql = (statistics.median(r[i] for r in runs) for i in range(3))
-    print(f"{label}: audit {whole:.2f} s ({whole / floor:.1f}x the scan floor of {floor:.3f} s), sql "
-          f"{sql:.2f} s ({sql / floor:.1f}x; opening the collection {opening:.2f} s of it)")  # fmt: skip
+    print(
+        f"{label}: audit {whole:.2f} s ({whole / floor:.1f}x the scan floor of {floor:.3f} s), sql "
+        f"{sql:.2f} s ({sql / floor:.1f}x; opening the collection {opening:.2f} s of it)"
+    )
 
 
 if __name__ == "__main__":

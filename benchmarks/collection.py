@@ -83,9 +83,11 @@ SEEDS = (5, 6, 7)
 MARKER = "collection.json"
 MADE_BY = "benchmarks/collection.py v2"  # v2: part names carry checksums
 COMMANDS = ("replay", "audit", "export")
-SQL = {"sql": "select count(*) as trees from trees",
-       "sql-coverage": "select task, stage, sum(selected_paths) as paths, sum(n_eff) as n_eff from coverage "
-                       "where stratum = 'stage' group by all order by all"}  # fmt: skip
+SQL = {
+    "sql": "select count(*) as trees from trees",
+    "sql-coverage": "select task, stage, sum(selected_paths) as paths, sum(n_eff) as n_eff from coverage "
+    "where stratum = 'stage' group by all order by all",
+}
 READS = ("sql", "sql-coverage", "audit", "report")  # measured warm
 COLD = ("sql", "audit")  # measured cold too: nothing derived (now; at every decision)
 EXPORT_COLUMNS = ["messages", "body"]  # what export reads beside the light columns
@@ -102,8 +104,9 @@ def ensure_collections(root: Path, sizes: list[str]) -> dict[str, int]:
         return {s: held["events"][s] for s in sizes}
     if root.exists() and any(root.iterdir()) and held is None:
         sys.exit(f"{root}: not empty and not written by this benchmark - give another --data")
-    wanted = sorted(set(sizes) | set(held["events"] if held and held.get("made_by") == MADE_BY else []),
-                    key=SIZES.__getitem__)  # fmt: skip
+    wanted = sorted(
+        set(sizes) | set(held["events"] if held and held.get("made_by") == MADE_BY else []), key=SIZES.__getitem__
+    )
     for name in ("base", *SIZES, MARKER):
         path = root / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
@@ -144,9 +147,13 @@ def child(command: str, data: Path, out: Path) -> None:
         start = time.perf_counter()
         results = [plain_replay.replay(data, run) for run in run_ids(data)]
         seconds = time.perf_counter() - start
-        found = {"trees": sum(r.trees for r in results), "nodes": sum(r.nodes for r in results),
-                 "edges": sum(r.edges for r in results), "decisions": sum(r.decisions for r in results),
-                 "differ": sum(len(r.differences) for r in results)}  # fmt: skip
+        found = {
+            "trees": sum(r.trees for r in results),
+            "nodes": sum(r.nodes for r in results),
+            "edges": sum(r.edges for r in results),
+            "decisions": sum(r.decisions for r in results),
+            "differ": sum(len(r.differences) for r in results),
+        }
         print(json.dumps({"seconds": seconds, **found}))
         return
     if command == "floor":
@@ -160,10 +167,13 @@ def child(command: str, data: Path, out: Path) -> None:
         return
     from cli import cli
 
-    args = {"replay": ["replay", "--json"], "audit": ["audit", "--json"],
-            "export": ["export", "--out", str(out), "--overwrite", "--json"],
-            "report": ["report", "--out", str(out) + ".html"],
-            **{name: ["sql", query, "--json"] for name, query in SQL.items()}}[command]  # fmt: skip
+    args = {
+        "replay": ["replay", "--json"],
+        "audit": ["audit", "--json"],
+        "export": ["export", "--out", str(out), "--overwrite", "--json"],
+        "report": ["report", "--out", str(out) + ".html"],
+        **{name: ["sql", query, "--json"] for name, query in SQL.items()},
+    }[command]
     printed = io.StringIO()
     start = time.perf_counter()
     with contextlib.redirect_stdout(printed):
@@ -181,9 +191,15 @@ def summary(command: str, output: dict) -> dict:
     """What the benchmark checks of a command's JSON output."""
     if command == "replay":
         trees = [t for run in output["runs"] for t in run["trees"]]
-        return {"trees": len(trees), "nodes": sum(t["nodes"] for t in trees), "decisions": output["decisions"],
-                "edges": sum(t["kept_edges"] + t["pruned_edges"] + t["retried_edges"] + t["in_flight_edges"]
-                             for t in trees), "differ": output["differ"]}  # fmt: skip
+        return {
+            "trees": len(trees),
+            "nodes": sum(t["nodes"] for t in trees),
+            "decisions": output["decisions"],
+            "edges": sum(
+                t["kept_edges"] + t["pruned_edges"] + t["retried_edges"] + t["in_flight_edges"] for t in trees
+            ),
+            "differ": output["differ"],
+        }
     if command == "audit":
         return {"runs": len(output["runs"]), "violations": len(output["violations"])}
     if command in SQL:
@@ -193,11 +209,17 @@ def summary(command: str, output: dict) -> dict:
 
 def measure(command: str, data: Path, out: Path) -> dict:
     """One child process: the command's time and findings, and the child's peak RSS (bytes)."""
-    with open(out.with_name(out.name + ".stdout"), "w+b") as stdout, open(out.with_name(out.name + ".stderr"),
-                                                                          "w+b") as stderr:  # fmt: skip
+    with (
+        open(out.with_name(out.name + ".stdout"), "w+b") as stdout,
+        open(out.with_name(out.name + ".stderr"), "w+b") as stderr,
+    ):
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, __file__, "--child", command, "--data", str(data), "--out", str(out)],
-                                stdout=stdout, stderr=stderr, cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", command, "--data", str(data), "--out", str(out)],
+            stdout=stdout,
+            stderr=stderr,
+            cwd=ROOT,
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
         stdout.seek(0)
@@ -227,8 +249,9 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline-repeat", type=int, default=1, help="plain-Python replays per size")
-    parser.add_argument("--reads-only", action="store_true",
-                        help="only the reads of derived state (cold, warm, after growth)")  # fmt: skip
+    parser.add_argument(
+        "--reads-only", action="store_true", help="only the reads of derived state (cold, warm, after growth)"
+    )
     parser.add_argument("--child", choices=[*COMMANDS, *READS, "baseline", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -238,8 +261,10 @@ def main() -> None:
         return
     sizes = sorted(set(args.sizes), key=SIZES.__getitem__)
     events = ensure_collections(args.data.resolve(), sizes)
-    print(f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
-          f"collections in {args.data}")  # fmt: skip
+    print(
+        f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
+        f"collections in {args.data}"
+    )
     table: dict[str, dict[str, dict]] = {}
     for size in sizes:
         data = args.data.resolve() / size
@@ -248,8 +273,10 @@ def main() -> None:
         light = light_columns(files)
         if args.reads_only:
             light_floor = statistics.median(scan_floor(files, light) for _ in range(args.repeat))
-            print(f"\n{size}: {len(run_ids(data))} runs, {events[size]:,} events; load average "
-                  f"{os.getloadavg()[0]:.1f} at the start; scan floor of the light columns {light_floor:.3f} s")
+            print(
+                f"\n{size}: {len(run_ids(data))} runs, {events[size]:,} events; load average "
+                f"{os.getloadavg()[0]:.1f} at the start; scan floor of the light columns {light_floor:.3f} s"
+            )
             reads = measure_reads(data, out, args.repeat)
             grown = measure_growth(args.data.resolve(), size, args.repeat)
             report_reads(size, reads, grown, light_floor, None)
@@ -293,8 +320,9 @@ def measure_reads(data: Path, out: Path, repeat: int) -> dict[str, dict]:
     for command in READS:
         warm = [measure(command, data, out) for _ in range(repeat)]
         found.setdefault(command, {})["warm"] = {k: median_of(warm, k) for k in ("seconds", "wall")}
-        found[command]["rss"] = max(r["rss"] for r in [*warm, *([found[command]["cold"]] if "cold" in found[command]
-                                                                 else [])])  # fmt: skip
+        found[command]["rss"] = max(
+            r["rss"] for r in [*warm, *([found[command]["cold"]] if "cold" in found[command] else [])]
+        )
     floors = [measure("floor", data, out) for _ in range(repeat)]
     found["floor"] = {k: median_of(floors, k) for k in ("seconds", "wall")}
     Path(str(out) + ".html").unlink(missing_ok=True)
@@ -338,17 +366,26 @@ def measure_growth(root: Path, size: str, repeat: int) -> dict[str, float]:
 
 def report_reads(size: str, reads: dict, grown: dict, light_floor: float, baseline: float | None) -> None:
     floor = reads["floor"]
-    print(f"  floor process (a new Python scanning the light columns): {floor['wall']:.2f} s end to end, "
-          f"{floor['seconds']:.2f} s its scan")
+    print(
+        f"  floor process (a new Python scanning the light columns): {floor['wall']:.2f} s end to end, "
+        f"{floor['seconds']:.2f} s its scan"
+    )
     for command in READS:
         r = reads[command]
         warm = r["warm"]
-        cold = (f"cold {r['cold']['seconds']:6.2f} s = {r['cold']['seconds'] / light_floor:5.1f}x the scan floor; "
-                if "cold" in r else "")  # fmt: skip
-        print(f"  {command:12s} {cold}warm {warm['seconds']:5.2f} s, {warm['wall']:5.2f} s end to end = "
-              f"{warm['wall'] / floor['wall']:4.2f}x the floor process; peak RSS {mb(r['rss'])}")
-    print(f"  after one run grew by {grown['events']} events: sql {grown['grown']:.2f} s end to end vs "
-          f"{grown['plain']:.2f} s without growth = {grown['grown'] / grown['plain']:.2f}x")
+        cold = (
+            f"cold {r['cold']['seconds']:6.2f} s = {r['cold']['seconds'] / light_floor:5.1f}x the scan floor; "
+            if "cold" in r
+            else ""
+        )
+        print(
+            f"  {command:12s} {cold}warm {warm['seconds']:5.2f} s, {warm['wall']:5.2f} s end to end = "
+            f"{warm['wall'] / floor['wall']:4.2f}x the floor process; peak RSS {mb(r['rss'])}"
+        )
+    print(
+        f"  after one run grew by {grown['events']} events: sql {grown['grown']:.2f} s end to end vs "
+        f"{grown['plain']:.2f} s without growth = {grown['grown'] / grown['plain']:.2f}x"
+    )
 
 
 def check_agreement(size: str, runs: dict[str, list[dict]]) -> None:
@@ -363,16 +400,21 @@ def check_agreement(size: str, runs: dict[str, list[dict]]) -> None:
 
 def report_size(size: str, row: dict, n_runs: int, repeat: int, baseline_repeat: int) -> None:
     floor, base = row["floor"], row["baseline"]["seconds"]
-    print(f"\n{size}: {n_runs} runs, {n_runs * 30} trees, {row['events']:,} events; load average "
-          f"{row['load'][0]:.1f}-{row['load'][1]:.1f}; medians of {repeat} (baseline: {baseline_repeat})")
-    print(f"  scan floor: light columns {floor['light']:.3f} s, with conversations and contents "
-          f"{floor['export']:.3f} s")
+    print(
+        f"\n{size}: {n_runs} runs, {n_runs * 30} trees, {row['events']:,} events; load average "
+        f"{row['load'][0]:.1f}-{row['load'][1]:.1f}; medians of {repeat} (baseline: {baseline_repeat})"
+    )
+    print(
+        f"  scan floor: light columns {floor['light']:.3f} s, with conversations and contents {floor['export']:.3f} s"
+    )
     for command in COMMANDS:
         r = row[command]
         against = floor["export" if command == "export" else "light"]
         versus = f"; {base / r['seconds']:.1f}x faster than plain Python" if command != "export" else ""
-        print(f"  {command:7s} {r['seconds']:7.2f} s = {r['seconds'] / against:5.1f}x the scan floor{versus}; "
-              f"peak RSS {mb(r['rss'])}")
+        print(
+            f"  {command:7s} {r['seconds']:7.2f} s = {r['seconds'] / against:5.1f}x the scan floor{versus}; "
+            f"peak RSS {mb(r['rss'])}"
+        )
     print(f"  plain-Python replay {base:.2f} s; peak RSS {mb(row['baseline']['rss'])}")
 
 

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 ENGINE = re.compile(
     r"= ([\d.]+) edges/s.*?p50 ([\d.]+) ms, p99 ([\d.]+) ms \(fills ([\d.]+), re-asks ([\d.na]+);"
-    r".*?p50 ([\d.]+), p99 ([\d.]+)\)", re.S
+    r".*?p50 ([\d.]+), p99 ([\d.]+)\)",
+    re.S,
 )
 REPLAY = """
 import sys, time
@@ -81,31 +82,30 @@ def main() -> None:
                     for n in args.trees:
                         out = run([sys.executable, "benchmarks/engine.py", "--trees", str(n)], tree)
                         m = ENGINE.search(out)
-                        figures.setdefault((name, f"engine {n} trees"), []).append(
-                            tuple(float(x) for x in m.groups())
-                        )
+                        figures.setdefault((name, f"engine {n} trees"), []).append(tuple(float(x) for x in m.groups()))
                     for log in [] if args.no_replay else ["bundled", "big"]:
                         code = REPLAY.format(root=str(tree), data=str(data[name]), run=log)
                         out = run([sys.executable, "-c", code], tree)
-                        figures.setdefault((name, f"replay {log}"), []).append(
-                            tuple(float(x) for x in out.split())
-                        )
+                        figures.setdefault((name, f"replay {log}"), []).append(tuple(float(x) for x in out.split()))
         finally:
             run(["git", "worktree", "remove", "--force", str(base)], ROOT)
     print(f"medians of {args.repeat} alternated runs; base = {args.rev}")
     for bench in dict.fromkeys(k for _, k in figures):
         b, t = (
-            [statistics.median(col) for col in zip(*figures[(name, bench)], strict=True)]
-            for name in ("base", "this")
+            [statistics.median(col) for col in zip(*figures[(name, bench)], strict=True)] for name in ("base", "this")
         )
         if bench.startswith("engine"):
-            print(f"{bench}: {t[0]:.1f} edges/s vs {b[0]:.1f} ({t[0] / b[0]:.2f}x); selection "
-                  f"p50 {t[1]:.1f} vs {b[1]:.1f} ms, p99 {t[2]:.1f} vs {b[2]:.1f} ms (fills "
-                  f"{t[3]:.1f} vs {b[3]:.1f}, re-asks {t[4]:.1f} vs {b[4]:.1f}; queries alone p50 "
-                  f"{t[5]:.1f} vs {b[5]:.1f}, p99 {t[6]:.1f} vs {b[6]:.1f})")  # fmt: skip
+            print(
+                f"{bench}: {t[0]:.1f} edges/s vs {b[0]:.1f} ({t[0] / b[0]:.2f}x); selection "
+                f"p50 {t[1]:.1f} vs {b[1]:.1f} ms, p99 {t[2]:.1f} vs {b[2]:.1f} ms (fills "
+                f"{t[3]:.1f} vs {b[3]:.1f}, re-asks {t[4]:.1f} vs {b[4]:.1f}; queries alone p50 "
+                f"{t[5]:.1f} vs {b[5]:.1f}, p99 {t[6]:.1f} vs {b[6]:.1f})"
+            )
         else:
-            print(f"{bench}: {t[0]:.2f} s vs {b[0]:.2f} s ({b[0] / t[0]:.2f}x faster); "
-                  f"{t[0] / t[1]:.1f}x vs {b[0] / b[1]:.1f}x the scan floor")  # fmt: skip
+            print(
+                f"{bench}: {t[0]:.2f} s vs {b[0]:.2f} s ({b[0] / t[0]:.2f}x faster); "
+                f"{t[0] / t[1]:.1f}x vs {b[0] / b[1]:.1f}x the scan floor"
+            )
 
 
 if __name__ == "__main__":

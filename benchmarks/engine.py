@@ -46,12 +46,12 @@ def new_engine(writer: LogWriter, trees: int, parallel: int) -> Explorer:
     config = RunConfig(task="bench", parallel=parallel, seed=1)
     catalog = Catalog.empty(threads=1)
     roots = [
-        RootAdded(tree_id=f"T{i:03d}", task="bench", snapshot=f"s{i}", path="/x",
-                  score=1.0 + i / trees)
+        RootAdded(tree_id=f"T{i:03d}", task="bench", snapshot=f"s{i}", path="/x", score=1.0 + i / trees)
         for i in range(1, trees + 1)
-    ]  # fmt: skip
-    catalog.insert(writer.stage([RunStarted(command="explore", task="bench",
-                                            config=config.model_dump(mode="json")), *roots]))  # fmt: skip
+    ]
+    catalog.insert(
+        writer.stage([RunStarted(command="explore", task="bench", config=config.model_dump(mode="json")), *roots])
+    )
     writer.flush()
     return Explorer(writer, catalog, config, SimTeacher(config.seed))
 
@@ -128,15 +128,24 @@ def run(trees: int, parallel: int, data: Path) -> dict:
         tree_ids = sorted(explorer.roots)
         cold = [cold_decision(explorer, tree) for tree in tree_ids[:: max(1, trees // 20)]]
     return {
-        "trees": trees, "edges": edges, "events": events, "seconds": elapsed,
-        "edges_per_s": edges / elapsed, "teacher_s": waited[0],
-        "engine_edges_per_s": edges / (elapsed - waited[0]), "fills": len(latencies),
-        "reasks": len(reasks), "p50_ms": 1000 * pct(latencies + reasks, 0.5),
-        "p99_ms": 1000 * pct(latencies + reasks, 0.99), "fill_p99_ms": 1000 * pct(latencies, 0.99),
+        "trees": trees,
+        "edges": edges,
+        "events": events,
+        "seconds": elapsed,
+        "edges_per_s": edges / elapsed,
+        "teacher_s": waited[0],
+        "engine_edges_per_s": edges / (elapsed - waited[0]),
+        "fills": len(latencies),
+        "reasks": len(reasks),
+        "p50_ms": 1000 * pct(latencies + reasks, 0.5),
+        "p99_ms": 1000 * pct(latencies + reasks, 0.99),
+        "fill_p99_ms": 1000 * pct(latencies, 0.99),
         "reask_p99_ms": 1000 * pct(reasks, 0.99) if reasks else float("nan"),
-        "query_p50_ms": 1000 * pct(queries, 0.5), "query_p99_ms": 1000 * pct(queries, 0.99),
-        "cold_p50_ms": 1000 * statistics.median(cold), "cold_p99_ms": 1000 * pct(cold, 0.99),
-    }  # fmt: skip
+        "query_p50_ms": 1000 * pct(queries, 0.5),
+        "query_p99_ms": 1000 * pct(queries, 0.99),
+        "cold_p50_ms": 1000 * statistics.median(cold),
+        "cold_p99_ms": 1000 * pct(cold, 0.99),
+    }
 
 
 def fixed_cost(data: Path, reps: int = 21) -> float:

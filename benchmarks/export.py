@@ -34,9 +34,23 @@ from ingest.log import EventLog  # noqa: E402
 def timed_export(data: Path, run_id: str, out: Path, fmt: str) -> tuple[float, int]:
     """Seconds and peak RSS (bytes) of one ``python cli.py export`` process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "export", run_id,
-                             "--out", str(out), "--format", fmt, "--overwrite"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "export",
+            run_id,
+            "--out",
+            str(out),
+            "--format",
+            fmt,
+            "--overwrite",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     err = proc.stderr.read().decode() if proc.stderr else ""
@@ -54,8 +68,10 @@ def make_run(data: Path, copies: int) -> None:
     transcripts = pc.sum(pc.binary_length(heavy.column("transcript"))).as_py() or 0
     conversations = pc.sum(pc.binary_length(heavy.column("messages"))).as_py() or 0
     disk = sum(p.path.stat().st_size for p in log.parts())
-    print(f"tiled run ({30 * copies} trees): {log.tail_seq()} events, log {disk / 1e6:.0f} MB on disk; "
-          f"transcripts {transcripts / 1e6:.0f} MB, recorded conversations {conversations / 1e6:.0f} MB")
+    print(
+        f"tiled run ({30 * copies} trees): {log.tail_seq()} events, log {disk / 1e6:.0f} MB on disk; "
+        f"transcripts {transcripts / 1e6:.0f} MB, recorded conversations {conversations / 1e6:.0f} MB"
+    )
 
 
 def main() -> None:
@@ -76,8 +92,10 @@ def main() -> None:
             out = Path(tmp) / f"out-{fmt}"
             runs = [timed_export(data, "big", out, fmt) for _ in range(args.repeat)]
             size = sum(p.stat().st_size for p in out.iterdir())
-            print(f"export --format {fmt}: {statistics.median(r[0] for r in runs):.1f} s (median of {args.repeat}), "
-                  f"peak RSS {max(r[1] for r in runs) / 1e6:.0f} MB, output {size / 1e6:.0f} MB")
+            print(
+                f"export --format {fmt}: {statistics.median(r[0] for r in runs):.1f} s (median of {args.repeat}), "
+                f"peak RSS {max(r[1] for r in runs) / 1e6:.0f} MB, output {size / 1e6:.0f} MB"
+            )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ def long_turns(seed: int = 5) -> RunConfig:
     30 trees of ~3,300 events each (~100k events a run), as the trees of a real
     Teacher with dozens of tool calls a turn.
     """
-    return RunConfig(task="kernel-speedup", parallel=16, seed=seed,
-                     backend_options={"calls_per_step": [11, 19]}, tree=TreeConfig())  # fmt: skip
+    return RunConfig(
+        task="kernel-speedup", parallel=16, seed=seed, backend_options={"calls_per_step": [11, 19]}, tree=TreeConfig()
+    )
 
 
 def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True) -> None:
@@ -65,10 +66,11 @@ def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True
                 for col in ID_COLUMNS:
                     if r2[col]:
                         tree = r2[col].split("/")[0].split(".")[0]
-                        r2[col] = rename[tree] + r2[col][len(tree):]
+                        r2[col] = rename[tree] + r2[col][len(tree) :]
                 if r2["paths"]:  # the ids inside a recorded path selection
-                    r2["paths"] = re.sub(r'"(T\d+)(?=[".])',
-                                         lambda m, names=rename: '"' + names[m.group(1)], r2["paths"])
+                    r2["paths"] = re.sub(
+                        r'"(T\d+)(?=[".])', lambda m, names=rename: '"' + names[m.group(1)], r2["paths"]
+                    )
                 r2["seq"] = len(out) + 1
                 out.append(r2)
             new_seq[r["seq"]] = len(out)  # a dropped event maps to the last kept one

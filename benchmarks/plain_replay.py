@@ -63,8 +63,12 @@ def read_run(data: Path, run_id: str) -> dict[str, list[dict[str, Any]]]:
     for kind, cols in COLUMNS.items():
         events[kind] = table.filter(pc.equal(table.column("kind"), kind)).select(cols).to_pylist()
     kinds = table.column("kind")
-    events["log"] = [{"tail": pc.max(table.column("seq")).as_py(),
-                      "decisions": sum(pc.sum(pc.equal(kinds, k)).as_py() or 0 for k in DECISION_KINDS)}]  # fmt: skip
+    events["log"] = [
+        {
+            "tail": pc.max(table.column("seq")).as_py(),
+            "decisions": sum(pc.sum(pc.equal(kinds, k)).as_py() or 0 for k in DECISION_KINDS),
+        }
+    ]
     return events
 
 
@@ -162,8 +166,9 @@ class Config:
     def __init__(self, started: dict[str, Any]) -> None:
         c = json.loads(started["config"])
         self.sign = -1.0 if started["direction"] == "minimize" else 1.0
-        self.tree, self.soft, self.q, self.paths, self.knowledge = (c[k] for k in ("tree", "soft", "q", "paths",
-                                                                                     "knowledge"))  # fmt: skip
+        self.tree, self.soft, self.q, self.paths, self.knowledge = (
+            c[k] for k in ("tree", "soft", "q", "paths", "knowledge")
+        )
         self.num_roots = c["selection"]["num_roots"]
         self.path_re = re.compile(self.knowledge["path_regex"])
         self.command_re = re.compile(self.knowledge["command_regex"])
@@ -235,8 +240,9 @@ def build_trees(ev: dict[str, list[dict[str, Any]]], cfg: Config) -> dict[str, T
     edges: dict[tuple[str, str], Edge] = {}
     for (tree_id, edge_id, turn), t in sorted(turns.items(), key=lambda kv: kv[1]["seq"]):
         parent, slot, attempt = EDGE_ID.match(edge_id).groups()
-        edge = edges.setdefault((tree_id, edge_id), Edge(tree_id, edge_id, parent, int(slot), int(attempt),
-                                                         parent.count(".") + 1))  # fmt: skip
+        edge = edges.setdefault(
+            (tree_id, edge_id), Edge(tree_id, edge_id, parent, int(slot), int(attempt), parent.count(".") + 1)
+        )
         if turn == 1:
             edge.s1, edge.turn1_seq = t["score"], t["seq"]
         else:
@@ -249,8 +255,9 @@ def build_trees(ev: dict[str, list[dict[str, Any]]], cfg: Config) -> dict[str, T
     for r in ev["edge_started"]:
         edge = edges.get((r["tree_id"], r["edge_id"]))
         if edge is None:  # in flight: no turn finished yet
-            edge = edges[(r["tree_id"], r["edge_id"])] = Edge(r["tree_id"], r["edge_id"], r["parent_id"], r["slot"],
-                                                              r["attempt"], r["parent_id"].count(".") + 1)  # fmt: skip
+            edge = edges[(r["tree_id"], r["edge_id"])] = Edge(
+                r["tree_id"], r["edge_id"], r["parent_id"], r["slot"], r["attempt"], r["parent_id"].count(".") + 1
+            )
         edge.started_seq = r["seq"]
         edge.slot, edge.attempt, edge.parent_id = r["slot"], r["attempt"], r["parent_id"]
         trees[r["tree_id"]].edges[r["edge_id"]] = edge
@@ -281,9 +288,16 @@ def turn_facts(ev: dict[str, list[dict[str, Any]]], cfg: Config) -> dict[tuple[s
     for f in ev["turn_finished"]:
         key = (f["tree_id"], f["edge_id"], f["turn"])
         n_calls, errors, knowledge = calls.get(key, (0, 0, 0))
-        out[key] = {"seq": f["seq"], "score": cfg.oriented(scores.get(key)), "calls": n_calls, "errors": errors,
-                    "knowledge": knowledge, "steps": max(steps.get(key, 0), model_calls.get(key, 0)),
-                    "tok": f["context_tokens"], "state": f["state"]}  # fmt: skip
+        out[key] = {
+            "seq": f["seq"],
+            "score": cfg.oriented(scores.get(key)),
+            "calls": n_calls,
+            "errors": errors,
+            "knowledge": knowledge,
+            "steps": max(steps.get(key, 0), model_calls.get(key, 0)),
+            "tok": f["context_tokens"],
+            "state": f["state"],
+        }
     return out
 
 
@@ -313,8 +327,9 @@ def judge(edges: list[Edge], trees: dict[str, Tree], cfg: Config) -> None:
         scores = [s for s in (e.s1, e.s2) if s is not None]
         e.edge_score_o = max(scores) if scores else None
         last = e.s2 if e.s2 is not None else e.s1
-        trees[e.tree_id].nodes[e.child_id] = Node(e.tree_id, e.child_id, e.parent_id, e.layer, e.edge_score_o,
-                                                  e.tok, e.completed_seq, e, last)  # fmt: skip
+        trees[e.tree_id].nodes[e.child_id] = Node(
+            e.tree_id, e.child_id, e.parent_id, e.layer, e.edge_score_o, e.tok, e.completed_seq, e, last
+        )
     for tree in trees.values():
         for n in sorted(tree.nodes.values(), key=lambda n: n.depth):  # parents before children
             p = tree.nodes.get(n.parent_id) if n.parent_id else None
@@ -341,21 +356,33 @@ def score_soft(e: Edge, parent: Node | None, cfg: Config) -> None:
     if e.edge_score_o is not None and ref_o is not None:
         e.improved = e.edge_score_o > ref_o
     rate = 0.0 if e.tool_calls == 0 else e.tool_errors / e.tool_calls
-    e.cleanliness = s["cleanliness_clean"] if rate == 0 else max(
-        s["cleanliness_floor"], s["cleanliness_start"] - s["cleanliness_slope"] * rate / cfg.tree["tool_error_prune"])
+    e.cleanliness = (
+        s["cleanliness_clean"]
+        if rate == 0
+        else max(
+            s["cleanliness_floor"],
+            s["cleanliness_start"] - s["cleanliness_slope"] * rate / cfg.tree["tool_error_prune"],
+        )
+    )
     has_knowledge = e.knowledge_turns >= 2
     # A turn regresses when its score is missing or below where it started (turn 2: from turn 1).
     turn2_start = e.s1 if e.s1 is not None else start_o
     regressed = (e.s1 is None or (start_o is not None and e.s1 < start_o)) + (
-        e.s2 is None or (turn2_start is not None and e.s2 < turn2_start))
+        e.s2 is None or (turn2_start is not None and e.s2 < turn2_start)
+    )
     stability = 1.0 - regressed / 2.0
     if e.improved is None:
         return
     outcome = s["outcome_improved"] if e.improved else s["outcome_not_improved"]
-    e.knowledge = s[("knowledge_improved_" if e.improved else "knowledge_not_improved_")
-                    + ("with" if has_knowledge else "without")]  # fmt: skip
-    e.soft = (s["outcome"] * outcome + s["cleanliness"] * e.cleanliness + s["knowledge"] * e.knowledge
-              + s["regression"] * stability)  # fmt: skip
+    e.knowledge = s[
+        ("knowledge_improved_" if e.improved else "knowledge_not_improved_") + ("with" if has_knowledge else "without")
+    ]
+    e.soft = (
+        s["outcome"] * outcome
+        + s["cleanliness"] * e.cleanliness
+        + s["knowledge"] * e.knowledge
+        + s["regression"] * stability
+    )
 
 
 def lineage(tree: Tree, node: Node) -> list[Node]:
@@ -383,8 +410,9 @@ def check_edges(ev: dict[str, list[dict[str, Any]]], trees: dict[str, Tree], res
             elif len(records) > 1:
                 result.differences.append(f"{key}: judged more than once")
             elif r["verdict"] != e.verdict or r["child_id"] != e.child_id:
-                result.differences.append(f"{key}: verdict {r['verdict']} -> {r['child_id']}, "
-                                          f"derived {e.verdict} -> {e.child_id}")  # fmt: skip
+                result.differences.append(
+                    f"{key}: verdict {r['verdict']} -> {r['child_id']}, derived {e.verdict} -> {e.child_id}"
+                )
     for key, e in edges.items():
         if e.verdict is not None and key not in judged:
             result.differences.append(f"{key}: no verdict recorded")
@@ -447,8 +475,13 @@ def state_at(tree: Tree, w: int, cfg: Config) -> State:
             reason = "depth"
         elif n.depth > 0 and valid == 0 and fails >= t["max_failed_expansions"]:
             reason = "exhausted"
-        active = (0 < n.depth < t["max_depth"] and n.tok < t["hard_token_limit"] and valid < t["max_children"]
-                  and fails < t["max_failed_expansions"] and in_flight[n.node_id] == 0)  # fmt: skip
+        active = (
+            0 < n.depth < t["max_depth"]
+            and n.tok < t["hard_token_limit"]
+            and valid < t["max_children"]
+            and fails < t["max_failed_expansions"]
+            and in_flight[n.node_id] == 0
+        )
         rows[n.node_id] = {"node": n, "valid": valid, "reason": reason, "active": active}
     scores = sorted(r["node"].score_o for r in rows.values() if r["node"].score_o is not None)
     bests = sorted(r["node"].path_best_o for r in rows.values() if r["node"].path_best_o is not None)
@@ -457,8 +490,9 @@ def state_at(tree: Tree, w: int, cfg: Config) -> State:
     for r in rows.values():
         n = r["node"]
         score_rank = 0.0 if n.score_o is None else pct(*counts_in(scores, n.score_o), len(scores))
-        best_rank = pct(*counts_in(bests, n.path_best_o), len(rows)) if n.path_best_o is not None \
-            else pct(0, 0, len(rows))
+        best_rank = (
+            pct(*counts_in(bests, n.path_best_o), len(rows)) if n.path_best_o is not None else pct(0, 0, len(rows))
+        )
         r["t"] = pct(*counts_in(toks, -n.tok), len(toks)) if r["active"] else None
         r["q"] = q["score_rank"] * score_rank + q["best_rank"] * best_rank + q["process"] * n.process
         r["select"] = r["q"] + t["alpha"] * r["t"] if r["t"] is not None else None
@@ -536,17 +570,28 @@ def paths_at(tree: Tree, state: State, cfg: Config, weights: dict[str, float], t
         steps = [n for n in lineage(tree, r["node"]) if n.depth > 0]
         ranked = all(n.score_o is not None and n.edge.knowledge is not None for n in steps)
         scores = [n.score_o for n in steps if n.score_o is not None]
-        paths.append({"tree_id": tree.tree_id, "leaf_id": leaf_id, "ranked": ranked, "depth": r["node"].depth,
-                      "edges": [n.edge.edge_id for n in steps],
-                      "avg_clean": mean([n.edge.cleanliness for n in steps]),
-                      "avg_know": mean([n.edge.knowledge for n in steps]),
-                      "avg": mean(scores), "max": max(scores) if scores else None})  # fmt: skip
+        paths.append(
+            {
+                "tree_id": tree.tree_id,
+                "leaf_id": leaf_id,
+                "ranked": ranked,
+                "depth": r["node"].depth,
+                "edges": [n.edge.edge_id for n in steps],
+                "avg_clean": mean([n.edge.cleanliness for n in steps]),
+                "avg_know": mean([n.edge.knowledge for n in steps]),
+                "avg": mean(scores),
+                "max": max(scores) if scores else None,
+            }
+        )
     ranked = [p for p in paths if p["ranked"]]
     avgs, maxes = sorted(p["avg"] for p in ranked), sorted(p["max"] for p in ranked)
     for p in ranked:
-        p["path_score"] = (weights["max"] * pct(*counts_in(maxes, p["max"]), len(ranked))
-                           + weights["avg"] * pct(*counts_in(avgs, p["avg"]), len(ranked))
-                           + weights["clean"] * p["avg_clean"] + weights["know"] * p["avg_know"])  # fmt: skip
+        p["path_score"] = (
+            weights["max"] * pct(*counts_in(maxes, p["max"]), len(ranked))
+            + weights["avg"] * pct(*counts_in(avgs, p["avg"]), len(ranked))
+            + weights["clean"] * p["avg_clean"]
+            + weights["know"] * p["avg_know"]
+        )
     for rank, p in enumerate(sorted(ranked, key=lambda p: (-round(p["path_score"], 12), node_key(p["leaf_id"]))), 1):
         p["rank"], p["selected"] = rank, rank <= top_k
     for p in paths:
@@ -560,8 +605,12 @@ def check_path_selections(ev, trees, states, cfg, result) -> None:
     """Each PathsSelected: at its watermark, with its weights and k, exactly its paths, ranks and scores."""
     for r in ev["paths_selected"]:
         weights = json.loads(r["weights"])
-        derived = {(p["tree_id"], p["leaf_id"]): p for t in trees.values()
-                   for p in paths_at(t, states[t.tree_id][r["watermark"]], cfg, weights, r["top_k"]) if p["selected"]}
+        derived = {
+            (p["tree_id"], p["leaf_id"]): p
+            for t in trees.values()
+            for p in paths_at(t, states[t.tree_id][r["watermark"]], cfg, weights, r["top_k"])
+            if p["selected"]
+        }
         recorded = {(p["tree_id"], p["leaf_id"]): p for p in json.loads(r["paths"])}
         for key in recorded.keys() | derived.keys():
             a, b = recorded.get(key), derived.get(key)
@@ -571,19 +620,20 @@ def check_path_selections(ev, trees, states, cfg, result) -> None:
 
 def staged(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
     """The candidates of one task with score for stage, smoothing, gain and stage (ALGORITHM §1.3-1.6)."""
-    cands = sorted((dict(r) for r in rows if r["skip_reason"] is None),
-                   key=lambda r: (r["global_index"], r["snapshot"]))  # fmt: skip
+    cands = sorted(
+        (dict(r) for r in rows if r["skip_reason"] is None), key=lambda r: (r["global_index"], r["snapshot"])
+    )
     n = len(cands)
     scores = [cfg.oriented(c["score"]) for c in cands]
     for i, c in enumerate(cands):
         before = [s for s in scores[:i] if s is not None]
-        after = [s for s in scores[i + 1:] if s is not None]
+        after = [s for s in scores[i + 1 :] if s is not None]
         nearest = before[-1] if before else (after[0] if after else None)
         c["for_stage"] = scores[i] if scores[i] is not None else nearest
     for i, c in enumerate(cands):
-        c["smooth"] = mean([x["for_stage"] for x in cands[max(0, i - 2):i + 3]])
-    s0 = mean([c["smooth"] for c in cands[:max(1, (n + 19) // 20)]])
-    s_inf = mean([c["smooth"] for c in cands[n - max(1, (n + 4) // 5):]])
+        c["smooth"] = mean([x["for_stage"] for x in cands[max(0, i - 2) : i + 3]])
+    s0 = mean([c["smooth"] for c in cands[: max(1, (n + 19) // 20)]])
+    s_inf = mean([c["smooth"] for c in cands[n - max(1, (n + 4) // 5) :]])
     uses_gain = s0 is not None and s_inf is not None and s_inf > s0
     for i, c in enumerate(cands):
         c["gain"] = min(1.0, max(0.0, (c["smooth"] - s0) / (s_inf - s0))) if uses_gain else None
@@ -623,8 +673,9 @@ def check_snapshots(ev, cfg, result) -> None:
     for r in ev["snapshots_picked"]:
         cands = staged([s for s in ev["snapshot_seen"] if s["task"] == r["task"] and s["seq"] <= r["watermark"]], cfg)
         picks = picked(cands, cfg.num_roots)
-        derived = {c["snapshot"]: (c["stage"], c["gain"], c["snapshot"] in picks, picks.get(c["snapshot"]))
-                   for c in cands}  # fmt: skip
+        derived = {
+            c["snapshot"]: (c["stage"], c["gain"], c["snapshot"] in picks, picks.get(c["snapshot"])) for c in cands
+        }
         recorded = {d["snapshot"]: (d["stage"], d["gain"], d["selected"], d["reason"]) for d in json.loads(r["detail"])}
         for snap in recorded.keys() | derived.keys():
             a, b = recorded.get(snap), derived.get(snap)
@@ -636,14 +687,24 @@ def check_coverage(ev, trees, states, cfg, tail, result) -> None:
     """Replay's coverage checks: N_eff <= N in every stratum, quota picks within quotas, shares in [0, 1]."""
     p = cfg.paths
     weights = {k: p[k] for k in ("max", "avg", "clean", "know")}
-    selected = [path for t in trees.values() for path in paths_at(t, states[t.tree_id][tail], cfg, weights, p["top_k"])
-                if path["selected"]]  # fmt: skip
+    selected = [
+        path
+        for t in trees.values()
+        for path in paths_at(t, states[t.tree_id][tail], cfg, weights, p["top_k"])
+        if path["selected"]
+    ]
     strata: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for path in selected:
         t = trees[path["tree_id"]]
         task, stage, agent = t.task or "none", t.stage or "none", t.agent_id or "none"
-        for key in (("all", "all"), ("task", task), ("stage", stage), ("lineage", f"{task} / {agent} / {stage}"),
-                    ("root", t.tree_id), ("depth", str(path["depth"]))):  # fmt: skip
+        for key in (
+            ("all", "all"),
+            ("task", task),
+            ("stage", stage),
+            ("lineage", f"{task} / {agent} / {stage}"),
+            ("root", t.tree_id),
+            ("depth", str(path["depth"])),
+        ):
             strata[key].append(path)
     for key, paths in strata.items():
         through: dict[tuple[str, str], int] = defaultdict(int)

@@ -71,14 +71,18 @@ def measure(label: str, data: Path, run_id: str, repeat: int) -> None:
     floor = statistics.median(floors)
     replay = statistics.median(r[0] for r in replays)
     events, decisions = EventLog(data, run_id).tail_seq(), replays[0][2]
-    print(f"{label}: {events} events, {decisions} decisions: replay {replay:.2f} s, "
-          f"scan floor {floor:.3f} s, ratio {replay / floor:.1f}x (target <= 5x)")
+    print(
+        f"{label}: {events} events, {decisions} decisions: replay {replay:.2f} s, "
+        f"scan floor {floor:.3f} s, ratio {replay / floor:.1f}x (target <= 5x)"
+    )
     phases = {name: statistics.median(r[1][name] for r in replays) for name in PHASES}
     print("  phases (median, x floor): " + ", ".join(f"{n} {s:.2f} s ({s / floor:.1f}x)" for n, s in phases.items()))
     checks = [checksum_seconds(data, run_id) for _ in range(repeat)]
     check, size = statistics.median(c[0] for c in checks), checks[0][1]
-    print(f"  of which the parts' checksums (median): {check:.3f} s for {size / 1e6:.1f} MB "
-          f"({check / replay:.0%} of the replay, {check / floor:.1f}x the floor)")
+    print(
+        f"  of which the parts' checksums (median): {check:.3f} s for {size / 1e6:.1f} MB "
+        f"({check / replay:.0%} of the replay, {check / floor:.1f}x the floor)"
+    )
 
 
 def main(measure: Callable[[str, Path, str, int], None] = measure, doc: str = __doc__) -> None:

@@ -40,8 +40,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "all_snapshots"
-        t = timed(lambda: generate(corpus, args.snapshots, agents=8, seed=1, pending=20,
-                                   attempts_window=args.attempts_window))
+        t = timed(
+            lambda: generate(corpus, args.snapshots, agents=8, seed=1, pending=20, attempts_window=args.attempts_window)
+        )
         print(f"generated {args.snapshots} snapshots in {t:.1f} s")
 
         def io_floor() -> None:
@@ -52,20 +53,29 @@ def main() -> None:
 
         io_floor()  # warm the page cache so every measurement below reads from memory
         floor = statistics.median(timed(io_floor) for _ in range(args.repeat))
-        scan_only = statistics.median(
-            timed(lambda: scan(corpus, "bench")) for _ in range(args.repeat)
-        )
+        scan_only = statistics.median(timed(lambda: scan(corpus, "bench")) for _ in range(args.repeat))
         runs = []
         for i in range(args.repeat):
             out = Path(tmp) / f"roots{i}"
-            cmd = [sys.executable, str(ROOT / "cli.py"), "--data", str(Path(tmp) / "data"),
-                   "select-snapshots", str(corpus), str(out), "--task", "bench"]
+            cmd = [
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "--data",
+                str(Path(tmp) / "data"),
+                "select-snapshots",
+                str(corpus),
+                str(out),
+                "--task",
+                "bench",
+            ]
             runs.append(timed(lambda cmd=cmd: subprocess.run(cmd, check=True, capture_output=True)))
         total = statistics.median(runs)
         print(f"io floor (read metadata, stat attempts): {floor:6.2f} s")
         print(f"scan into facts:                         {scan_only:6.2f} s  ({scan_only / floor:.1f}x floor)")
-        print(f"select-snapshots command (median of {args.repeat}): {total:6.2f} s  "
-              f"({total / floor:.1f}x floor; target <= 15 s)")
+        print(
+            f"select-snapshots command (median of {args.repeat}): {total:6.2f} s  "
+            f"({total / floor:.1f}x floor; target <= 15 s)"
+        )
 
 
 if __name__ == "__main__":

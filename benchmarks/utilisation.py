@@ -64,15 +64,17 @@ class TimedSim(SimTeacher):
 def measure(data: Path, trees: int, schedule: str, seconds: float) -> dict:
     scale = trees / 30
     slots, turn_s = int(16 * scale), 0.5 * scale
-    config = RunConfig(task="bench", parallel=slots, seed=1, schedule=schedule,
-                       backend_options={"latency_s": turn_s})  # fmt: skip
+    config = RunConfig(task="bench", parallel=slots, seed=1, schedule=schedule, backend_options={"latency_s": turn_s})
     teacher = TimedSim(config.seed, config.backend_options)
     catalog = Catalog.empty(threads=1)
-    roots = [RootAdded(tree_id=f"T{i:04d}", task="bench", snapshot=f"s{i}", path="/x", score=1.0 + i / trees)
-             for i in range(1, trees + 1)]  # fmt: skip
+    roots = [
+        RootAdded(tree_id=f"T{i:04d}", task="bench", snapshot=f"s{i}", path="/x", score=1.0 + i / trees)
+        for i in range(1, trees + 1)
+    ]
     with LogWriter.create(data, f"u-{trees}-{schedule}") as writer:
-        catalog.insert(writer.stage([RunStarted(command="explore", task="bench",
-                                                config=config.model_dump(mode="json")), *roots]))  # fmt: skip
+        catalog.insert(
+            writer.stage([RunStarted(command="explore", task="bench", config=config.model_dump(mode="json")), *roots])
+        )
         writer.flush()
         explorer = Explorer(writer, catalog, config, teacher)
         passes: list[float] = []  # async: from the finished turns handed back to the next wait
@@ -101,10 +103,19 @@ def measure(data: Path, trees: int, schedule: str, seconds: float) -> dict:
             timer.cancel()
         end = time.monotonic()
     busy = sum(min(e, end) - s for s, e in teacher.spans) + sum(end - s for s in teacher.running.values())
-    return {"trees": trees, "schedule": schedule, "slots": slots, "turn_s": turn_s, "wall": end - start,
-            "cut": cut, "turns": len(teacher.spans), "utilisation": busy / (slots * (end - start)),
-            "passes": len(passes), "pass_p50": statistics.median(passes) if passes else float("nan"),
-            "pass_p99": pct(passes, 0.99)}  # fmt: skip
+    return {
+        "trees": trees,
+        "schedule": schedule,
+        "slots": slots,
+        "turn_s": turn_s,
+        "wall": end - start,
+        "cut": cut,
+        "turns": len(teacher.spans),
+        "utilisation": busy / (slots * (end - start)),
+        "passes": len(passes),
+        "pass_p50": statistics.median(passes) if passes else float("nan"),
+        "pass_p99": pct(passes, 0.99),
+    }
 
 
 def main() -> None:
@@ -118,10 +129,12 @@ def main() -> None:
             for schedule in args.schedule:
                 r = measure(Path(tmp), trees, schedule, args.seconds)
                 window = f"the first {r['wall']:.0f} s" if r["cut"] else f"the whole run, {r['wall']:.0f} s"
-                print(f"{r['trees']:5d} trees, {r['slots']} slots, turns of {r['turn_s']:g} s, {r['schedule']:6s}: "
-                      f"slot utilisation {100 * r['utilisation']:.1f}% over {window} ({r['turns']} turns); "
-                      f"{r['passes']} passes, p50 {1000 * r['pass_p50']:.0f} ms, p99 {1000 * r['pass_p99']:.0f} ms",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{r['trees']:5d} trees, {r['slots']} slots, turns of {r['turn_s']:g} s, {r['schedule']:6s}: "
+                    f"slot utilisation {100 * r['utilisation']:.1f}% over {window} ({r['turns']} turns); "
+                    f"{r['passes']} passes, p50 {1000 * r['pass_p50']:.0f} ms, p99 {1000 * r['pass_p99']:.0f} ms",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

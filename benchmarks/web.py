@@ -69,8 +69,12 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     err = Path(tempfile.mkstemp(prefix="web-bench-", suffix=".err")[1])
     with open(err, "w") as fh:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(args.data), "serve",
-                                 "--port", str(port)], stdout=fh, stderr=fh, cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "cli.py"), "--data", str(args.data), "serve", "--port", str(port)],
+            stdout=fh,
+            stderr=fh,
+            cwd=ROOT,
+        )
     try:
         _wait(base + "/static/app.css", proc, err)
         pages = [("collection", "/")]
@@ -80,9 +84,12 @@ def main() -> None:
         rows = list(csv.DictReader(io.StringIO(body.decode())))
         if rows:
             run, tree, leaf = rows[0]["run_id"], rows[0]["tree_id"], rows[0]["leaf_id"]
-            pages += [("run", f"/run/{run}"), ("run (live part)", f"/run/{run}/live"),
-                      ("tree", f"/run/{run}/tree/{quote(tree)}"),
-                      ("path", f"/run/{run}/path?tree={quote(tree)}&leaf={quote(leaf)}")]  # fmt: skip
+            pages += [
+                ("run", f"/run/{run}"),
+                ("run (live part)", f"/run/{run}/live"),
+                ("tree", f"/run/{run}/tree/{quote(tree)}"),
+                ("path", f"/run/{run}/path?tree={quote(tree)}&leaf={quote(leaf)}"),
+            ]
         pages += [("sql: count of nodes", "/sql?q=" + quote("select count(*) from nodes")), ("sql: views", "/sql")]
         print(f"{args.data}: page times over the loopback, {args.repeat} warm requests each (ms)")
         print(f"{'page':40} {'cold':>9} {'warm median':>12}  target {TARGET_MS:.0f} ms")

@@ -77,10 +77,16 @@ NOTE_TOPICS = [
 ]
 
 SKILLS = [
-    ("profile-kernel", "Profile the kernel with cProfile before changing tiling",
-     "Run `python -m cProfile -s cumtime bench.py` and look at the inner loop share."),
-    ("safe-revert", "Revert to the best attempt without losing notes",
-     "Use `coral log` to find the best commit, then `git checkout <hash> -- solution.py`."),
+    (
+        "profile-kernel",
+        "Profile the kernel with cProfile before changing tiling",
+        "Run `python -m cProfile -s cumtime bench.py` and look at the inner loop share.",
+    ),
+    (
+        "safe-revert",
+        "Revert to the best attempt without losing notes",
+        "Use `coral log` to find the best commit, then `git checkout <hash> -- solution.py`.",
+    ),
 ]
 
 
@@ -128,11 +134,24 @@ def generate(
         crashed = not is_pending and rng.random() < crash_rate
         timed_out = not is_pending and not crashed and rng.random() < 0.03
         score = None if (is_pending or crashed) else _curve(i, n_snapshots, rng)
-        status = "pending" if is_pending else "crashed" if crashed else "timeout" if timed_out else (
-            "improved" if score and attempts and score > max(
-                (a["score"] for a in attempts if a["agent_id"] == agent and a["score"] is not None),
-                default=0.0,
-            ) else "regressed"
+        status = (
+            "pending"
+            if is_pending
+            else "crashed"
+            if crashed
+            else "timeout"
+            if timed_out
+            else (
+                "improved"
+                if score
+                and attempts
+                and score
+                > max(
+                    (a["score"] for a in attempts if a["agent_id"] == agent and a["score"] is not None),
+                    default=0.0,
+                )
+                else "regressed"
+            )
         )
         tile = rng.choice([8, 16, 32, 64, 128]) if not crashed else 0
         attempt = {
@@ -150,8 +169,12 @@ def generate(
         if rng.random() < 0.12:
             title, body = NOTE_TOPICS[len(notes) % len(NOTE_TOPICS)]
             slug = title.lower().replace(" ", "-").replace(":", "")
-            notes.append((f"{len(notes) + 1:02d}-{slug}.md", NOTE.format(
-                agent=agent, created=when.isoformat(), title=title, body=body)))
+            notes.append(
+                (
+                    f"{len(notes) + 1:02d}-{slug}.md",
+                    NOTE.format(agent=agent, created=when.isoformat(), title=title, body=body),
+                )
+            )
         if i in (n_snapshots // 3, (2 * n_snapshots) // 3) and len(skills) < len(SKILLS):
             name, description, body = SKILLS[len(skills)]
             skills.append((name, SKILL.format(name=name, description=description, body=body)))
@@ -159,15 +182,20 @@ def generate(
         folder = out / f"eval-{i + 1:06d}-{agent}-{commit[:12]}"
         code = folder / "code"
         code.mkdir(parents=True)
-        (code / "solution.py").write_text(SOLUTION.format(
-            n=eval_counts[agent], agent=agent, tile=tile,
-            unroll=rng.choice([1, 2, 4, 8]), vector=rng.random() < i / n_snapshots))
+        (code / "solution.py").write_text(
+            SOLUTION.format(
+                n=eval_counts[agent],
+                agent=agent,
+                tile=tile,
+                unroll=rng.choice([1, 2, 4, 8]),
+                vector=rng.random() < i / n_snapshots,
+            )
+        )
         shared = folder / "shared"
         (shared / "attempts").mkdir(parents=True)
         visible = attempts if attempts_window is None else attempts[-attempts_window:]
         for a in visible:
-            (shared / "attempts" / f"{a['commit_hash']}.json").write_text(
-                json.dumps(a, separators=(",", ":")) + "\n")
+            (shared / "attempts" / f"{a['commit_hash']}.json").write_text(json.dumps(a, separators=(",", ":")) + "\n")
         if notes:
             (shared / "notes").mkdir()
             for name, text in notes if attempts_window is None else notes[-attempts_window:]:
@@ -192,8 +220,9 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=3)
     parser.add_argument("--attempts-window", type=int, default=None)
     args = parser.parse_args()
-    saved = generate(args.out, args.snapshots, args.agents, args.seed, args.pending,
-                     attempts_window=args.attempts_window)
+    saved = generate(
+        args.out, args.snapshots, args.agents, args.seed, args.pending, attempts_window=args.attempts_window
+    )
     print(f"wrote {len(saved)} snapshots to {args.out}")
 
 

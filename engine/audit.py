@@ -70,8 +70,11 @@ def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] 
     """
     runs = Collection(data_dir, run_ids or None)
     # The audit views first: the states at every decision they need hold the final rows too.
-    violations = [row for view in sorted(v for v in runs.views if v.startswith("audit_"))
-                  for row in runs.query(f"select * from {view} order by run_id, seq nulls last, subject")]  # fmt: skip
+    violations = [
+        row
+        for view in sorted(v for v in runs.views if v.startswith("audit_"))
+        for row in runs.query(f"select * from {view} order by run_id, seq nulls last, subject")
+    ]
     tables = {name: runs.query(sql) for name, sql in _queries(by).items()}
     return AuditReport(runs=list(runs.run_ids), **tables, violations=violations, damaged=runs.damaged)
 
@@ -81,14 +84,14 @@ def _queries(by: tuple[str, ...]) -> dict[str, str]:
     strata = ", ".join(f"'{s}'" for s in ("all", *by))
     return {
         "coverage": f"select * from coverage where stratum in ({strata}) "
-                    f"order by run_id, list_position([{strata}], stratum), stratum_key",
+        f"order by run_id, list_position([{strata}], stratum), stratum_key",
         "learnability": "select * from learnability where flagged order by run_id, tree_id",
         "tool_errors": "select * exclude (n) from (select *, row_number() over (partition by run_id "
-                       "order by errors desc, message) as n from tool_error_messages) "
-                       f"where n <= {TOP_ERRORS} order by run_id, errors desc, message",
+        "order by errors desc, message) as n from tool_error_messages) "
+        f"where n <= {TOP_ERRORS} order by run_id, errors desc, message",
         "tool_error_rates": "select * from tool_error_rates where dimension = 'tool' order by run_id, calls desc, key",
         "knowledge": "select * from knowledge_usage where dimension = 'all' order by run_id, area, access",
         "knowledge_improvement": "select * from knowledge_improvement "
-                                 "order by run_id, task, measure, with_knowledge desc",
+        "order by run_id, task, measure, with_knowledge desc",
         "cost": "select * from cost_tasks order by run_id, task",
-    }  # fmt: skip
+    }

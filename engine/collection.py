@@ -58,19 +58,46 @@ SELECT = duckdb.StatementType.SELECT
 # log) or run SQL given as a string (which the check below cannot see into). The ones
 # that change configuration (profiling, logging, grammar extensions) are refused by
 # the locked configuration as well.
-REFUSED_FUNCTIONS = frozenset({
-    "query", "query_table", "json_execute_serialized_sql", "setseed", "nextval", "setval", "write_log",
-    "checkpoint", "force_checkpoint", "truncate_duckdb_logs", "enable_profiling", "disable_profiling",
-    "enable_logging", "disable_logging", "add_grammar_extension", "remove_grammar_extension",
-    "create_external_resource", "register_external_resource", "register_external_resource_type",
-    "deregister_external_resource", "destroy_external_resource",
-})  # fmt: skip
+REFUSED_FUNCTIONS = frozenset(
+    {
+        "query",
+        "query_table",
+        "json_execute_serialized_sql",
+        "setseed",
+        "nextval",
+        "setval",
+        "write_log",
+        "checkpoint",
+        "force_checkpoint",
+        "truncate_duckdb_logs",
+        "enable_profiling",
+        "disable_profiling",
+        "enable_logging",
+        "disable_logging",
+        "add_grammar_extension",
+        "remove_grammar_extension",
+        "create_external_resource",
+        "register_external_resource",
+        "register_external_resource_type",
+        "deregister_external_resource",
+        "destroy_external_resource",
+    }
+)
 MEMORY_ENV = "TEACHER_MCTS_SQL_MEMORY"
 TIMEOUT_ENV = "TEACHER_MCTS_SQL_TIMEOUT_S"
 DEFAULT_MEMORY = "4GB"  # a 2-core, 24 GiB machine: several such queries, or one and a run, fit beside each other
 DEFAULT_TIMEOUT_S = 300.0
-UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 # Variables each run's config gives its views (its defaults, see variables.py): one value
 # serves every run's views queried from the main database, so the runs must agree on it.
 RUN_DEFAULTS = ("knowledge_path_regex", "knowledge_command_regex")
@@ -140,8 +167,9 @@ class Collection:
         # Views with a row per evaluation point or path selection, and those listing the decisions a
         # point contradicts: a query reading one is answered from states evaluated at every recorded
         # decision (a test checks that every other view has the same rows in either).
-        self._at_decisions = {n for n, v in graph.views.items()
-                              if n.startswith("audit_") or {"asof_seq", "selection_seq"} & set(v.grain)}  # fmt: skip
+        self._at_decisions = {
+            n for n, v in graph.views.items() if n.startswith("audit_") or {"asof_seq", "selection_seq"} & set(v.grain)
+        }
         self._variables: dict[str, Any] = {}  # set by the caller (reselection weights, ...)
         self._known_variables = set(graph.variable_tables)
         self._states: dict[str, dict[str, State]] = {}  # flavour (JSON) -> run -> its state
@@ -203,8 +231,12 @@ class Collection:
                 self._damaged.append(diagnosed(self.data_dir, run_id, str(state)))
                 self.run_ids.remove(run_id)
             if not states:
-                raise LogError("every run under " + str(self.data_dir / "runs") + " is damaged:\n"
-                               + "\n".join(d.message() for d in self._damaged))  # fmt: skip
+                raise LogError(
+                    "every run under "
+                    + str(self.data_dir / "runs")
+                    + " is damaged:\n"
+                    + "\n".join(d.message() for d in self._damaged)
+                )
             self._check_defaults(states)
             self._states[key] = states
         return self._states[key]
@@ -221,8 +253,10 @@ class Collection:
         for name in RUN_DEFAULTS:
             found = {s.values.get(name) for s in states.values()}
             if len(found) > 1:
-                msg = (f"the runs {', '.join(states)} record different {name.replace('_', '.', 1)} "
-                       "patterns - read them in separate collections")  # fmt: skip
+                msg = (
+                    f"the runs {', '.join(states)} record different {name.replace('_', '.', 1)} "
+                    "patterns - read them in separate collections"
+                )
                 raise InputError(msg)
 
     def _bind(self, names: set[str], run_id: str | None = None) -> None:
@@ -287,14 +321,18 @@ class Collection:
             raise RefusedQueryError(f"{_first_line(err)} (only the runs' logs may be read) - nothing was read") from err
         except duckdb.InterruptException as err:
             if fired.is_set():
-                msg = (f"the query ran past its time limit of {self.limits.timeout_s:g} s and was stopped - "
-                       f"nothing was written (give more with --timeout or ${TIMEOUT_ENV})")  # fmt: skip
+                msg = (
+                    f"the query ran past its time limit of {self.limits.timeout_s:g} s and was stopped - "
+                    f"nothing was written (give more with --timeout or ${TIMEOUT_ENV})"
+                )
                 raise QueryLimitError(msg) from err
             raise QueryError(_first_line(err)) from err
         except duckdb.OutOfMemoryException as err:
-            msg = (f"the query needed more memory than its limit of {self.limits.memory_text} and was stopped - "
-                   f"nothing was written (give more with --memory-limit or ${MEMORY_ENV}): "
-                   f"{_first_line(err)}")  # fmt: skip
+            msg = (
+                f"the query needed more memory than its limit of {self.limits.memory_text} and was stopped - "
+                f"nothing was written (give more with --memory-limit or ${MEMORY_ENV}): "
+                f"{_first_line(err)}"
+            )
             raise QueryLimitError(msg) from err
         except duckdb.Error as err:
             raise QueryError(_first_line(err)) from err
@@ -357,8 +395,10 @@ def read_only(query: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
         except QueryError:  # "ANALYZE <statement>", "(FORMAT json) <statement>": no statement alone
             inner = []
         if len(inner) != 1 or inner[0].type != SELECT:
-            msg = ("only EXPLAIN of a SELECT is allowed (not EXPLAIN ANALYZE, which runs the statement it "
-                   "explains, nor EXPLAIN of anything else) - nothing was run")  # fmt: skip
+            msg = (
+                "only EXPLAIN of a SELECT is allowed (not EXPLAIN ANALYZE, which runs the statement it "
+                "explains, nor EXPLAIN of anything else) - nothing was run"
+            )
             raise RefusedQueryError(msg)
     elif kind != SELECT:
         msg = f"only a read-only query (a SELECT) is allowed, not a statement of type {kind.name} - nothing was run"
@@ -368,8 +408,10 @@ def read_only(query: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
         raise RefusedQueryError(f"the query cannot be checked ({tree.get('error_message')}) - nothing was run")
     refused = sorted(_functions(tree) & REFUSED_FUNCTIONS)
     if refused:
-        msg = (f"{refused[0]}() is not allowed in a query: it changes the session or runs SQL given as text - "
-               "nothing was run")  # fmt: skip
+        msg = (
+            f"{refused[0]}() is not allowed in a query: it changes the session or runs SQL given as text - "
+            "nothing was run"
+        )
         raise RefusedQueryError(msg)
     return body
 
@@ -394,9 +436,9 @@ def _explained(query: str) -> str:
     """The text after an EXPLAIN statement's first keyword (``EXPLAIN``), comments before it skipped."""
     raw = query.encode()  # the tokenizer's positions are byte offsets
     tokens = [pos for pos, kind in duckdb.tokenize(query) if kind != duckdb.token_type.comment]
-    if len(tokens) < 2 or not raw[tokens[0]:].lower().startswith(b"explain"):
+    if len(tokens) < 2 or not raw[tokens[0] :].lower().startswith(b"explain"):
         return ""
-    return raw[tokens[1]:].decode()
+    return raw[tokens[1] :].decode()
 
 
 def _functions(tree: Any) -> set[str]:

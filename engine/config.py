@@ -72,8 +72,10 @@ class _Weights(_Strict):
     @classmethod
     def _bounded(cls, value: Any) -> Any:
         if type(value) is float and abs(value) > MAX_WEIGHT:
-            raise ValueError(f"must be between -{MAX_WEIGHT:g} and {MAX_WEIGHT:g} (larger weights can "
-                             "make scores overflow to infinity)")  # fmt: skip
+            raise ValueError(
+                f"must be between -{MAX_WEIGHT:g} and {MAX_WEIGHT:g} (larger weights can "
+                "make scores overflow to infinity)"
+            )
         return value
 
 
@@ -124,8 +126,17 @@ class KnowledgeConfig(_Strict):
     """Which tool calls are knowledge actions (ALGORITHM §4); regexes over the call's target."""
 
     file_tools: list[str] = [
-        "read", "write", "edit", "multiedit", "patch", "list", "ls", "glob", "grep", "view",
-    ]  # fmt: skip
+        "read",
+        "write",
+        "edit",
+        "multiedit",
+        "patch",
+        "list",
+        "ls",
+        "glob",
+        "grep",
+        "view",
+    ]
     shell_tools: list[str] = ["bash", "shell"]
     knowledge_tools: list[str] = ["skill"]  # always a knowledge action (loads a shared skill)
     path_regex: str = rf"(^|[/\s\"'=]){SHARED_DIRS}/{KNOWLEDGE_KINDS}(/|$|[\s\"'])"
@@ -196,8 +207,10 @@ def parallel_cap() -> tuple[int, str]:
     if soft == resource.RLIM_INFINITY or soft // 2 >= MAX_PARALLEL:
         return MAX_PARALLEL, f"each slot is a thread of the exploring process, and {MAX_PARALLEL} is the most a run has"
     cap = max(1, soft // 2)
-    return cap, (f"each slot is a thread of the exploring process, and this user may run {soft} processes "
-                 "and threads in all (ulimit -u), of which a run takes at most half")  # fmt: skip
+    return cap, (
+        f"each slot is a thread of the exploring process, and this user may run {soft} processes "
+        "and threads in all (ulimit -u), of which a run takes at most half"
+    )
 
 
 def parallel_problem(parallel: int) -> str | None:
@@ -225,8 +238,9 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
         except OSError as err:
             raise InputError(f"{path}: cannot read the config file ({err.strerror})") from err
         except UnicodeDecodeError as err:  # TOML is UTF-8 (a file saved as UTF-16 starts with a BOM)
-            raise InputError(f"{path}: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}); "
-                             "TOML files are UTF-8") from err  # fmt: skip
+            raise InputError(
+                f"{path}: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}); TOML files are UTF-8"
+            ) from err
         except tomllib.TOMLDecodeError as err:
             raise InputError(f"{path}: invalid TOML ({err})") from err
     data = _merge(data, {k: v for k, v in overrides.items() if v is not None})

@@ -65,12 +65,16 @@ def roots_from_dir(roots_dir: Path, task: str | None) -> tuple[list[RootAdded], 
         raise InputError(f"{roots_dir}: not a directory")
     facts = [read_snapshot(p.resolve(), task or "") for p in sorted(roots_dir.iterdir())]
     problems = [f"{f.snapshot}: {f.skip_reason}" for f in facts if f.skip_reason]
-    problems += [f"{f.snapshot}: no numeric score ({f.score_problem})"
-                 for f in facts if not f.skip_reason and f.score is None]  # fmt: skip
-    meta_of = {f.snapshot: json.loads((Path(f.path) / "metadata.json").read_text())
-               for f in facts if not f.skip_reason}  # fmt: skip
-    problems += [f"{f.snapshot}: {problem}" for f in facts if f.snapshot in meta_of
-                 if (problem := root_problem(f, meta_of[f.snapshot]))]  # fmt: skip
+    problems += [
+        f"{f.snapshot}: no numeric score ({f.score_problem})" for f in facts if not f.skip_reason and f.score is None
+    ]
+    meta_of = {f.snapshot: json.loads((Path(f.path) / "metadata.json").read_text()) for f in facts if not f.skip_reason}
+    problems += [
+        f"{f.snapshot}: {problem}"
+        for f in facts
+        if f.snapshot in meta_of
+        if (problem := root_problem(f, meta_of[f.snapshot]))
+    ]
     if problems:
         shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
         raise InputError(f"{roots_dir}: cannot use every folder as a root: {shown}")
@@ -81,12 +85,19 @@ def roots_from_dir(roots_dir: Path, task: str | None) -> tuple[list[RootAdded], 
     task = _roots_task(roots_dir, [_text(m, "task") for m in metas], task)
     roots = [
         RootAdded(
-            tree_id=_tree_id(i, len(facts)), task=task, snapshot=f.snapshot, path=f.path,
-            global_index=f.global_index, agent_id=f.agent_id, commit_hash=f.commit_hash,
-            score=f.score, stage=_text(meta, "stage"), selection_reason=_text(meta, "selection_reason"),
+            tree_id=_tree_id(i, len(facts)),
+            task=task,
+            snapshot=f.snapshot,
+            path=f.path,
+            global_index=f.global_index,
+            agent_id=f.agent_id,
+            commit_hash=f.commit_hash,
+            score=f.score,
+            stage=_text(meta, "stage"),
+            selection_reason=_text(meta, "selection_reason"),
         )
         for i, (f, meta) in enumerate(zip(facts, metas, strict=True), start=1)
-    ]  # fmt: skip
+    ]
     return roots, task, read_direction(roots_dir, facts) or "maximize"
 
 
@@ -94,31 +105,43 @@ def _roots_task(roots_dir: Path, recorded: list[str | None], given: str | None) 
     """The task the roots record, checked against ``--task``."""
     tasks = sorted({t for t in recorded if t is not None})
     if len(tasks) > 1:
-        raise InputError(f"{roots_dir}: the roots record several tasks ({', '.join(tasks)}) - "
-                         "explore the roots of one task at a time")  # fmt: skip
+        raise InputError(
+            f"{roots_dir}: the roots record several tasks ({', '.join(tasks)}) - "
+            "explore the roots of one task at a time"
+        )
     if tasks and given and given != tasks[0]:
-        raise InputError(f"--task {given!r} disagrees with the task {tasks[0]!r} that the roots in "
-                         f"{roots_dir} were selected for - drop --task, or give {tasks[0]!r}")  # fmt: skip
+        raise InputError(
+            f"--task {given!r} disagrees with the task {tasks[0]!r} that the roots in "
+            f"{roots_dir} were selected for - drop --task, or give {tasks[0]!r}"
+        )
     if not tasks and not given:
-        raise InputError(f"{roots_dir}: the roots record no task (they were not made by "
-                         "select-snapshots) - give it with --task")  # fmt: skip
+        raise InputError(
+            f"{roots_dir}: the roots record no task (they were not made by select-snapshots) - give it with --task"
+        )
     return tasks[0] if tasks else given  # type: ignore[return-value]
 
 
-def _roots_from_selection(picks: list[dict[str, Any]], task: str,
-                          roots_dir: Path) -> tuple[list[RootAdded], Path | None]:  # fmt: skip
+def _roots_from_selection(
+    picks: list[dict[str, Any]], task: str, roots_dir: Path
+) -> tuple[list[RootAdded], Path | None]:
     """The picks as roots: their own folders, or (when a pick is a CORAL attempt) the folders they are
     to be written to in ``roots_dir``; and where they are to be written (None: nowhere)."""
     written_to = roots_dir if any(is_attempt(p) for p in picks) else None
     roots = [
         RootAdded(
-            tree_id=_tree_id(i, len(picks)), task=task, snapshot=p["snapshot"],
+            tree_id=_tree_id(i, len(picks)),
+            task=task,
+            snapshot=p["snapshot"],
             path=str(written_to / p["snapshot"]) if written_to else p["path"],
-            global_index=p["global_index"], agent_id=p["agent_id"], commit_hash=p["commit_hash"],
-            score=p["score"], stage=p["stage"], selection_reason=p["selection_reason"],
+            global_index=p["global_index"],
+            agent_id=p["agent_id"],
+            commit_hash=p["commit_hash"],
+            score=p["score"],
+            stage=p["stage"],
+            selection_reason=p["selection_reason"],
         )
         for i, p in enumerate(picks, start=1)
-    ]  # fmt: skip
+    ]
     return roots, written_to
 
 
@@ -174,8 +197,9 @@ def new_run(
     return run_summary(data_dir, run_id, resumed=False)
 
 
-def _start(writer: LogWriter, config: RunConfig, source: Path, selection: Selection | None,
-           roots: list[RootAdded]) -> Catalog:  # fmt: skip
+def _start(
+    writer: LogWriter, config: RunConfig, source: Path, selection: Selection | None, roots: list[RootAdded]
+) -> Catalog:
     """The run's first events, in its log and in the engine's catalog: RunStarted, the selection made
     here (when there is one) and the roots."""
     catalog = Catalog.empty(threads=ENGINE_THREADS)
@@ -199,9 +223,17 @@ EXECUTORS = ("local", "ray")
 RESUMED = "resumed from the log"
 
 
-def _explore(writer: LogWriter, catalog: Catalog, config: RunConfig, teacher: Teacher,
-             on_progress: Progress | None, resumed: bool, executor: str, ray_address: str | None,
-             note: str = RESUMED) -> None:  # fmt: skip
+def _explore(
+    writer: LogWriter,
+    catalog: Catalog,
+    config: RunConfig,
+    teacher: Teacher,
+    on_progress: Progress | None,
+    resumed: bool,
+    executor: str,
+    ray_address: str | None,
+    note: str = RESUMED,
+) -> None:
     """Run the engine; ``teacher`` forks roots and discards states, the executor runs the turns."""
     if executor not in EXECUTORS:
         raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
@@ -259,8 +291,9 @@ def resume_run(
     return run_summary(data_dir, run_id, resumed=not finished)
 
 
-def resumed_config(run_id: str, config: RunConfig, parallel: int | None,
-                   turn_timeout: float | None) -> tuple[RunConfig, str]:  # fmt: skip
+def resumed_config(
+    run_id: str, config: RunConfig, parallel: int | None, turn_timeout: float | None
+) -> tuple[RunConfig, str]:
     """The recorded config with the deployment choices a resume may change, and the RunResumed note.
 
     The slots and a turn's timeout are how the run is deployed, not what it
@@ -276,8 +309,9 @@ def resumed_config(run_id: str, config: RunConfig, parallel: int | None,
     if turn_timeout is not None:
         recorded = config.backend_options.get("turn_timeout_s")
         if recorded is None:
-            raise OptionError("--turn-timeout", f"run {run_id!r} uses the {config.backend} backend, whose turns "
-                              "have no timeout")  # fmt: skip
+            raise OptionError(
+                "--turn-timeout", f"run {run_id!r} uses the {config.backend} backend, whose turns have no timeout"
+            )
         if turn_timeout != recorded:
             changes["backend_options"] = config.backend_options | {"turn_timeout_s": turn_timeout}
             said.append(f"turn_timeout_s {turn_timeout:g} (recorded {recorded:g})")

@@ -15,16 +15,65 @@ from ingest.paths import command_line
 
 Row = dict[str, Any]
 
-EXPLORE_COLUMNS = ["tree_id", "stage", "root_score", "best_score", "kept_edges", "good_leaves",
-                   "final_leaves", "stop_reason", "paths", "ranked", "selected", "top_path_score"]  # fmt: skip
-REPLAY_COLUMNS = ["tree_id", "nodes", "kept_edges", "kept_exempt_edges", "pruned_edges", "retried_edges",
-                  "depth_leaves", "token_leaves", "exhausted_leaves", "stopped_leaves", "stop_reason",
-                  "best_score"]  # fmt: skip
-PATH_COLUMNS = ["tree_id", "leaf_id", "rank", "path_score", "max_score", "max_score_rank", "avg_score",
-                "avg_score_rank", "avg_cleanliness", "avg_knowledge", "task", "stage", "snapshot"]  # fmt: skip
-COVERAGE_COLUMNS = ["run_id", "stratum", "stratum_key", "roots", "candidate_paths", "ranked_paths",
-                    "selected_paths", "n_eff", "n_eff_ratio", "kept_edges", "kept_exempt_edges",
-                    "pruned_edges", "retried_edges", "quota_fill"]  # fmt: skip
+EXPLORE_COLUMNS = [
+    "tree_id",
+    "stage",
+    "root_score",
+    "best_score",
+    "kept_edges",
+    "good_leaves",
+    "final_leaves",
+    "stop_reason",
+    "paths",
+    "ranked",
+    "selected",
+    "top_path_score",
+]
+REPLAY_COLUMNS = [
+    "tree_id",
+    "nodes",
+    "kept_edges",
+    "kept_exempt_edges",
+    "pruned_edges",
+    "retried_edges",
+    "depth_leaves",
+    "token_leaves",
+    "exhausted_leaves",
+    "stopped_leaves",
+    "stop_reason",
+    "best_score",
+]
+PATH_COLUMNS = [
+    "tree_id",
+    "leaf_id",
+    "rank",
+    "path_score",
+    "max_score",
+    "max_score_rank",
+    "avg_score",
+    "avg_score_rank",
+    "avg_cleanliness",
+    "avg_knowledge",
+    "task",
+    "stage",
+    "snapshot",
+]
+COVERAGE_COLUMNS = [
+    "run_id",
+    "stratum",
+    "stratum_key",
+    "roots",
+    "candidate_paths",
+    "ranked_paths",
+    "selected_paths",
+    "n_eff",
+    "n_eff_ratio",
+    "kept_edges",
+    "kept_exempt_edges",
+    "pruned_edges",
+    "retried_edges",
+    "quota_fill",
+]
 PICK_FIELDS = ("snapshot", "global_index", "agent_id", "score", "stage", "selection_reason")
 
 
@@ -32,8 +81,13 @@ def views(defs: dict[str, Any]) -> Output:
     lines = []
     for v in defs.values():
         lines += [f"{v.name}\n    {v.summary}\n    grain: {', '.join(v.grain)}", f"    sources: {', '.join(v.sources)}"]
-    return Output([{"view": v.name, "summary": v.summary, "grain": list(v.grain), "sources": list(v.sources),
-                    "notes": v.notes} for v in defs.values()], lines)  # fmt: skip
+    return Output(
+        [
+            {"view": v.name, "summary": v.summary, "grain": list(v.grain), "sources": list(v.sources), "notes": v.notes}
+            for v in defs.values()
+        ],
+        lines,
+    )
 
 
 def rows(result: list[Row]) -> Output:
@@ -44,15 +98,22 @@ def rows(result: list[Row]) -> Output:
 def selection(result: Any) -> Output:
     """select-snapshots: the stages' quotas and fills, the picks."""
     document = {
-        "run_id": result.run_id, "task": result.task, "direction": result.direction,
-        "num_roots": result.num_roots, "out": str(result.out), "stages": result.stages,
+        "run_id": result.run_id,
+        "task": result.task,
+        "direction": result.direction,
+        "num_roots": result.num_roots,
+        "out": str(result.out),
+        "stages": result.stages,
         "picks": [{k: p[k] for k in PICK_FIELDS} for p in result.picks],
-        "skipped": result.skipped, "warnings": result.warnings,
-    }  # fmt: skip
+        "skipped": result.skipped,
+        "warnings": result.warnings,
+    }
     columns = ["stage", "candidates", "eligible", "quota", "picked_quota", "fills", "picked"]
-    lines = [f"run {result.run_id}: task {result.task} ({result.direction}), R={result.num_roots}",
-             table(result.stages, columns),
-             f"picked {sum(s['picked'] for s in result.stages)} snapshots -> {result.out}"]  # fmt: skip
+    lines = [
+        f"run {result.run_id}: task {result.task} ({result.direction}), R={result.num_roots}",
+        table(result.stages, columns),
+        f"picked {sum(s['picked'] for s in result.stages)} snapshots -> {result.out}",
+    ]
     if result.skipped:
         lines.append(f"skipped {len(result.skipped)} folders:")
         lines += [f"  {s['snapshot']}: {s['skip_reason']}" for s in result.skipped]
@@ -78,18 +139,23 @@ def resuming(run_id: str, p: Row) -> str:
     """The line explore --resume starts with."""
     if p["finished"]:
         return f"run {run_id}: finished already ({p['trees_done']}/{p['trees']} trees done)"
-    return (f"run {run_id}: resuming task {p['task']}: {p['trees_done']}/{p['trees']} trees done, "
-            f"{p['kept_edges']} edges kept, {p['in_flight_edges']} edges in flight")  # fmt: skip
+    return (
+        f"run {run_id}: resuming task {p['task']}: {p['trees_done']}/{p['trees']} trees done, "
+        f"{p['kept_edges']} edges kept, {p['in_flight_edges']} edges in flight"
+    )
 
 
 def replay(result: Any, tree_id: str | None, drawing: list[str]) -> Output:
     """replay of one run: its trees, the tree drawn (``tree_id``), the differences, a count."""
     differ = len(result.differences)
     document = {
-        "run_id": result.run_id, "decisions": result.decisions, "differ": differ, "trees": result.trees,
+        "run_id": result.run_id,
+        "decisions": result.decisions,
+        "differ": differ,
+        "trees": result.trees,
         "differences": [vars(d) for d in result.differences],
         **({"drawing": {"tree_id": tree_id, "lines": drawing}} if tree_id else {}),
-    }  # fmt: skip
+    }
     lines = [table(result.trees, REPLAY_COLUMNS)]
     if tree_id:
         lines += [f"\ntree {tree_id} (* = on a selected path, x = attempt without a node)", "\n".join(drawing)]
@@ -101,64 +167,95 @@ def replay(result: Any, tree_id: str | None, drawing: list[str]) -> Output:
 def replayed_run(result: Any) -> Output:
     """One run of a replay of several: its document, and its line with its differences."""
     differ = len(result.differences)
-    lines = [f"run {result.run_id}: {len(result.trees)} trees, {result.decisions} decisions re-derived, "
-             f"{differ} differ"] + ["  " + difference(d) for d in result.differences]  # fmt: skip
-    return Output({"run_id": result.run_id, "decisions": result.decisions, "differ": differ,
-                   "trees": result.trees, "differences": [vars(d) for d in result.differences]}, lines)  # fmt: skip
+    lines = [
+        f"run {result.run_id}: {len(result.trees)} trees, {result.decisions} decisions re-derived, {differ} differ"
+    ] + ["  " + difference(d) for d in result.differences]
+    return Output(
+        {
+            "run_id": result.run_id,
+            "decisions": result.decisions,
+            "differ": differ,
+            "trees": result.trees,
+            "differences": [vars(d) for d in result.differences],
+        },
+        lines,
+    )
 
 
 def replayed_runs(runs: list[Any], count: int, decisions: int, differ: int) -> Output:
     """The end of a replay of several runs: the runs' documents (``runs``), a total."""
     plural = f"{count} run{'s' if count != 1 else ''}"
-    return Output({"runs": runs, "decisions": decisions, "differ": differ},
-                  [f"replay: {plural}, {decisions} decisions re-derived, {differ} differ"])  # fmt: skip
+    return Output(
+        {"runs": runs, "decisions": decisions, "differ": differ},
+        [f"replay: {plural}, {decisions} decisions re-derived, {differ} differ"],
+    )
 
 
 def difference(d: Any) -> str:
-    return (f"decision {d.seq if d.seq is not None else '-'} {d.kind} {d.subject}: "
-            f"{d.problem}; recorded: {d.recorded or '-'}; log implies: {d.derived or '-'}")  # fmt: skip
+    return (
+        f"decision {d.seq if d.seq is not None else '-'} {d.kind} {d.subject}: "
+        f"{d.problem}; recorded: {d.recorded or '-'}; log implies: {d.derived or '-'}"
+    )
 
 
 def paths(chosen: Row, rows: list[Row]) -> Output:
     """The selected paths of a run: a table, or CSV with their node ids."""
     csv_rows = ([r.get(c) for c in PATH_COLUMNS] + [" ".join(r["node_ids"])] for r in rows)
     return Output(
-        {"selection_id": chosen["selection_id"], "weights": chosen["weights"], "top_k": chosen["top_k"],
-         "paths": rows},
-        [f"selection {chosen['selection_id']}: weights {chosen['weights']}, top-{chosen['top_k']}",
-         table(rows, PATH_COLUMNS[:-1])],
+        {"selection_id": chosen["selection_id"], "weights": chosen["weights"], "top_k": chosen["top_k"], "paths": rows},
+        [
+            f"selection {chosen['selection_id']}: weights {chosen['weights']}, top-{chosen['top_k']}",
+            table(rows, PATH_COLUMNS[:-1]),
+        ],
         ([*PATH_COLUMNS, "node_ids"], csv_rows),
-    )  # fmt: skip
+    )
 
 
 def reselection(result: Any) -> Output:
     """reselect: the selection, and how it differs from the run's default one."""
     sel = result.selection
-    document = {"selection_id": sel["selection_id"], "appended": result.appended, "weights": sel["weights"],
-                "top_k": sel["top_k"], "paths": sel["paths"], "compared_with": result.default_id,
-                "paths_in": result.added, "paths_out": result.removed, "comparison": result.comparison}  # fmt: skip
+    document = {
+        "selection_id": sel["selection_id"],
+        "appended": result.appended,
+        "weights": sel["weights"],
+        "top_k": sel["top_k"],
+        "paths": sel["paths"],
+        "compared_with": result.default_id,
+        "paths_in": result.added,
+        "paths_out": result.removed,
+        "comparison": result.comparison,
+    }
     state = "appended" if result.appended else "already recorded"
-    lines = [f"selection {sel['selection_id']} ({state}): weights {sel['weights']}, top-{sel['top_k']}",
-             table(sel["paths"], ["tree_id", "leaf_id", "rank", "path_score"])]  # fmt: skip
+    lines = [
+        f"selection {sel['selection_id']} ({state}): weights {sel['weights']}, top-{sel['top_k']}",
+        table(sel["paths"], ["tree_id", "leaf_id", "rank", "path_score"]),
+    ]
     if result.default_id:
-        lines.append(f"versus the default selection {result.default_id}: "
-                     f"{len(result.added)} paths in, {len(result.removed)} out")  # fmt: skip
+        lines.append(
+            f"versus the default selection {result.default_id}: {len(result.added)} paths in, {len(result.removed)} out"
+        )
         for tree in sorted({p["tree_id"] for p in result.added + result.removed}):
             ins = [p["leaf_id"] for p in result.added if p["tree_id"] == tree]
             outs = [p["leaf_id"] for p in result.removed if p["tree_id"] == tree]
             lines.append(f"  {tree}: in {', '.join(ins) or '-'}; out {', '.join(outs) or '-'}")
         if sel["weights"].get("diversity") is not None:
-            lines += ["N_eff/N and mean PathScore, default -> this selection:",
-                      table(result.comparison, ["tree_id", "n_eff_ratio_default", "n_eff_ratio",
-                                                "mean_path_score_default", "mean_path_score"])]  # fmt: skip
+            lines += [
+                "N_eff/N and mean PathScore, default -> this selection:",
+                table(
+                    result.comparison,
+                    ["tree_id", "n_eff_ratio_default", "n_eff_ratio", "mean_path_score_default", "mean_path_score"],
+                ),
+            ]
     return Output(document, lines)
 
 
 def export(result: Any, invalid: str) -> Output:
     """export: a line per run's file, the counts, what a trainer must know of the samples."""
     m = result.manifest
-    lines = [f"run {run['run_id']}: selection {run['selection_id']}, {run['samples']} samples -> {run['file']}"
-             for run in m["runs"]]  # fmt: skip
+    lines = [
+        f"run {run['run_id']}: selection {run['selection_id']}, {run['samples']} samples -> {run['file']}"
+        for run in m["runs"]
+    ]
     counts = ", ".join(f"{t} {s} {n}" for t, stages in m["counts"].items() for s, n in stages.items())
     lines.append(f"{m['samples']} {m['format']} samples ({counts}) in {result.out}")
     flagged = sum(r["invalid_call_samples"] for r in m["runs"])
@@ -171,75 +268,120 @@ def export(result: Any, invalid: str) -> Output:
 
 
 def part_row(c: Any) -> Row:
-    return {"part": c.name, "first": c.first, "last": c.last, "level": c.level, "checksum": c.checksum,
-            "problem": c.problem}  # fmt: skip
+    return {
+        "part": c.name,
+        "first": c.first,
+        "last": c.last,
+        "level": c.level,
+        "checksum": c.checksum,
+        "problem": c.problem,
+    }
 
 
 def verification(found: Any, data_dir: Path) -> Output:
     """verify: a row per part, what a crash or an old version left, the first damage and its fix."""
-    document = {"run_id": found.run_id, "ok": found.ok, "intact_to": found.intact_to, "tail": found.tail,
-                "problem": found.problem, "first_bad": found.first_bad and found.first_bad.name,
-                "first_bad_path": found.first_bad and str(found.first_bad.path),
-                "parts": [part_row(c) for c in found.parts], "superseded": [c.name for c in found.superseded],
-                "temporary": found.temporary, "foreign": found.foreign, "recorded": found.recorded}  # fmt: skip
+    document = {
+        "run_id": found.run_id,
+        "ok": found.ok,
+        "intact_to": found.intact_to,
+        "tail": found.tail,
+        "problem": found.problem,
+        "first_bad": found.first_bad and found.first_bad.name,
+        "first_bad_path": found.first_bad and str(found.first_bad.path),
+        "parts": [part_row(c) for c in found.parts],
+        "superseded": [c.name for c in found.superseded],
+        "temporary": found.temporary,
+        "foreign": found.foreign,
+        "recorded": found.recorded,
+    }
     return Output(document, _verification_lines(found, data_dir))
 
 
 def _verification_lines(found: Any, data_dir: Path) -> list[str]:
-    rows = [{"status": "DAMAGED" if c.problem else "ok", "seqs": f"{c.first}..{c.last}", **part_row(c)}
-            for c in found.parts]  # fmt: skip
-    lines = [f"run {found.run_id}: {len(found.parts)} parts, seqs 1..{found.tail}",
-             table(rows, ["status", "part", "seqs", "level", "problem"])]  # fmt: skip
+    rows = [
+        {"status": "DAMAGED" if c.problem else "ok", "seqs": f"{c.first}..{c.last}", **part_row(c)} for c in found.parts
+    ]
+    lines = [
+        f"run {found.run_id}: {len(found.parts)} parts, seqs 1..{found.tail}",
+        table(rows, ["status", "part", "seqs", "level", "problem"]),
+    ]
     if found.unchecksummed:
-        lines.append(f"{found.unchecksummed} part(s) carry no checksum (written before checksums): their pages "
-                     "decode and their seqs are whole, a changed value cannot be seen; the writer gives them "
-                     "one when it next opens the run")  # fmt: skip
+        lines.append(
+            f"{found.unchecksummed} part(s) carry no checksum (written before checksums): their pages "
+            "decode and their seqs are whole, a changed value cannot be seen; the writer gives them "
+            "one when it next opens the run"
+        )
     if not found.recorded:
-        lines.append("the run has no record of its parts (written before records): its log is the cover of its "
-                     "part files; the writer records them when it next opens the run")  # fmt: skip
+        lines.append(
+            "the run has no record of its parts (written before records): its log is the cover of its "
+            "part files; the writer records them when it next opens the run"
+        )
     if found.superseded or found.temporary:
-        lines.append(f"a crash left {len(found.superseded)} superseded part(s) and {len(found.temporary)} temp "
-                     "file(s); the writer removes them when it next opens the run")  # fmt: skip
-    lines += [f"FOREIGN  {found.log_dir / name}: not a part the run's record names (nothing reads it; the writer "
-              f"refuses to append until it is moved aside: {command_line(data_dir, 'quarantine', found.run_id, name)})"
-              for name in found.foreign]  # fmt: skip
+        lines.append(
+            f"a crash left {len(found.superseded)} superseded part(s) and {len(found.temporary)} temp "
+            "file(s); the writer removes them when it next opens the run"
+        )
+    lines += [
+        f"FOREIGN  {found.log_dir / name}: not a part the run's record names (nothing reads it; the writer "
+        f"refuses to append until it is moved aside: {command_line(data_dir, 'quarantine', found.run_id, name)})"
+        for name in found.foreign
+    ]
     if found.ok:
-        return [*lines, f"verify: {len(found.parts)} parts, {found.tail} events: every checksum matches, every "
-                        "page decodes, every seq is there once"]  # fmt: skip
+        return [
+            *lines,
+            f"verify: {len(found.parts)} parts, {found.tail} events: every checksum matches, every "
+            "page decodes, every seq is there once",
+        ]
     lines.append(f"verify: the log is intact up to seq {found.intact_to} of {found.tail}; {found.problem}")
     if found.first_bad is not None:
-        lines += [f"first bad part: {found.first_bad.path} ({found.first_bad.seqs})",
-                  f"nothing is appended to the run until that part and the ones after it are moved aside: "
-                  f"{command_line(data_dir, 'quarantine', found.run_id, found.first_bad.name)}"]  # fmt: skip
+        lines += [
+            f"first bad part: {found.first_bad.path} ({found.first_bad.seqs})",
+            f"nothing is appended to the run until that part and the ones after it are moved aside: "
+            f"{command_line(data_dir, 'quarantine', found.run_id, found.first_bad.name)}",
+        ]
     return lines
 
 
 def quarantined(done: Any, run_id: str, data_dir: Path) -> Output:
     """quarantine: what was moved where, and what the log holds now."""
-    document = {"run_id": run_id, "moved": [part_row(c) for c in done.moved], "destination": str(done.destination),
-                "intact_to": done.intact_to, "events_moved": done.events_moved, "turns_moved": done.turns_moved,
-                "finished_moved": done.finished_moved, "spool_moved": done.spool_moved and str(done.spool_moved),
-                "foreign": done.foreign}  # fmt: skip
+    document = {
+        "run_id": run_id,
+        "moved": [part_row(c) for c in done.moved],
+        "destination": str(done.destination),
+        "intact_to": done.intact_to,
+        "events_moved": done.events_moved,
+        "turns_moved": done.turns_moved,
+        "finished_moved": done.finished_moved,
+        "spool_moved": done.spool_moved and str(done.spool_moved),
+        "foreign": done.foreign,
+    }
     return Output(document, _quarantine_lines(done, run_id, data_dir))
 
 
 def _quarantine_lines(done: Any, run_id: str, data_dir: Path) -> list[str]:
     if done.foreign:
-        return [f"run {run_id}: moved {done.moved[0].name} to {done.destination} ({done.moved[0].problem}); "
-                f"the log is unchanged, seqs 1..{done.intact_to}"]  # fmt: skip
+        return [
+            f"run {run_id}: moved {done.moved[0].name} to {done.destination} ({done.moved[0].problem}); "
+            f"the log is unchanged, seqs 1..{done.intact_to}"
+        ]
     lines = [f"run {run_id}: moved {len(done.moved)} part(s) to {done.destination}:"]
     lines += [f"  {c.name} (seqs {c.first}..{c.last})" + (f": {c.problem}" if c.problem else "") for c in done.moved]
     if done.spool_moved:
         lines.append(f"  and the spool of finished turns (they followed the old tail): {done.spool_moved}")
     if done.intact_to == 0:
-        return [*lines, "the log holds no event now (its first part was damaged): nothing can be resumed - "
-                        "start the run again"]  # fmt: skip
+        return [
+            *lines,
+            "the log holds no event now (its first part was damaged): nothing can be resumed - start the run again",
+        ]
     turns = "an unknown number of" if done.turns_moved is None else str(done.turns_moved)
     ended = ", and the run's RunFinished" if done.finished_moved else ""
-    return [*lines, f"the log now holds seqs 1..{done.intact_to}, intact ({done.events_moved} events moved: "
-                    f"{turns} finished turns{ended})",
-            f"an exploration continues with: {command_line(data_dir, 'explore', '--resume', run_id)} "
-            "(it runs those turns again)"]  # fmt: skip
+    return [
+        *lines,
+        f"the log now holds seqs 1..{done.intact_to}, intact ({done.events_moved} events moved: "
+        f"{turns} finished turns{ended})",
+        f"an exploration continues with: {command_line(data_dir, 'explore', '--resume', run_id)} "
+        "(it runs those turns again)",
+    ]
 
 
 def audit(report: Any) -> Output:
@@ -251,21 +393,33 @@ def _audit_lines(report: Any) -> list[str]:
     lines = [f"audit of {len(report.runs)} run(s): {', '.join(report.runs)}"]
     sections = (
         ("coverage (N_eff/N: how independent the selected paths are)", report.coverage, COVERAGE_COLUMNS),
-        ("roots outside the learnability band (kept edges always or never improve)", report.learnability,
-         ["run_id", "tree_id", "stage", "kept_edges", "improved_edges", "band"]),
+        (
+            "roots outside the learnability band (kept edges always or never improve)",
+            report.learnability,
+            ["run_id", "tree_id", "stage", "kept_edges", "improved_edges", "band"],
+        ),
         ("most frequent tool errors", report.tool_errors, ["run_id", "errors", "share", "message"]),
         ("tool-error rate by tool", report.tool_error_rates, ["run_id", "key", "calls", "errors", "error_rate"]),
         ("knowledge actions", report.knowledge, ["run_id", "area", "access", "actions", "edges"]),
-        ("improvement with and without knowledge actions", report.knowledge_improvement,
-         ["run_id", "task", "measure", "with_knowledge", "edges", "improved", "improved_rate"]),
-        ("cost per task", report.cost, ["run_id", "task", "roots", "turns", "tokens", "cost", "selected_paths",
-                                        "tokens_per_selected_path"]),
-    )  # fmt: skip
+        (
+            "improvement with and without knowledge actions",
+            report.knowledge_improvement,
+            ["run_id", "task", "measure", "with_knowledge", "edges", "improved", "improved_rate"],
+        ),
+        (
+            "cost per task",
+            report.cost,
+            ["run_id", "task", "roots", "turns", "tokens", "cost", "selected_paths", "tokens_per_selected_path"],
+        ),
+    )
     for title, rows, columns in sections:
         lines += [f"\n{title}:", table(rows, columns) if rows else "  (none)"]
     if not report.violations:
         return [*lines, "\naudit: no violations"]
     lines.append(f"\n{len(report.violations)} violation(s):")
-    lines += [f"  {v['run_id']} {v['kind']} {v['subject']}: {v['problem']}; recorded: {v['recorded'] or '-'}; "
-              f"derived: {v['derived'] or '-'}" for v in report.violations]  # fmt: skip
+    lines += [
+        f"  {v['run_id']} {v['kind']} {v['subject']}: {v['problem']}; recorded: {v['recorded'] or '-'}; "
+        f"derived: {v['derived'] or '-'}"
+        for v in report.violations
+    ]
     return lines

@@ -64,8 +64,7 @@ def unwind_on_signals(received: list[int]) -> Iterator[None]:
 
     # A signal the process was started ignoring stays ignored (nohup: SIGHUP; a
     # background job of a non-interactive shell: SIGINT).
-    handled = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-               if signal.getsignal(s) is not signal.SIG_IGN]  # fmt: skip
+    handled = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
     previous = {s: signal.signal(s, handler) for s in handled}
     try:
         yield
@@ -117,7 +116,6 @@ def open_standard_streams() -> None:
             setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115
 
 
-
 def run_to_exit(command: Callable[[], object]) -> NoReturn:
     """Run the command line, then end the process without tearing the interpreter down.
 
@@ -152,4 +150,3 @@ def exit_status(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
-

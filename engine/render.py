@@ -158,8 +158,6 @@ class ProgressLine:
             self.console.file.flush()
 
 
-
-
 def frame_header(frame: Any) -> list[str]:
     p, pace = frame.progress, frame.pace
     state = "finished" if frame.finished else "running" if frame.writing else "not running (interrupted)"
@@ -193,9 +191,18 @@ def frame_view(frame: Any, height: int) -> Any:
     shown = frame.trees[: max(3, height - 10)]
     for t in shown:
         gain = None if t["best_score"] is None or t["root_score"] is None else t["best_score"] - t["root_score"]
-        table.add_row(t["tree_id"], t["stage"] or "-", t["status"], t["stop_reason"] or "-", str(t["kept_edges"]),
-                      str(t["final_leaves"] or t["good_leaves"]), str(t["in_flight_edges"]), cell(t["root_score"]),
-                      cell(t["best_score"]), "-" if gain is None else f"{gain:+.4f}")  # fmt: skip
+        table.add_row(
+            t["tree_id"],
+            t["stage"] or "-",
+            t["status"],
+            t["stop_reason"] or "-",
+            str(t["kept_edges"]),
+            str(t["final_leaves"] or t["good_leaves"]),
+            str(t["in_flight_edges"]),
+            cell(t["root_score"]),
+            cell(t["best_score"]),
+            "-" if gain is None else f"{gain:+.4f}",
+        )
     lines = [Text(line) for line in frame_header(frame)]
     more = len(frame.trees) - len(shown)
     tail = [Text(f"... and {more} more trees")] if more else []

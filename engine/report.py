@@ -77,8 +77,10 @@ def _table(rows: list[Row], columns: list[str]) -> str:
 def bar_chart(title: str, rows: list[tuple[str, float, float | None]], fmt: str = "{:.0f}") -> str:
     """Horizontal bars: (label, value[, second value drawn beside it])."""
     if not rows:
-        return (f'<svg class="chart" data-chart="{_e(title)}" width="360" height="20">'
-                '<text x="0" y="14">no data</text></svg>')
+        return (
+            f'<svg class="chart" data-chart="{_e(title)}" width="360" height="20">'
+            '<text x="0" y="14">no data</text></svg>'
+        )
     top = max(max(v, w or 0) for _, v, w in rows) or 1
     h = 18 * len(rows) + 6
     out = [f'<svg class="chart" data-chart="{_e(title)}" width="420" height="{h}">']
@@ -165,8 +167,14 @@ def tree_svg(tree: Row, drawn: TreeRows, sign: float) -> str:
         if parent:
             px, py = xy[parent]
             edge = creating.get(node_id, {})
-            cls = " ".join(c for c in (VERDICT_STYLE.get(edge.get("verdict")),
-                                       "sel" if node_id in on_path and parent in on_path else "") if c)  # fmt: skip
+            cls = " ".join(
+                c
+                for c in (
+                    VERDICT_STYLE.get(edge.get("verdict")),
+                    "sel" if node_id in on_path and parent in on_path else "",
+                )
+                if c
+            )
             out.append(f'<line class="{cls}" x1="{px}" y1="{py}" x2="{x}" y2="{y}"/>')
     for e, y in marks:
         px, py = xy[e["parent_id"]]
@@ -180,26 +188,32 @@ def tree_svg(tree: Row, drawn: TreeRows, sign: float) -> str:
         sel = " sel" if node_id in on_path else ""
         tip = _node_tip(n, creating.get(node_id), turns, root_score)
         colour = _colour(n["score"], root_score, spread, sign) if n["depth"] else "#ffffff"
-        label = node_id[len(root_id):] or root_id
+        label = node_id[len(root_id) :] or root_id
         mark = f" {LEAF_MARK[n['leaf_reason']]}" if n["leaf_reason"] in LEAF_MARK else ""
-        out.append(f'<g class="n{sel}" data-node="{_e(node_id)}"><title>{_e(tip)}</title>'
-                   f'<circle cx="{x}" cy="{y}" r="5.5" fill="{colour}"/>'
-                   f'<text x="{x + 7}" y="{y - 4}">{_e(label + mark)}</text></g>')  # fmt: skip
+        out.append(
+            f'<g class="n{sel}" data-node="{_e(node_id)}"><title>{_e(tip)}</title>'
+            f'<circle cx="{x}" cy="{y}" r="5.5" fill="{colour}"/>'
+            f'<text x="{x + 7}" y="{y - 4}">{_e(label + mark)}</text></g>'
+        )
     out.append("</svg>")
     return "".join(out)
 
 
 def _edge_tip(e: Row, turns: list[Row]) -> str:
-    lines = [f"edge {e['edge_id']}: {e['verdict'] or 'in flight'}, tok {e['tok']}",
-             f"soft {_num(e['soft'], 3)}: outcome {_num(e['outcome'], 2)}, clean {_num(e['cleanliness'], 2)}, "
-             f"know {_num(e['knowledge'], 2)}, stability {_num(e['regression_stability'], 2)}",
-             f"tools {e['tool_calls']}, errors {e['tool_errors']}"]  # fmt: skip
+    lines = [
+        f"edge {e['edge_id']}: {e['verdict'] or 'in flight'}, tok {e['tok']}",
+        f"soft {_num(e['soft'], 3)}: outcome {_num(e['outcome'], 2)}, clean {_num(e['cleanliness'], 2)}, "
+        f"know {_num(e['knowledge'], 2)}, stability {_num(e['regression_stability'], 2)}",
+        f"tools {e['tool_calls']}, errors {e['tool_errors']}",
+    ]
     for t in sorted(turns, key=lambda t: t["turn"]):
         if t["skipped"]:
             lines.append(f"turn {t['turn']}: skipped")
         else:
-            lines.append(f"turn {t['turn']}: eval {_num(t['score'])} {t['eval_status']}, "
-                         f"{t['knowledge_actions']} knowledge, {t['steps']} steps")  # fmt: skip
+            lines.append(
+                f"turn {t['turn']}: eval {_num(t['score'])} {t['eval_status']}, "
+                f"{t['knowledge_actions']} knowledge, {t['steps']} steps"
+            )
     return "\n".join(lines)
 
 
@@ -226,49 +240,63 @@ def drawn_trees(runs: Collection, run_id: str, tree_id: str | None = None) -> li
     trees = q(f"select * from trees where {where} order by tree_id")
     sign = float(q(f"select sign from run_config where run_id = {sql_text(run_id)}")[0]["sign"])
     rows_of = tree_rows(q, where)
-    return [(t, tree_svg(t, rows_of[t["tree_id"]], sign), len(rows_of[t["tree_id"]].nodes))
-            for t in trees if t["tree_id"] in rows_of]  # fmt: skip
+    return [
+        (t, tree_svg(t, rows_of[t["tree_id"]], sign), len(rows_of[t["tree_id"]].nodes))
+        for t in trees
+        if t["tree_id"] in rows_of
+    ]
 
 
-LEGEND = ('<p class="legend"><span><i class="sw" style="background:#69c369"></i>above the root</span>'
-          '<span><i class="sw" style="background:#eb6969"></i>below</span><span><i class="sw" '
-          'style="background:#ccc"></i>no score</span><span>blue: selected paths</span><span>dashed: kept '
-          'exempt</span><span>crosses: pruned (red), retried (orange)</span><span>leaves: d depth, t token, '
-          'e exhausted, s stopped</span></p>')  # fmt: skip
+LEGEND = (
+    '<p class="legend"><span><i class="sw" style="background:#69c369"></i>above the root</span>'
+    '<span><i class="sw" style="background:#eb6969"></i>below</span><span><i class="sw" '
+    'style="background:#ccc"></i>no score</span><span>blue: selected paths</span><span>dashed: kept '
+    "exempt</span><span>crosses: pruned (red), retried (orange)</span><span>leaves: d depth, t token, "
+    "e exhausted, s stopped</span></p>"
+)
 
 
 def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
     q = lambda sql: runs.query(sql.replace("{run}", run_id.replace("'", "''")), run_id)  # noqa: E731
     trees = q("select tree_id from trees where run_id = '{run}'")
-    stages = q("select * from coverage where run_id = '{run}' and stratum = 'stage' "
-               "order by list_position(['early', 'middle', 'late'], stratum_key), stratum_key")
+    stages = q(
+        "select * from coverage where run_id = '{run}' and stratum = 'stage' "
+        "order by list_position(['early', 'middle', 'late'], stratum_key), stratum_key"
+    )
     overall = q("select * from coverage where run_id = '{run}' and stratum = 'all'")
     curve = q("select n, n_eff from coverage_curve where run_id = '{run}' and scope = 'pooled' order by n")
     tools = q("select * from tool_error_rates where run_id = '{run}' and dimension = 'tool' order by calls desc, key")
     knowledge = q("select * from knowledge_usage where run_id = '{run}' and dimension = 'all' order by area, access")
     costs = q("select * from cost_roots where run_id = '{run}' order by tree_id")
     o = overall[0] if overall else {}
-    parts = [f'<section class="run" data-run="{_e(run_id)}"><h2>run {_e(run_id)}</h2>',
-             f"<p>{len(trees)} trees; {o.get('selected_paths', 0)} selected paths, N_eff {_num(o.get('n_eff'), 2)}, "
-             f"N_eff/N {_num(o.get('n_eff_ratio'), 3)}</p>",
-             '<div class="charts"><div><h3>stage coverage: roots (light), selected paths (dark)</h3>',
-             bar_chart("stages", [(s["stratum_key"], s["roots"], s["selected_paths"]) for s in stages]),
-             '</div><div><h3>N_eff(N): paths added by PathScore (dashed: all independent)</h3>', curve_chart(
-                 [(c["n"], c["n_eff"]) for c in curve]),
-             '</div><div><h3>tool-error rate by tool (%)</h3>',
-             bar_chart("tool errors", [(t["key"], 100 * t["error_rate"], None) for t in tools], "{:.1f}"),
-             '</div><div><h3>knowledge actions by area and access</h3>',
-             bar_chart("knowledge", [(f"{k['area']} {k['access']}", k["actions"], None) for k in knowledge]),
-             f'</div></div><details{" open" if len(costs) <= 40 else ""}><summary>tokens and cost per root'
-             '</summary>', _table(costs, ["tree_id", "stage", "turns", "steps", "tokens", "cost", "selected_paths",
-                                          "tokens_per_selected_path"]), "</details>",
-             f'<h3>trees</h3>{LEGEND}<div class="trees">']  # fmt: skip
+    parts = [
+        f'<section class="run" data-run="{_e(run_id)}"><h2>run {_e(run_id)}</h2>',
+        f"<p>{len(trees)} trees; {o.get('selected_paths', 0)} selected paths, N_eff {_num(o.get('n_eff'), 2)}, "
+        f"N_eff/N {_num(o.get('n_eff_ratio'), 3)}</p>",
+        '<div class="charts"><div><h3>stage coverage: roots (light), selected paths (dark)</h3>',
+        bar_chart("stages", [(s["stratum_key"], s["roots"], s["selected_paths"]) for s in stages]),
+        "</div><div><h3>N_eff(N): paths added by PathScore (dashed: all independent)</h3>",
+        curve_chart([(c["n"], c["n_eff"]) for c in curve]),
+        "</div><div><h3>tool-error rate by tool (%)</h3>",
+        bar_chart("tool errors", [(t["key"], 100 * t["error_rate"], None) for t in tools], "{:.1f}"),
+        "</div><div><h3>knowledge actions by area and access</h3>",
+        bar_chart("knowledge", [(f"{k['area']} {k['access']}", k["actions"], None) for k in knowledge]),
+        f"</div></div><details{' open' if len(costs) <= 40 else ''}><summary>tokens and cost per root</summary>",
+        _table(
+            costs,
+            ["tree_id", "stage", "turns", "steps", "tokens", "cost", "selected_paths", "tokens_per_selected_path"],
+        ),
+        "</details>",
+        f'<h3>trees</h3>{LEGEND}<div class="trees">',
+    ]
     drawn = 0
     for t, drawing, nodes in drawn_trees(runs, run_id):
         drawn += nodes
-        parts.append(f'<div class="card"><b>{_e(t["tree_id"])}</b> {_e(t["stage"] or "")} · root '
-                     f'{_num(t["root_score"])} → best {_num(t["best_score"])} · {_e(t["stop_reason"] or t["status"])}'
-                     f"<br>{drawing}</div>")  # fmt: skip
+        parts.append(
+            f'<div class="card"><b>{_e(t["tree_id"])}</b> {_e(t["stage"] or "")} · root '
+            f"{_num(t['root_score'])} → best {_num(t['best_score'])} · {_e(t['stop_reason'] or t['status'])}"
+            f"<br>{drawing}</div>"
+        )
     parts.append("</div></section>")
     return "".join(parts), drawn
 
@@ -280,15 +308,18 @@ def build(runs: Collection) -> str:
         "from coverage as c join run_config as r using (run_id) "
         "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
         "using (run_id) where c.stratum = 'all' order by c.run_id"
-    )  # fmt: skip
+    )
     sections = [_run_section(runs, run_id)[0] for run_id in runs.run_ids]
     collection = ""
     if len(runs.run_ids) > 1:
-        collection = "<h2>collection</h2>" + _table(overview, ["run_id", "task", "roots", "selected_paths", "n_eff",
-                                                              "n_eff_ratio", "tokens", "cost"])  # fmt: skip
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>teacher-mcts report</title>"
-            f"<style>{CSS}</style></head><body><h1>teacher-mcts report: {_e(', '.join(runs.run_ids))}</h1>"
-            f"{collection}{''.join(sections)}<div id=panel></div><script>{SCRIPT}</script></body></html>")  # fmt: skip
+        collection = "<h2>collection</h2>" + _table(
+            overview, ["run_id", "task", "roots", "selected_paths", "n_eff", "n_eff_ratio", "tokens", "cost"]
+        )
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>teacher-mcts report</title>"
+        f"<style>{CSS}</style></head><body><h1>teacher-mcts report: {_e(', '.join(runs.run_ids))}</h1>"
+        f"{collection}{''.join(sections)}<div id=panel></div><script>{SCRIPT}</script></body></html>"
+    )
 
 
 def write_report(runs: Collection, out: Path) -> int:

@@ -121,13 +121,10 @@ def plan_selection(source: Path, config: RunConfig, command: str, run_id: str) -
     catalog = Catalog.empty()
     catalog.insert(to_arrow([started, *facts], run_id, 1, datetime.now(UTC)))
     counts = catalog.query(
-        "select count(*) as candidates, count(score_for_stage) as numeric "
-        "from int_snapshots__staged where is_now"
+        "select count(*) as candidates, count(score_for_stage) as numeric from int_snapshots__staged where is_now"
     )[0]
     if counts["candidates"] == 0:
-        reasons = catalog.query(
-            "select skip_reason, count(*) as n from snapshots group by 1 order by n desc limit 3"
-        )
+        reasons = catalog.query("select skip_reason, count(*) as n from snapshots group by 1 order by n desc limit 3")
         detail = "; ".join(f"{r['n']} x {r['skip_reason']}" for r in reasons)
         raise InputError(f"{source}: no candidate snapshot ({detail})")
     if counts["numeric"] == 0:
@@ -136,19 +133,19 @@ def plan_selection(source: Path, config: RunConfig, command: str, run_id: str) -
             "numeric score in its attempt JSON, so stages cannot be computed"
         )
         raise InputError(msg)
-    picks = catalog.query(
-        "select * from snapshots where task = ? and selected order by global_index, snapshot", [task]
-    )
+    picks = catalog.query("select * from snapshots where task = ? and selected order by global_index, snapshot", [task])
     return Selection(config, started, facts, catalog, picks)
 
 
 def run_started(command: str, config: RunConfig, source: Path) -> RunStarted:
     """The first event of a run: its command and whole config, and the source it started from."""
     return RunStarted(
-        command=command, task=config.task, direction=config.direction,
+        command=command,
+        task=config.task,
+        direction=config.direction,
         config=config.model_dump(mode="json") | {"source": str(Path(source).resolve())},
         tool_version=__version__,
-    )  # fmt: skip
+    )
 
 
 def picked_detail(catalog: Catalog, task: str) -> list[dict[str, Any]]:
@@ -169,15 +166,14 @@ def record_selection(data_dir: Path, run_id: str, selection: Selection) -> Snaps
     task = selection.config.task
     with LogWriter.create(data_dir, run_id) as writer:
         writer.append([selection.started, *selection.facts], expected_seq=0)
-        decision = SnapshotsPicked(
-            watermark=writer.tail, task=task, detail=picked_detail(selection.catalog, task)
-        )
+        decision = SnapshotsPicked(watermark=writer.tail, task=task, detail=picked_detail(selection.catalog, task))
         selection.catalog.insert(writer.append([decision]))
     return decision
 
 
-def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_id: str,
-                   then: Callable[[], None] | None = None) -> None:  # fmt: skip
+def copy_snapshots(
+    picks: list[dict[str, Any]], out: Path, overwrite: bool, run_id: str, then: Callable[[], None] | None = None
+) -> None:
     """Copy the picked folders into ``out``; each ``metadata.json`` gains the pick's fields.
 
     ``score``, ``stage``, ``selection_reason``, ``task`` and ``selection_run``.
@@ -204,8 +200,11 @@ def copy_snapshots(picks: list[dict[str, Any]], out: Path, overwrite: bool, run_
             meta_path = dest / "metadata.json"
             meta = json.loads(meta_path.read_text())
             meta.update(
-                score=pick["score"], stage=pick["stage"], selection_reason=pick["selection_reason"],
-                task=pick["task"], selection_run=run_id,
+                score=pick["score"],
+                stage=pick["stage"],
+                selection_reason=pick["selection_reason"],
+                task=pick["task"],
+                selection_run=run_id,
             )
             meta_path.unlink()  # the copy may share nothing with the input, but be safe
             meta_path.write_text(json.dumps(meta, indent=2) + "\n")
@@ -278,18 +277,13 @@ def select_snapshots(
                 "written there and no run was recorded"
             )
             raise OutputError(msg) from err
-    stages = catalog.query(
-        "select * from snapshot_stages where task = ? order by stage_order", [task]
-    )
+    stages = catalog.query("select * from snapshot_stages where task = ? order by stage_order", [task])
     skipped = catalog.query(
-        "select snapshot, skip_reason from snapshots where task = ? and skip_reason is not null "
-        "order by snapshot",
+        "select snapshot, skip_reason from snapshots where task = ? and skip_reason is not null order by snapshot",
         [task],
     )
     warnings = []
     eligible = sum(s["eligible"] for s in stages)
     if eligible < num_roots:
-        warnings.append(
-            f"only {eligible} eligible snapshots for {num_roots} roots: all of them were taken"
-        )
+        warnings.append(f"only {eligible} eligible snapshots for {num_roots} roots: all of them were taken")
     return SelectionResult(run_id, task, selection.config.direction, num_roots, out, stages, picks, skipped, warnings)

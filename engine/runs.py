@@ -82,8 +82,12 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
         else:
             damaged.append(diagnosed(data_dir, run_id, problem))
     if not readable:
-        raise LogError("every run under " + str(Path(data_dir) / "runs") + " is damaged:\n"
-                       + "\n".join(d.message() for d in damaged))  # fmt: skip
+        raise LogError(
+            "every run under "
+            + str(Path(data_dir) / "runs")
+            + " is damaged:\n"
+            + "\n".join(d.message() for d in damaged)
+        )
     return readable, damaged
 
 
@@ -115,8 +119,9 @@ def _unreadable(data_dir: Path, run_id: str, derived) -> str | None:
     return problem
 
 
-def over_runs(data_dir: Path, run_ids: list[str], work: Callable[[EventLog, Catalog, float], T],
-              workers: int | None = None) -> Iterator[T]:  # fmt: skip
+def over_runs(
+    data_dir: Path, run_ids: list[str], work: Callable[[EventLog, Catalog, float], T], workers: int | None = None
+) -> Iterator[T]:
     """``work(log, catalog, started)`` of each run, in run order: ``catalog`` an empty catalog of the
     run's own, ``started`` the ``time.perf_counter()`` before it was made.
 

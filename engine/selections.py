@@ -26,9 +26,21 @@ from ingest.schema import fits_int64
 
 WEIGHT_KEYS = ("max", "avg", "clean", "know")
 PATH_FIELDS = (
-    "tree_id", "leaf_id", "node_ids", "rank", "path_score", "avg_cleanliness", "avg_knowledge",
-    "avg_score", "avg_score_rank", "max_score", "max_score_rank", "task", "stage", "snapshot",
-)  # fmt: skip
+    "tree_id",
+    "leaf_id",
+    "node_ids",
+    "rank",
+    "path_score",
+    "avg_cleanliness",
+    "avg_knowledge",
+    "avg_score",
+    "avg_score_rank",
+    "max_score",
+    "max_score_rank",
+    "task",
+    "stage",
+    "snapshot",
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,9 @@ class Params:
     def variables(self) -> dict[str, Any]:
         """The catalog variables that make the path views select with these parameters."""
         return {f"path_w_{k}": float(self.weights[k]) for k in WEIGHT_KEYS} | {
-            "path_top_k": int(self.top_k), "path_diversity": self.diversity}  # fmt: skip
+            "path_top_k": int(self.top_k),
+            "path_diversity": self.diversity,
+        }
 
     @property
     def selection_id(self) -> str:
@@ -102,11 +116,13 @@ def default_params(catalog: Catalog) -> Params:
 
 def default_parameters(catalog: Catalog) -> tuple[dict[str, float], int]:
     """The path weights and k recorded in the run config."""
-    row = catalog.query(
-        "select w_path_max, w_path_avg, w_path_clean, w_path_know, top_k from run_config"
-    )[0]
-    return {"max": row["w_path_max"], "avg": row["w_path_avg"], "clean": row["w_path_clean"],
-            "know": row["w_path_know"]}, row["top_k"]  # fmt: skip
+    row = catalog.query("select w_path_max, w_path_avg, w_path_clean, w_path_know, top_k from run_config")[0]
+    return {
+        "max": row["w_path_max"],
+        "avg": row["w_path_avg"],
+        "clean": row["w_path_clean"],
+        "know": row["w_path_know"],
+    }, row["top_k"]
 
 
 def path_variables(weights: dict[str, float], top_k: int) -> dict[str, Any]:
@@ -128,9 +144,12 @@ def selection_decision(
     """The PathsSelected decision for these parameters at the catalog's state."""
     params = weights if isinstance(weights, Params) else Params(weights, top_k)  # type: ignore[arg-type]
     return PathsSelected(
-        watermark=watermark, selection_id=params.selection_id, weights=params.recorded_weights(),
-        top_k=params.top_k, paths=top_paths(catalog, params),
-    )  # fmt: skip
+        watermark=watermark,
+        selection_id=params.selection_id,
+        weights=params.recorded_weights(),
+        top_k=params.top_k,
+        paths=top_paths(catalog, params),
+    )
 
 
 def recorded_selections(catalog: Catalog) -> list[dict[str, Any]]:
@@ -158,12 +177,15 @@ class Reselection:
     comparison: list[dict[str, Any]]
 
 
-COMPARED = "select stratum, stratum_key, selected_paths, n_eff, n_eff_ratio, mean_path_score from coverage " \
-    "where stratum in ('root', 'all') order by stratum = 'all', stratum_key"  # fmt: skip
+COMPARED = (
+    "select stratum, stratum_key, selected_paths, n_eff, n_eff_ratio, mean_path_score from coverage "
+    "where stratum in ('root', 'all') order by stratum = 'all', stratum_key"
+)
 
 
-def reselect(data, run_id: str, weights_text: str | None, top_k: int | None,
-             diversity: float | None = None) -> Reselection:  # fmt: skip
+def reselect(
+    data, run_id: str, weights_text: str | None, top_k: int | None, diversity: float | None = None
+) -> Reselection:
     """Select paths with other weights, k or a diversity lambda from the same log; record it once."""
     EventLog(data, run_id).require()
     with LogWriter.open(data, run_id) as writer:
@@ -201,10 +223,15 @@ def _compare(catalog: Catalog, default: Params, params: Params) -> list[dict[str
     out = []
     for row in after:
         old = before.get((row["stratum"], row["stratum_key"]), {})
-        out.append({"tree_id": row["stratum_key"] if row["stratum"] == "root" else "all",
-                    "n_eff_ratio_default": old.get("n_eff_ratio"), "n_eff_ratio": row["n_eff_ratio"],
-                    "mean_path_score_default": old.get("mean_path_score"),
-                    "mean_path_score": row["mean_path_score"]})  # fmt: skip
+        out.append(
+            {
+                "tree_id": row["stratum_key"] if row["stratum"] == "root" else "all",
+                "n_eff_ratio_default": old.get("n_eff_ratio"),
+                "n_eff_ratio": row["n_eff_ratio"],
+                "mean_path_score_default": old.get("mean_path_score"),
+                "mean_path_score": row["mean_path_score"],
+            }
+        )
     return out
 
 

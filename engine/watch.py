@@ -30,8 +30,10 @@ from ingest.log import EventLog
 from ingest.paths import command_line
 
 Row = dict[str, Any]
-TREE_COLUMNS = ("tree_id, stage, status, stop_reason, kept_edges, good_leaves, final_leaves, root_score, "
-                "best_score, in_flight_edges")  # fmt: skip
+TREE_COLUMNS = (
+    "tree_id, stage, status, stop_reason, kept_edges, good_leaves, final_leaves, root_score, "
+    "best_score, in_flight_edges"
+)
 
 
 @dataclass
@@ -56,8 +58,13 @@ class Frame:
 def read_frame(catalog: Catalog, run_id: str, writing: bool = True) -> Frame:
     """The frame of what the catalog holds (``writing``: whether a process writes the run)."""
     q = catalog.query
-    stops = {r["stop_reason"]: r["n"] for r in q("select stop_reason, count(*) as n from int_trees__summarized "
-                                                 "where stop_reason is not null group by all order by 1")}  # fmt: skip
+    stops = {
+        r["stop_reason"]: r["n"]
+        for r in q(
+            "select stop_reason, count(*) as n from int_trees__summarized "
+            "where stop_reason is not null group by all order by 1"
+        )
+    }
     return Frame(
         run_id=run_id,
         task=q("select task from run_config")[0]["task"],
@@ -71,8 +78,9 @@ def read_frame(catalog: Catalog, run_id: str, writing: bool = True) -> Frame:
     )
 
 
-def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
-           stop: threading.Event | None = None) -> Iterator[Frame]:  # fmt: skip
+def follow(
+    data_dir: Path | str, run_id: str, period: float = 5.0, stop: threading.Event | None = None
+) -> Iterator[Frame]:
     """Frames of a run as its log grows: one now, then one per change, until it finishes.
 
     ``period``: seconds between looks when no change is noticed (a frame is given then
@@ -86,8 +94,14 @@ def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
         return
     # raise_interrupt: Ctrl-C and SIGTERM end the command as signals do (130, 143), not
     # as a run that finished (watchfiles otherwise ends its loop quietly).
-    for changes in watchfiles.watch(log.log_dir, rust_timeout=int(period * 1000), yield_on_timeout=True,
-                                    stop_event=stop, debounce=200, raise_interrupt=True):  # fmt: skip
+    for changes in watchfiles.watch(
+        log.log_dir,
+        rust_timeout=int(period * 1000),
+        yield_on_timeout=True,
+        stop_event=stop,
+        debounce=200,
+        raise_interrupt=True,
+    ):
         writer_gone = not changes and not writer_alive(log)  # a look with nothing new: is anyone writing?
         catalog.load(log)
         frame = read_frame(catalog, run_id, not writer_gone)
@@ -95,9 +109,11 @@ def follow(data_dir: Path | str, run_id: str, period: float = 5.0,
         if frame.finished:
             return
         if writer_gone:  # (looked at before the load: a writer that finished published first)
-            raise LogError(f"run {run_id!r} is not finished and no process writes it any more (none holds "
-                           f"{log.dir / 'writer.lock'}): its writer died - continue it with: "
-                           f"{command_line(data_dir, 'explore', '--resume', run_id)}")  # fmt: skip
+            raise LogError(
+                f"run {run_id!r} is not finished and no process writes it any more (none holds "
+                f"{log.dir / 'writer.lock'}): its writer died - continue it with: "
+                f"{command_line(data_dir, 'explore', '--resume', run_id)}"
+            )
 
 
 def writer_alive(log: EventLog) -> bool:

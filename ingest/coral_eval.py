@@ -63,8 +63,12 @@ def from_attempt(path: Path) -> EvalResult | None:
     score, _ = numeric_score(attempt.get("score"))
     status = attempt.get("status")
     feedback = attempt.get("feedback")
-    return EvalResult(score, status if isinstance(status, str) else None,
-                      feedback if isinstance(feedback, str) else None, "attempt_json")  # fmt: skip
+    return EvalResult(
+        score,
+        status if isinstance(status, str) else None,
+        feedback if isinstance(feedback, str) else None,
+        "attempt_json",
+    )
 
 
 def from_printed(calls: list[ShellCall], eval_word: str) -> EvalResult | None:

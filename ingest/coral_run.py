@@ -61,8 +61,9 @@ def scan(source: Path, task: str) -> list[SnapshotSeen]:
     if coral is None:
         raise InputError(f"{source}: not a CORAL run (no .coral/public/attempts and .coral/config.yaml)")
     # (CORAL writes an attempt as .<hash>.*.json.tmp first, then renames it.)
-    files = sorted(p for p in (coral / "public" / "attempts").iterdir()
-                   if p.suffix == ".json" and not p.name.startswith("."))  # fmt: skip
+    files = sorted(
+        p for p in (coral / "public" / "attempts").iterdir() if p.suffix == ".json" and not p.name.startswith(".")
+    )
     if not files:
         raise InputError(f"{coral / 'public' / 'attempts'}: the CORAL run has no attempts yet")
     repo = repository(coral)
@@ -71,8 +72,9 @@ def scan(source: Path, task: str) -> list[SnapshotSeen]:
     for path in files:
         attempt, problem = _read(path)
         if problem:
-            skipped.append(SnapshotSeen(task=task, snapshot=path.name, path=str(path), attempt_file=path.name,
-                                        skip_reason=problem))  # fmt: skip
+            skipped.append(
+                SnapshotSeen(task=task, snapshot=path.name, path=str(path), attempt_file=path.name, skip_reason=problem)
+            )
         else:
             ordered.append((_instant(attempt["timestamp"]), attempt["commit_hash"], path, attempt))
     ordered.sort(key=lambda row: (row[0], row[1]))
@@ -96,8 +98,7 @@ def _checkpoints(public: Path, attempts: list[dict[str, Any]]) -> list[tuple[str
     """
     if not (public / ".git").exists():
         return [(None, "the run keeps no checkpoint repository public/.git")] * len(attempts)
-    hashes = [a.get("shared_state_hash") if isinstance(a.get("shared_state_hash"), str) else None
-              for a in attempts]  # fmt: skip
+    hashes = [a.get("shared_state_hash") if isinstance(a.get("shared_state_hash"), str) else None for a in attempts]
     present = _commits_present(public, [h or "-" for h in hashes])
     out, last = [], _first_commit(public)
     for h, ok in zip(hashes, present, strict=True):
@@ -111,16 +112,31 @@ def _checkpoints(public: Path, attempts: list[dict[str, Any]]) -> list[tuple[str
     return out
 
 
-def _fact(task: str, index: int, path: Path, attempt: dict[str, Any], graded: int, pending: bool,
-          missing_from: Path | None, shared: tuple[str | None, str | None]) -> SnapshotSeen:  # fmt: skip
+def _fact(
+    task: str,
+    index: int,
+    path: Path,
+    attempt: dict[str, Any],
+    graded: int,
+    pending: bool,
+    missing_from: Path | None,
+    shared: tuple[str | None, str | None],
+) -> SnapshotSeen:
     commit, agent = attempt["commit_hash"], attempt["agent_id"]
     score, problem = numeric_score(attempt.get("score"))
     status = attempt.get("status") if isinstance(attempt.get("status"), str) else None
     base: dict[str, Any] = {
-        "task": task, "snapshot": f"eval-{index:06d}-{agent}-{commit[:12]}", "path": str(path),
-        "global_index": index, "agent_id": agent, "short_hash": commit[:12], "commit_hash": commit,
-        "attempt_file": path.name, "attempt_status": status, "shared_state_hash": shared[0],
-    }  # fmt: skip
+        "task": task,
+        "snapshot": f"eval-{index:06d}-{agent}-{commit[:12]}",
+        "path": str(path),
+        "global_index": index,
+        "agent_id": agent,
+        "short_hash": commit[:12],
+        "commit_hash": commit,
+        "attempt_file": path.name,
+        "attempt_status": status,
+        "shared_state_hash": shared[0],
+    }
     if pending:
         return SnapshotSeen(**base, skip_reason="pending: the attempt is not graded yet")
     eval_ok = score is not None
@@ -165,8 +181,7 @@ def _commits_present(repo: Path, refs: list[str]) -> list[bool]:
     if not refs:
         return []
     lines = "".join(f"{r}^{{commit}}\n" if HEX.match(r) else "-\n" for r in refs)
-    done = subprocess.run(["git", "cat-file", "--batch-check"], cwd=repo, input=lines, capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run(["git", "cat-file", "--batch-check"], cwd=repo, input=lines, capture_output=True, text=True)
     if done.returncode != 0:
         raise InputError(f"{repo}: git cannot read the repository ({done.stderr.strip()})")
     return [not line.endswith("missing") and " commit " in line for line in done.stdout.splitlines()]
@@ -196,19 +211,25 @@ def export(pick: dict[str, Any], dest: Path) -> None:
     shutil.copyfile(coral / "config.yaml", dest / "coral_config.yaml")
     attempt = json.loads(attempt_path.read_text())
     meta = {
-        "commit_hash": pick["commit_hash"], "eval_count": pick["eval_count"], "agent_id": pick["agent_id"],
-        "eval_ok": pick["eval_ok"], "status": attempt.get("status"), "title": attempt.get("title"),
-        "timestamp": attempt.get("timestamp"), "shared_state_hash": pick["shared_state_hash"],
+        "commit_hash": pick["commit_hash"],
+        "eval_count": pick["eval_count"],
+        "agent_id": pick["agent_id"],
+        "eval_ok": pick["eval_ok"],
+        "status": attempt.get("status"),
+        "title": attempt.get("title"),
+        "timestamp": attempt.get("timestamp"),
+        "shared_state_hash": pick["shared_state_hash"],
         "coral_attempt": str(attempt_path),
-    }  # fmt: skip
+    }
     (dest / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _extract(repo: Path, commit: str, dest: Path) -> None:
     """The tree of ``commit`` in ``repo`` written to ``dest`` (``git archive``, read as a tar stream)."""
     dest.mkdir()
-    proc = subprocess.Popen(["git", "archive", "--format=tar", commit], cwd=repo, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        ["git", "archive", "--format=tar", commit], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None
     with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
         tar.extractall(dest, filter="data")

@@ -26,9 +26,10 @@ GROUP_SHARE = 8
 def narrow(table: pa.Table) -> pa.Table:
     """Drop the field columns that are null in every row (readers fill them back)."""
     keep = [
-        i for i, (name, col) in enumerate(zip(table.column_names, table.columns, strict=True))
+        i
+        for i, (name, col) in enumerate(zip(table.column_names, table.columns, strict=True))
         if name in ENVELOPE.names or col.null_count < table.num_rows
-    ]  # fmt: skip
+    ]
     return table.select(keep)
 
 

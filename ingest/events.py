@@ -398,5 +398,3 @@ def _concrete_subclasses(cls: type) -> list[type[Event]]:
 
 EVENT_TYPES: dict[str, type[Event]] = {c.kind: c for c in _concrete_subclasses(Event)}
 DECISION_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if issubclass(c, Decision))
-
-

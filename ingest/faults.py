@@ -31,8 +31,16 @@ from collections import Counter
 from ingest.errors import InputError
 
 CRASH_ENV = "TEACHER_MCTS_CRASH_AT"
-POINTS = ("publish.written", "publish.recorded", "publish.renamed", "compact.published", "compact.removing",
-          "spool.written", "spool.renamed", "edge.started")  # fmt: skip
+POINTS = (
+    "publish.written",
+    "publish.recorded",
+    "publish.renamed",
+    "compact.published",
+    "compact.removing",
+    "spool.written",
+    "spool.renamed",
+    "edge.started",
+)
 SIGNALS = {"SIGHUP": signal.SIGHUP, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
 _reached: Counter[str] = Counter()
@@ -47,8 +55,10 @@ def _plan() -> tuple[str, int, int] | None:
     point, _, count = value.partition(":")
     count, _, name = count.partition(":")
     if point not in POINTS or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
-        msg = (f"${CRASH_ENV}={value!r}: expected <point>:<n>[:<signal>] with n >= 1, a point among "
-               f"{', '.join(POINTS)} and a signal among {', '.join(SIGNALS)}")  # fmt: skip
+        msg = (
+            f"${CRASH_ENV}={value!r}: expected <point>:<n>[:<signal>] with n >= 1, a point among "
+            f"{', '.join(POINTS)} and a signal among {', '.join(SIGNALS)}"
+        )
         raise InputError(msg)
     return point, int(count), SIGNALS[name] if name else signal.SIGKILL
 

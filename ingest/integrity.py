@@ -152,8 +152,16 @@ def _verify(log: EventLog, record: Record) -> Verification:
         foreign = [n for n in foreign if n not in known]
     superseded = [_part_check(record.removed[n], "superseded") for n in sorted(names & set(record.removed))]
     temporary = sorted(n for n in names if n.startswith(TMP) and n[len(TMP) :] not in record.live)
-    result = Verification(log.run_id, log.log_dir, checks, intact_to=record.tail, tail=record.tail,
-                          superseded=superseded, temporary=temporary, foreign=foreign)  # fmt: skip
+    result = Verification(
+        log.run_id,
+        log.log_dir,
+        checks,
+        intact_to=record.tail,
+        tail=record.tail,
+        superseded=superseded,
+        temporary=temporary,
+        foreign=foreign,
+    )
     _first_problem(result, checks)
     return result
 
@@ -166,8 +174,10 @@ def _first_problem(result: Verification, checks: list[PartCheck]) -> None:
     elif result.foreign:
         more = len(result.foreign) - 3
         shown = ", ".join(result.foreign[:3]) + (f" (+{more} more)" if more > 0 else "")
-        result.problem = (f"{len(result.foreign)} file(s) in {result.log_dir} are not parts the run's record names "
-                          f"(copied in?): {shown} - nothing reads them")  # fmt: skip
+        result.problem = (
+            f"{len(result.foreign)} file(s) in {result.log_dir} are not parts the run's record names "
+            f"(copied in?): {shown} - nothing reads them"
+        )
 
 
 def _damaged_record(log: EventLog, err: RecordDamagedError) -> Verification:
@@ -190,11 +200,16 @@ def _verify_legacy(log: EventLog) -> Verification:
     checks = [_check(p) for p in chosen + after]
     part_names = {p.path.name for p in listed}
     result = Verification(
-        log.run_id, log.log_dir, checks, intact_to=end, tail=max((p.last for p in listed), default=0),
-        recorded=False, superseded=[_part_check(p, "superseded") for p in superseded],
+        log.run_id,
+        log.log_dir,
+        checks,
+        intact_to=end,
+        tail=max((p.last for p in listed), default=0),
+        recorded=False,
+        superseded=[_part_check(p, "superseded") for p in superseded],
         temporary=sorted(n for n in os.listdir(log.log_dir) if n.startswith(TMP)),
         foreign=sorted(n for n in os.listdir(log.log_dir) if n not in part_names and not n.startswith(TMP)),
-    )  # fmt: skip
+    )
     _first_problem(result, checks[: len(chosen)])
     if result.ok and gap is not None:
         result.first_bad = checks[len(chosen)] if after else None
@@ -250,8 +265,7 @@ def quarantine(log: EventLog, part: str) -> Quarantined:
             if found.recorded:
                 record = log.record()
                 assert record is not None
-                record.commit([], [record.live[p.name] for p in moving if p.name in record.live],
-                              note="quarantined")  # fmt: skip
+                record.commit([], [record.live[p.name] for p in moving if p.name in record.live], note="quarantined")
             for p in reversed(moving):  # the newest first: what is left is always a prefix and the rest
                 if p.problem != MISSING:
                     os.rename(p.path, _free_name(destination, p.name))
@@ -264,8 +278,9 @@ def quarantine(log: EventLog, part: str) -> Quarantined:
             fsync_dir(log.log_dir)
     finally:
         lock.release()
-    return Quarantined(log.run_id, moving, destination, found.intact_to, found.tail - found.intact_to,
-                       turns, finished, spool_moved)  # fmt: skip
+    return Quarantined(
+        log.run_id, moving, destination, found.intact_to, found.tail - found.intact_to, turns, finished, spool_moved
+    )
 
 
 def _move_one(log: EventLog, found: Verification, name: str, destination: Path) -> Quarantined:
@@ -287,8 +302,10 @@ def _target(found: Verification, part: str) -> PartCheck:
     bad = found.first_bad
     if bad is None:  # the log just ends early: nothing after the problem to move
         if found.foreign:
-            raise InputError(f"{found.log_dir}: {name!r} is not among the files to move aside - "
-                             f"'verify {found.run_id}' lists them: {', '.join(found.foreign)}")  # fmt: skip
+            raise InputError(
+                f"{found.log_dir}: {name!r} is not among the files to move aside - "
+                f"'verify {found.run_id}' lists them: {', '.join(found.foreign)}"
+            )
         raise InputError(f"run {found.run_id!r}: {found.problem}, and no part follows it - nothing to move")
     if name == bad.name:
         return bad
@@ -296,8 +313,10 @@ def _target(found: Verification, part: str) -> PartCheck:
     if named is None:
         raise InputError(f"{found.log_dir}: no part named {name!r} - 'verify {found.run_id}' lists them")
     where = "intact" if named.last <= found.intact_to and not named.problem else "after the first bad part"
-    msg = (f"{name} is {where}; quarantine starts at the first bad part, {bad.name} ({bad.seqs}), "
-           "and moves every part after it too - nothing was moved")  # fmt: skip
+    msg = (
+        f"{name} is {where}; quarantine starts at the first bad part, {bad.name} ({bad.seqs}), "
+        "and moves every part after it too - nothing was moved"
+    )
     raise InputError(msg)
 
 

@@ -154,10 +154,13 @@ class StreamParser:
         self.summary.context_tokens = values["tokens_total"]
         return [
             StepFinished(
-                **self.ids, step=max(self._step, 1), reason=part.get("reason"),
-                cost=float(part.get("cost") or 0.0), **values,
+                **self.ids,
+                step=max(self._step, 1),
+                reason=part.get("reason"),
+                cost=float(part.get("cost") or 0.0),
+                **values,
             )
-        ]  # fmt: skip
+        ]
 
     def _on_tool_use(self, obj: dict) -> list[Event]:
         part = obj["part"]
@@ -168,27 +171,32 @@ class StreamParser:
             self.summary.shell_calls.append(ShellCall(str(inputs.get("command", "")), str(state.get("output") or "")))
         call_id = str(part.get("callID") or part.get("id"))
         if state.get("status") in ("completed", "error"):  # a finished call: its result, as OpenCode sends it
-            self.summary.results[call_id] = str(state.get("output") if state["status"] == "completed"
-                                                else state.get("error") or "")  # fmt: skip
+            self.summary.results[call_id] = str(
+                state.get("output") if state["status"] == "completed" else state.get("error") or ""
+            )
         failed = state.get("status") == "error" or tool == "invalid"
         error = state.get("error") if state.get("status") == "error" else None
         if tool == "invalid" and error is None:
             error = str(state.get("output") or (state.get("input") or {}).get("error") or "")
         fact = ToolCalled(
-            **self.ids, step=max(self._step, 1), call_id=call_id,
-            tool=tool, status="error" if failed else "ok",
-            target=_clip(tool_target(tool, state.get("input"))), error=_clip(error),
-        )  # fmt: skip
+            **self.ids,
+            step=max(self._step, 1),
+            call_id=call_id,
+            tool=tool,
+            status="error" if failed else "ok",
+            target=_clip(tool_target(tool, state.get("input"))),
+            error=_clip(error),
+        )
         self._calls.append((str(part.get("id") or ""), fact))  # a stable sort keeps id-less ones in turn
         return []
 
     def _on_text(self, obj: dict) -> list[Event]:
-        return [MessageWritten(**self.ids, step=max(self._step, 1), part="text",
-                               text=str(obj["part"].get("text", "")))]  # fmt: skip
+        return [MessageWritten(**self.ids, step=max(self._step, 1), part="text", text=str(obj["part"].get("text", "")))]
 
     def _on_reasoning(self, obj: dict) -> list[Event]:
-        return [MessageWritten(**self.ids, step=max(self._step, 1), part="reasoning",
-                               text=str(obj["part"].get("text", "")))]  # fmt: skip
+        return [
+            MessageWritten(**self.ids, step=max(self._step, 1), part="reasoning", text=str(obj["part"].get("text", "")))
+        ]
 
     def _on_error(self, obj: dict) -> list[Event]:
         err = obj.get("error") or {}

@@ -62,8 +62,10 @@ def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
     target, data = Path(path).resolve(), Path(data_dir).resolve()
     runs = data / "runs"
     if target == runs or target.is_relative_to(runs) or runs.is_relative_to(target):
-        raise OutputError(f"{path}: is or holds the runs of the data directory ({runs}), their logs - "
-                          f"write {what} elsewhere; nothing was written")  # fmt: skip
+        raise OutputError(
+            f"{path}: is or holds the runs of the data directory ({runs}), their logs - "
+            f"write {what} elsewhere; nothing was written"
+        )
     return Path(path)
 
 

@@ -116,8 +116,9 @@ class EventLog:
             return schema.empty_table()
         return pa.concat_tables(tables, promote_options="default")
 
-    def scan_kind(self, kind: str, columns: list[str], upto: int | None = None,
-                  batch_rows: int = 1024) -> Iterator[pa.Table]:  # fmt: skip
+    def scan_kind(
+        self, kind: str, columns: list[str], upto: int | None = None, batch_rows: int = 1024
+    ) -> Iterator[pa.Table]:
         """The events of one kind in seq order, a batch at a time, only ``columns`` decoded.
 
         Only the row groups whose ``kind`` statistics admit the kind are read, and no
@@ -167,8 +168,10 @@ def _overlap_problem(chosen: list[Part], others: list[Part]) -> str | None:
         ours = ours.filter(pc.and_(pc.greater_equal(ours["seq"], other.first), pc.less_equal(ours["seq"], other.last)))
         if not same_events(theirs, ours):
             names = ", ".join(p.path.name for p in covering)
-            return (f"{other.path.name} and {names} hold seqs {other.first}..{other.last} with different events: "
-                    "one of them is not this run's")  # fmt: skip
+            return (
+                f"{other.path.name} and {names} hold seqs {other.first}..{other.last} with different events: "
+                "one of them is not this run's"
+            )
     return None
 
 
@@ -192,8 +195,9 @@ def same_events(a: pa.Table, b: pa.Table) -> bool:
     return filled(a).equals(filled(b), check_metadata=False)
 
 
-def _scan_part(source: BinaryIO, part: Part, kind: str, columns: list[str], upto: int | None,
-               batch_rows: int) -> Iterator[pa.Table]:  # fmt: skip
+def _scan_part(
+    source: BinaryIO, part: Part, kind: str, columns: list[str], upto: int | None, batch_rows: int
+) -> Iterator[pa.Table]:
     """One part's rows of ``kind`` (seq <= ``upto``) with ``columns``, batch by batch."""
     try:
         present = set(check_part(part, source).names)
@@ -209,9 +213,12 @@ def _scan_part(source: BinaryIO, part: Part, kind: str, columns: list[str], upto
             table = table.filter(keep)
             if table.num_rows:
                 yield pa.Table.from_arrays(
-                    [table.column(c) if c in table.column_names else pa.nulls(table.num_rows, SCHEMA.field(c).type)
-                     for c in columns], names=columns,
-                )  # fmt: skip
+                    [
+                        table.column(c) if c in table.column_names else pa.nulls(table.num_rows, SCHEMA.field(c).type)
+                        for c in columns
+                    ],
+                    names=columns,
+                )
     except (pa.ArrowInvalid, OSError) as err:
         raise unreadable_part(part.path, err) from err
 

@@ -83,9 +83,21 @@ class Record:
     quarantines: list[int] = field(default_factory=list)  # the numbers of the entries that quarantined parts
 
     def copy(self) -> Record:
-        return Record(self.run_id, self.log_dir, dict(self.live), dict(self.removed), set(self.quarantined),
-                      self.entries, self.last_sha, self.identity, self.committed, self.torn, self.raw,
-                      list(self.shas), list(self.quarantines))  # fmt: skip
+        return Record(
+            self.run_id,
+            self.log_dir,
+            dict(self.live),
+            dict(self.removed),
+            set(self.quarantined),
+            self.entries,
+            self.last_sha,
+            self.identity,
+            self.committed,
+            self.torn,
+            self.raw,
+            list(self.shas),
+            list(self.quarantines),
+        )
 
     @property
     def path(self) -> Path:
@@ -113,8 +125,13 @@ class Record:
 
     def commit(self, add: list[Part], remove: list[Part], note: str | None = None) -> None:
         """Append one entry and make it durable (the writer's; it holds the run's lock)."""
-        entry: dict = {"entry": self.entries + 1, "run_id": self.run_id, "prev": self.last_sha,
-                       "add": [p.name for p in add], "remove": [p.name for p in remove]}  # fmt: skip
+        entry: dict = {
+            "entry": self.entries + 1,
+            "run_id": self.run_id,
+            "prev": self.last_sha,
+            "add": [p.name for p in add],
+            "remove": [p.name for p in remove],
+        }
         if note is not None:
             entry["note"] = note
         entry["sha"] = _sha(entry)
@@ -194,8 +211,9 @@ def read_record(log_dir: Path, run_id: str, known: Record | None = None) -> Reco
     for number, line in enumerate(lines, start=record.entries + 1):
         problem = _line_problem(record, line)
         if problem:
-            raise RecordDamagedError(f"{path}: line {number} is damaged ({problem}) - 'verify {run_id}' "
-                                     f"says what is intact")  # fmt: skip
+            raise RecordDamagedError(
+                f"{path}: line {number} is damaged ({problem}) - 'verify {run_id}' says what is intact"
+            )
         record._apply(json.loads(line), len(line) + 1)
     record.raw = data[: record.committed]
     record.torn = bool(rest)
@@ -210,8 +228,12 @@ def _line_problem(record: Record, line: bytes) -> str | None:
         entry = json.loads(line)
     except ValueError:
         return "not JSON"
-    if not isinstance(entry, dict) or not {"entry", "run_id", "prev", "add", "remove", "sha"} <= set(entry) \
-            or set(entry) - _KEYS or entry.get("note") not in NOTES:  # fmt: skip
+    if (
+        not isinstance(entry, dict)
+        or not {"entry", "run_id", "prev", "add", "remove", "sha"} <= set(entry)
+        or set(entry) - _KEYS
+        or entry.get("note") not in NOTES
+    ):
         return "not an entry of a record"
     if entry["run_id"] != record.run_id:
         return f"an entry of run {entry['run_id']!r}, not of {record.run_id!r}"

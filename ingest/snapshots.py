@@ -120,8 +120,9 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     if as_utf8(str(path)) != str(path):
         if as_utf8(str(path.parent)) != str(path.parent):
             raise InputError(f"{as_utf8(str(path.parent))}: the path is not UTF-8 - rename it")
-        return SnapshotSeen(task=task, snapshot=as_utf8(name), path=as_utf8(str(path)),
-                            skip_reason="folder name is not UTF-8")  # fmt: skip
+        return SnapshotSeen(
+            task=task, snapshot=as_utf8(name), path=as_utf8(str(path)), skip_reason="folder name is not UTF-8"
+        )
     base: dict[str, Any] = {"task": task, "snapshot": name, "path": str(path)}
     m = NAME_RE.fullmatch(name)
     unparseable = "unparseable folder name"
@@ -167,9 +168,7 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
     if attempt_path is None:
         return SnapshotSeen(**base, score_problem=problem)
     if not isinstance(attempt, dict):
-        return SnapshotSeen(
-            **base, attempt_file=attempt_path.name, score_problem="attempt JSON is not an object"
-        )
+        return SnapshotSeen(**base, attempt_file=attempt_path.name, score_problem="attempt JSON is not an object")
     score, problem = numeric_score(attempt.get("score"))
     status = attempt.get("status")
     return SnapshotSeen(

@@ -190,9 +190,11 @@ class LogWriter:
         foreign = foreign_files(record)
         if foreign:
             more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
-            msg = (f"{log_dir / foreign[0]}{more}: not a part the run's record names (a file copied in?) - "
-                   f"nothing was appended; 'verify {self.log.run_id}' lists such files, "
-                   f"'quarantine {self.log.run_id} {foreign[0]}' moves one aside")  # fmt: skip
+            msg = (
+                f"{log_dir / foreign[0]}{more}: not a part the run's record names (a file copied in?) - "
+                f"nothing was appended; 'verify {self.log.run_id}' lists such files, "
+                f"'quarantine {self.log.run_id} {foreign[0]}' moves one aside"
+            )
             raise LogError(msg)
         for name in sorted(os.listdir(log_dir)):
             path = log_dir / name
@@ -219,14 +221,18 @@ class LogWriter:
                 (log_dir / name).unlink(missing_ok=True)
         chosen, problem = self.log.legacy_parts()
         if problem is not None:
-            msg = (f"{log_dir}: {problem} - the log is inconsistent; nothing was appended "
-                   f"('verify {self.log.run_id}' says what is intact)")  # fmt: skip
+            msg = (
+                f"{log_dir}: {problem} - the log is inconsistent; nothing was appended "
+                f"('verify {self.log.run_id}' says what is intact)"
+            )
             raise LogError(msg)
         listed = list_parts(log_dir)
         others = [n for n in sorted(os.listdir(log_dir)) if n not in {p.path.name for p in listed}]
         if others:
-            msg = (f"{log_dir / others[0]}: not a part of the log - nothing was appended; "
-                   f"'quarantine {self.log.run_id} {others[0]}' moves it aside")  # fmt: skip
+            msg = (
+                f"{log_dir / others[0]}: not a part of the log - nothing was appended; "
+                f"'quarantine {self.log.run_id} {others[0]}' moves it aside"
+            )
             raise LogError(msg)
         adopted = [self._checksummed(p) for p in chosen]
         for part in listed:  # superseded by a merge: the cover holds the same events
@@ -247,8 +253,13 @@ class LogWriter:
         if part.digest is not None:
             return part
         digest = content_digest(data)
-        adopted = Part(part.first, part.last, part.level,
-                       part.path.with_name(part_name(part.first, part.last, part.level, digest)), digest)  # fmt: skip
+        adopted = Part(
+            part.first,
+            part.last,
+            part.level,
+            part.path.with_name(part_name(part.first, part.last, part.level, digest)),
+            digest,
+        )
         os.rename(part.path, adopted.path)
         fsync_dir(part.path.parent)
         return adopted
@@ -308,9 +319,8 @@ class LogWriter:
         if not self._pending:
             return
         table = (
-            pa.concat_tables(self._pending, promote_options="default")
-            if len(self._pending) > 1 else self._pending[0]
-        )  # fmt: skip
+            pa.concat_tables(self._pending, promote_options="default") if len(self._pending) > 1 else self._pending[0]
+        )
         first = self._published_tail() + 1
         self._publish(canonical(narrow(table)), first, first + table.num_rows - 1, 0)
         self._compact()
@@ -337,8 +347,9 @@ class LogWriter:
                 data, digest = encode_part(table, level)
                 final = final.with_name(part_name(first, last, level, digest))
                 if replaces and not same_events(pq.read_table(pa.BufferReader(data)), table):
-                    raise LogError(f"{final}: the merged part does not decode to the events it replaces - "
-                                   "nothing was merged")  # fmt: skip
+                    raise LogError(
+                        f"{final}: the merged part does not decode to the events it replaces - nothing was merged"
+                    )
                 tmp = log_dir / (TMP + final.name)
                 with open(tmp, "wb") as fh:
                     fh.write(memoryview(data))

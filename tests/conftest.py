@@ -36,8 +36,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = [item for item in items if not item.get_closest_marker("real_coral")]
-        REPORT["real_coral"] = (f"{len(left)} checks against the real CORAL not selected: CORAL_VENV=../coral-venv "
-                                "python -m pytest -m real_coral (or CORAL_SRC=path/to/CORAL)")  # fmt: skip
+        REPORT["real_coral"] = (
+            f"{len(left)} checks against the real CORAL not selected: CORAL_VENV=../coral-venv "
+            "python -m pytest -m real_coral (or CORAL_SRC=path/to/CORAL)"
+        )
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -75,9 +77,16 @@ def make_snapshot(
     if with_eval_ok:
         meta["eval_ok"] = eval_ok
     (folder / "metadata.json").write_text(json.dumps(meta))
-    body = attempt if attempt is not None else {
-        "commit_hash": commit, "agent_id": agent, "score": score, "status": "improved",
-    }
+    body = (
+        attempt
+        if attempt is not None
+        else {
+            "commit_hash": commit,
+            "agent_id": agent,
+            "score": score,
+            "status": "improved",
+        }
+    )
     name = attempt_name or f"{commit}.json"
     (folder / "shared" / "attempts" / name).write_text(json.dumps(body, allow_nan=True))
     return folder
@@ -87,7 +96,9 @@ def catalog_of(events: list[Event], config: RunConfig | None = None) -> Catalog:
     """A catalog over a run whose log is RunStarted(config) followed by ``events``."""
     config = config or RunConfig()
     started = RunStarted(
-        command="test", task=config.task, direction=config.direction or "maximize",
+        command="test",
+        task=config.task,
+        direction=config.direction or "maximize",
         config=config.model_dump(mode="json"),
     )
     catalog = Catalog.empty()
@@ -128,11 +139,28 @@ def runs(tmp_path_factory) -> Path:
     config = base / "small.toml"
     config.write_text(SMALL)
     for run, schedule, parallel in (("rounds", "rounds", "6"), ("async", "async", "3")):
-        r = CliRunner().invoke(cli, [
-            "--data", str(data), "explore", str(SNAPSHOTS), "--select", "--task", "kernel-speedup",
-            "--num-roots", "4", "--run-id", run, "--schedule", schedule, "--parallel", parallel,
-            "--config", str(config),
-        ])  # fmt: skip
+        r = CliRunner().invoke(
+            cli,
+            [
+                "--data",
+                str(data),
+                "explore",
+                str(SNAPSHOTS),
+                "--select",
+                "--task",
+                "kernel-speedup",
+                "--num-roots",
+                "4",
+                "--run-id",
+                run,
+                "--schedule",
+                schedule,
+                "--parallel",
+                parallel,
+                "--config",
+                str(config),
+            ],
+        )
         assert r.exit_code == 0, r.output
     return data
 
@@ -143,8 +171,22 @@ def bundled(tmp_path_factory) -> Path:
     from cli import cli
 
     data = tmp_path_factory.mktemp("bundled") / "data"
-    r = CliRunner().invoke(cli, ["--data", str(data), "explore", str(SNAPSHOTS), "--select",
-                                 "--task", "kernel-speedup", "--parallel", "16", "--run-id", "main"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(data),
+            "explore",
+            str(SNAPSHOTS),
+            "--select",
+            "--task",
+            "kernel-speedup",
+            "--parallel",
+            "16",
+            "--run-id",
+            "main",
+        ],
+    )
     assert r.exit_code == 0, r.output
     return data
 
@@ -166,8 +208,9 @@ def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> st
         (log.log_dir / "_record.jsonl").unlink()  # the source's: it names the source run
         for part in log.parts():
             table = pq.read_table(part.path)
-            table = table.set_column(table.column_names.index("run_id"), "run_id",
-                                     pa.array([new_id] * table.num_rows, pa.string()))  # fmt: skip
+            table = table.set_column(
+                table.column_names.index("run_id"), "run_id", pa.array([new_id] * table.num_rows, pa.string())
+            )
             data, digest = encode_part(table, part.level)
             part.path.unlink()
             (log.log_dir / part_name(part.first, part.last, part.level, digest)).write_bytes(data.to_pybytes())
@@ -189,13 +232,14 @@ def real_coral_bin(tmp_path_factory) -> Path:
         return bin_dir
     src = os.environ.get("CORAL_SRC")
     if not src:
-        pytest.fail("-m real_coral needs CORAL_VENV (a venv with CORAL installed) or CORAL_SRC (a checkout of "
-                    "Human-Agent-Society/CORAL, installed into a venv of the session)")  # fmt: skip
+        pytest.fail(
+            "-m real_coral needs CORAL_VENV (a venv with CORAL installed) or CORAL_SRC (a checkout of "
+            "Human-Agent-Society/CORAL, installed into a venv of the session)"
+        )
     venv = tmp_path_factory.mktemp("coral-venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # A checkout without tags (or an archive) has no version for hatch-vcs to derive.
-    env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION=os.environ.get("SETUPTOOLS_SCM_PRETEND_VERSION",
-                                                                         "0.0.0+src"))  # fmt: skip
+    env = dict(os.environ, SETUPTOOLS_SCM_PRETEND_VERSION=os.environ.get("SETUPTOOLS_SCM_PRETEND_VERSION", "0.0.0+src"))
     done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", src], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     bin_dir = venv / "coral-bin"  # only `coral` (the venv's bin would put its python first on PATH)

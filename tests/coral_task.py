@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STAND_IN_BIN = ROOT / "tests" / "fixtures" / "bin"
 
-GRADER = '''\
+GRADER = """\
 import re
 from pathlib import Path
 
@@ -33,10 +33,10 @@ class Grader(TaskGrader):
         except (AttributeError, ValueError):
             return self.fail("VALUE is not a number", feedback="grader crashed: VALUE is not a number")
         return self.score(value, feedback=f"VALUE = {value}")
-'''
+"""
 
 # The grader of another task: it scores kernel.cu, which this task's code has not.
-OTHER_GRADER = '''\
+OTHER_GRADER = """\
 from pathlib import Path
 
 from coral.grader.task_grader import TaskGrader
@@ -45,7 +45,7 @@ from coral.grader.task_grader import TaskGrader
 class Grader(TaskGrader):
     def evaluate(self):
         return self.score(float(len((Path(self.codebase_path) / "kernel.cu").read_text())))
-'''
+"""
 
 CONFIG = """\
 task:
@@ -57,8 +57,12 @@ grader:
   max_pending_per_agent: 1
 """
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "student", "GIT_AUTHOR_EMAIL": "student@localhost",
-           "GIT_COMMITTER_NAME": "student", "GIT_COMMITTER_EMAIL": "student@localhost"}  # fmt: skip
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "student",
+    "GIT_AUTHOR_EMAIL": "student@localhost",
+    "GIT_COMMITTER_NAME": "student",
+    "GIT_COMMITTER_EMAIL": "student@localhost",
+}
 
 
 def make_student_coral(run_dir: Path, direction: str = "maximize", grader: str = GRADER) -> Path:
@@ -81,8 +85,9 @@ def make_student_coral(run_dir: Path, direction: str = "maximize", grader: str =
 
 
 def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=cwd, env=dict(os.environ, **GIT_ENV), capture_output=True,
-                          text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, env=dict(os.environ, **GIT_ENV), capture_output=True, text=True, check=True
+    )
     return done.stdout.strip()
 
 
@@ -115,8 +120,9 @@ def daemon(bin_dir: Path, coral: Path, log: Path) -> subprocess.Popen:
     env = coral_env(bin_dir)
     python = coral_python(f"{bin_dir / 'coral'} eval -m", None, env["PATH"])
     with open(log, "wb") as out:
-        return subprocess.Popen([python, "-c", DAEMON_SCRIPT, str(coral)], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [python, "-c", DAEMON_SCRIPT, str(coral)], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -125,15 +131,26 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def coral_eval(bin_dir: Path, workdir: Path, message: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(bin_dir / "coral"), "eval", "-m", message, *extra], cwd=workdir,
-                          env=coral_env(bin_dir), capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [str(bin_dir / "coral"), "eval", "-m", message, *extra],
+        cwd=workdir,
+        env=coral_env(bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 SHARED_ITEMS = ("notes", "skills", "attempts", "logs")
 
 
-def make_coral_run(run_dir: Path, bin_dir: Path, evals: list[tuple[str, str]], pending: list[tuple[str, str]],
-                   direction: str = "maximize") -> Path:  # fmt: skip
+def make_coral_run(
+    run_dir: Path,
+    bin_dir: Path,
+    evals: list[tuple[str, str]],
+    pending: list[tuple[str, str]],
+    direction: str = "maximize",
+) -> Path:
     """A Student run laid out as ``coral start`` lays it out, with its attempts made by hand.
 
     Agents work in worktrees ``agents/<id>`` (branch ``coral/<id>`` of ``repo``) holding
@@ -182,12 +199,14 @@ def check_written_root(folder: Path, run: Path, attempt: dict) -> None:
     commit = attempt["commit_hash"]
     repo, public = run / "repo", run / ".coral" / "public"
     assert sorted(p.name for p in (folder / "code").iterdir()) == sorted(
-        git(repo, "ls-tree", "--name-only", commit).split())  # fmt: skip
+        git(repo, "ls-tree", "--name-only", commit).split()
+    )
     assert (folder / "code" / "solution.py").read_text() == git(repo, "show", f"{commit}:solution.py") + "\n"
     checkpoint = attempt.get("shared_state_hash") or git(public, "rev-list", "--max-parents=0", "HEAD")
     expected = set(git(public, "ls-tree", "-r", "--name-only", checkpoint).split()) | {f"attempts/{commit}.json"}
     written = {str(p.relative_to(folder / "shared")) for p in (folder / "shared").rglob("*") if p.is_file()}
     assert written == expected
-    assert (folder / "shared" / "attempts" / f"{commit}.json").read_bytes() == \
-        (public / "attempts" / f"{commit}.json").read_bytes()  # fmt: skip
+    assert (folder / "shared" / "attempts" / f"{commit}.json").read_bytes() == (
+        public / "attempts" / f"{commit}.json"
+    ).read_bytes()
     assert (folder / "coral_config.yaml").read_bytes() == (run / ".coral" / "config.yaml").read_bytes()

@@ -47,8 +47,7 @@ def turn(
     for i in range(calls):
         target = NOTE if knowledge and i == 0 else f"src/file{i}.py"
         status = "error" if i >= calls - errors else "ok"
-        facts.append(ToolCalled(**ids, step=1, call_id=f"{edge_id}-{n}-{i}", tool="read",
-                                status=status, target=target))  # fmt: skip
+        facts.append(ToolCalled(**ids, step=1, call_id=f"{edge_id}-{n}-{i}", tool="read", status=status, target=target))
     for s in range(1, steps + 1):
         facts.append(StepFinished(**ids, step=s, tokens_total=tokens if s == steps else tokens // 2))
     facts.append(EvalFinished(**ids, score=score, eval_status="ok" if score is not None else "crashed"))

@@ -24,7 +24,6 @@ MARKER = re.compile(r"\[edge (\S+) turn (\d+)\]")
 WORKDIR = re.compile(r"Working directory:\s*(\S+)")
 
 
-
 @dataclass(frozen=True)
 class Stall:
     """Answer nothing until the server stops: before the first byte, or after the headers."""
@@ -101,7 +100,9 @@ class FakeModel:
         system = " ".join(_text_of(m) for m in messages if m.get("role") == "system")
         workdir = WORKDIR.search(system)
         return self.script(edge, int(turn), step, workdir[1] if workdir else "."), {
-            "edge": edge, "turn": int(turn), "step": step,
+            "edge": edge,
+            "turn": int(turn),
+            "step": step,
         }
 
     def _handler(self):
@@ -116,11 +117,16 @@ class FakeModel:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 step, where = fake._answer(body)
                 record = {
-                    "session": self.headers.get("x-session-id"), "where": where,
-                    "authorization": self.headers.get("authorization"), "body": body,
-                    "messages": body.get("messages", []), "tools": bool(body.get("tools")),
-                    "tool_list": body.get("tools") or [], "usage": None, "answered": None,
-                }  # fmt: skip
+                    "session": self.headers.get("x-session-id"),
+                    "where": where,
+                    "authorization": self.headers.get("authorization"),
+                    "body": body,
+                    "messages": body.get("messages", []),
+                    "tools": bool(body.get("tools")),
+                    "tool_list": body.get("tools") or [],
+                    "usage": None,
+                    "answered": None,
+                }
                 with fake.lock:
                     fake.calls += 1
                     fake.requests.append(record)
@@ -156,8 +162,7 @@ class FakeModel:
 
 
 def _chunks(step: Step, body: dict) -> list[dict]:
-    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
-            "model": body.get("model", "fake")}  # fmt: skip
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": body.get("model", "fake")}
     prompt = sum(len(json.dumps(m)) for m in body.get("messages", [])) // 4
     out = [base | {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}]
     if isinstance(step, str):
@@ -165,12 +170,20 @@ def _chunks(step: Step, body: dict) -> list[dict]:
         finish, completion = "stop", len(step) // 4 + 1
     else:
         for i, (name, args) in enumerate(step):
-            call = {"index": i, "id": f"call_{abs(hash((name, json.dumps(args)))) % 10**8}_{i}",
-                    "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
-            out.append(base | {"choices": [{"index": 0, "delta": {"tool_calls": [call]},
-                                            "finish_reason": None}]})  # fmt: skip
+            call = {
+                "index": i,
+                "id": f"call_{abs(hash((name, json.dumps(args)))) % 10**8}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            out.append(base | {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]})
         finish, completion = "tool_calls", 20 * len(step)
     out.append(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-    out.append(base | {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                                "total_tokens": prompt + completion}})  # fmt: skip
+    out.append(
+        base
+        | {
+            "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
+    )
     return out

@@ -56,8 +56,10 @@ SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
 # Small trees of three roots: ~500 events in ~30 flushes, three merges, ~30 spooled turns.
 CONFIG = "[tree]\nroot_children = 2\nmax_depth = 2\ntarget_good_leaves = 2\n"
 RUN = "soak"
-SETTINGS = {"rounds": ["--schedule", "rounds", "--parallel", "2", "--seed", "3"],
-            "async": ["--schedule", "async", "--parallel", "3", "--seed", "3"]}  # fmt: skip
+SETTINGS = {
+    "rounds": ["--schedule", "rounds", "--parallel", "2", "--seed", "3"],
+    "async": ["--schedule", "async", "--parallel", "3", "--seed", "3"],
+}
 OUTSIDE = "outside"  # a kill from outside at a random seq, not at a named moment
 # Signals sent from outside at a random seq instead of a kill: the run unwinds (exit 128 + n).
 SIGNALS = {"SIGHUP": signal.SIGHUP, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
@@ -105,9 +107,11 @@ class Tally:
 
     def line(self) -> str:
         moments = ", ".join(f"{m} {n}" for m, n in sorted(self.by_moment.items()))
-        return (f"kill -9 soak: {self.trials} trials, {self.kills} kills ({moments}), {self.resumes} resumes "
-                f"completed, replay clean, {self.turns_checked} recorded turns checked (none lost or twice), "
-                f"{self.spooled_reused} spooled turns taken from the spool")  # fmt: skip
+        return (
+            f"kill -9 soak: {self.trials} trials, {self.kills} kills ({moments}), {self.resumes} resumes "
+            f"completed, replay clean, {self.turns_checked} recorded turns checked (none lost or twice), "
+            f"{self.spooled_reused} spooled turns taken from the spool"
+        )
 
 
 class Soak:
@@ -118,15 +122,36 @@ class Soak:
         self.roots = self.base / "roots"
         self.config = self.base / "soak.toml"
         self.config.write_text(CONFIG)
-        r = CliRunner().invoke(cli, ["--data", str(self.base / "select"), "select-snapshots", str(SNAPSHOTS),
-                                     str(self.roots), "--task", "kernel-speedup", "--num-roots", "3"])  # fmt: skip
+        r = CliRunner().invoke(
+            cli,
+            [
+                "--data",
+                str(self.base / "select"),
+                "select-snapshots",
+                str(SNAPSHOTS),
+                str(self.roots),
+                "--task",
+                "kernel-speedup",
+                "--num-roots",
+                "3",
+            ],
+        )
         assert r.exit_code == 0, r.output
         self.references = {s: self._reference(s) for s in SETTINGS}
         self.tally = Tally()
 
     def _args(self, data: Path, schedule: str) -> list[str]:
-        return ["--data", str(data), "explore", str(self.roots), "--run-id", RUN, "--config", str(self.config),
-                *SETTINGS[schedule]]  # fmt: skip
+        return [
+            "--data",
+            str(data),
+            "explore",
+            str(self.roots),
+            "--run-id",
+            RUN,
+            "--config",
+            str(self.config),
+            *SETTINGS[schedule],
+        ]
 
     def _reference(self, schedule: str) -> Reference:
         data = self.base / f"reference-{schedule}"
@@ -152,8 +177,11 @@ class Soak:
             ref = self.references[schedule]
             again = self._seq(rng, ref) if moment == OUTSIDE and schedule == "rounds" and i % 12 == 8 else 0
             if moment == OUTSIDE or moment in SIGNALS:
-                out.append(Trial(schedule, moment, at_seq=self._seq(rng, ref), delay_s=rng.uniform(0, 0.03),
-                                 again_at_seq=again))  # fmt: skip
+                out.append(
+                    Trial(
+                        schedule, moment, at_seq=self._seq(rng, ref), delay_s=rng.uniform(0, 0.03), again_at_seq=again
+                    )
+                )
             else:
                 top = ref.reached[moment] if schedule == "rounds" else max(1, ref.reached[moment] // 2)
                 out.append(Trial(schedule, moment, arrival=rng.randint(1, top)))
@@ -176,8 +204,14 @@ class Soak:
         env.pop(faults.CRASH_ENV, None)
         if trial.moment != OUTSIDE and trial.moment not in SIGNALS:
             env[faults.CRASH_ENV] = f"{trial.moment}:{trial.arrival}" + (f":{trial.signal}" if trial.signal else "")
-        _killed(self._args(data, trial.schedule), env, data, trial.at_seq, trial.delay_s,
-                SIGNALS.get(trial.signal or trial.moment, signal.SIGKILL))  # fmt: skip
+        _killed(
+            self._args(data, trial.schedule),
+            env,
+            data,
+            trial.at_seq,
+            trial.delay_s,
+            SIGNALS.get(trial.signal or trial.moment, signal.SIGKILL),
+        )
         self.tally.kills += 1
         self.tally.by_moment[trial.moment] += 1
         published = logical_log(data, RUN) if EventLog(data, RUN).exists() else []
@@ -221,15 +255,15 @@ class Soak:
             assert tree_shape(data, RUN, catalog) == ref.shape, "the trees differ from an uninterrupted run's"
 
 
-def _killed(args: list[str], env: dict, data: Path, at_seq: int, delay_s: float,
-            signum: int = signal.SIGKILL) -> None:  # fmt: skip
+def _killed(args: list[str], env: dict, data: Path, at_seq: int, delay_s: float, signum: int = signal.SIGKILL) -> None:
     """Run ``cli.py args`` until it is killed: by itself (a faults point) or at ``at_seq`` from here.
 
     ``signum`` other than SIGKILL: that signal is sent instead, and the process must
     unwind and exit with 128 + its number (or have finished first: exit 0).
     """
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     log = EventLog(data, RUN)
     deadline = time.monotonic() + DEADLINE_S
     try:

@@ -20,12 +20,8 @@ def tree_shape(data_dir: Path, run_id: str, cat: Catalog | None = None) -> dict:
     """What a run grew: nodes, edge verdicts and tree stops (ids included)."""
     cat = cat or Catalog.for_log(EventLog(data_dir, run_id))
     return {
-        "nodes": cat.query(
-            "select node_id, parent_id, depth, score, tok, leaf_reason from nodes order by node_id"
-        ),
-        "edges": cat.query(
-            "select edge_id, parent_id, child_id, verdict, s1, s2 from edges order by edge_id"
-        ),
+        "nodes": cat.query("select node_id, parent_id, depth, score, tok, leaf_reason from nodes order by node_id"),
+        "edges": cat.query("select edge_id, parent_id, child_id, verdict, s1, s2 from edges order by edge_id"),
         "trees": cat.query("select tree_id, stop_reason from trees order by tree_id"),
     }
 
@@ -33,9 +29,7 @@ def tree_shape(data_dir: Path, run_id: str, cat: Catalog | None = None) -> dict:
 def assert_log_is_sound(data_dir: Path, run_id: str, cat: Catalog | None = None) -> None:
     """A finished run: no turn recorded twice, every edge started once, judged once, finished."""
     cat = cat or Catalog.for_log(EventLog(data_dir, run_id))
-    dup = cat.query(
-        "select edge_id, turn, count(*) as n from stg_turn_finished group by all having n > 1"
-    )
+    dup = cat.query("select edge_id, turn, count(*) as n from stg_turn_finished group by all having n > 1")
     assert dup == [], "a finished turn was recorded twice"
     started = cat.query("select edge_id from stg_edge_started group by all having count(*) > 1")
     assert started == [], "an edge was started twice"

@@ -120,8 +120,10 @@ def test_coverage_counts_by_stratum_on_a_hand_built_run():
 
 def test_n_eff_of_every_stratum_agrees_with_a_plain_python_reference(runs):
     cat = Catalog.for_log(EventLog(runs, "rounds"))
-    pairs = cat.query("select e.tree_id, e.leaf_id, e.edge_id, p.stage, p.depth from int_paths__edges as e "
-                      "join paths as p using (tree_id, leaf_id) where e.selected")  # fmt: skip
+    pairs = cat.query(
+        "select e.tree_id, e.leaf_id, e.edge_id, p.stage, p.depth from int_paths__edges as e "
+        "join paths as p using (tree_id, leaf_id) where e.selected"
+    )
     groups: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for r in pairs:
         path = f"{r['tree_id']}:{r['leaf_id']}"
@@ -142,8 +144,10 @@ def test_learnability_band_flags_roots_that_always_or_never_improve():
     events += [root("T3", score=1.35), *fanout("T3", scores=((1.5, 1.6), (1.2, 1.3), (1.4, 1.1)))]
     rows = {r["tree_id"]: r for r in catalog_from(events, config).query("select * from learnability")}
     assert {t: (r["improved_edges"], r["kept_edges"], r["band"], r["flagged"]) for t, r in rows.items()} == {
-        "T1": (3, 3, "always", True), "T2": (0, 3, "never", True), "T3": (2, 3, "learnable", False),
-    }  # fmt: skip
+        "T1": (3, 3, "always", True),
+        "T2": (0, 3, "never", True),
+        "T3": (2, 3, "learnable", False),
+    }
 
 
 def test_tool_error_and_knowledge_analytics_count_the_calls():
@@ -169,8 +173,12 @@ def test_messages_that_differ_only_in_paths_and_numbers_group_together():
         "('File not found: /tmp/wt/T002_e3-2/b.py'), ('exit 127 after 3.5 s'), "
         "('Could not find \"abc\" in 1a2b3c4d5e6f')) as v (m)"
     ).fetchall()
-    assert [r[0] for r in rows] == ["File not found: <path>", "File not found: <path>",
-                                    "exit <n> after <n> s", "Could not find <text> in <hex>"]  # fmt: skip
+    assert [r[0] for r in rows] == [
+        "File not found: <path>",
+        "File not found: <path>",
+        "exit <n> after <n> s",
+        "Could not find <text> in <hex>",
+    ]
 
 
 def test_a_planted_bug_in_a_view_is_caught_by_audit_coverage(tmp_path):
@@ -180,9 +188,13 @@ def test_a_planted_bug_in_a_view_is_caught_by_audit_coverage(tmp_path):
     broken = (views / "paths.sql").read_text().replace("    p.selected,\n", "    true as selected,\n")
     (views / "paths.sql").write_text(broken)
     config = RunConfig(task="t", tree=TreeConfig(root_children=1, max_depth=2))
-    events = [RunStarted(command="t", task="t", config=config.model_dump(mode="json")), root(),
-              *edge("T1/e1-1", "T1", 1.5, 1.6), *edge("T1.1/e1-1", "T1.1", 1.9, 1.9),
-              *edge("T1.1/e2-1", "T1.1", None, None)]  # an exempt layer-2 edge: a path not ranked
+    events = [
+        RunStarted(command="t", task="t", config=config.model_dump(mode="json")),
+        root(),
+        *edge("T1/e1-1", "T1", 1.5, 1.6),
+        *edge("T1.1/e1-1", "T1.1", 1.9, 1.9),
+        *edge("T1.1/e2-1", "T1.1", None, None),
+    ]  # an exempt layer-2 edge: a path not ranked
     cat = Catalog.empty(views)
     cat.insert(to_arrow(events, "planted", 1, datetime.now(UTC)))
     problems = cat.query("select problem from audit_coverage")
@@ -194,9 +206,11 @@ def test_a_planted_bug_in_a_view_is_caught_by_audit_coverage(tmp_path):
 
 def hand_run(data: Path, run_id: str, task: str) -> None:
     config = RunConfig(task=task, tree=TreeConfig(root_children=1, max_depth=1))
-    events = [RunStarted(command="explore", task=task, config=config.model_dump(mode="json")),
-              RootAdded(tree_id="T1", task=task, snapshot="s", path="/x", score=1.0, stage="middle"),
-              *edge("T1/e1-1", "T1", 1.5, 1.6)]  # fmt: skip
+    events = [
+        RunStarted(command="explore", task=task, config=config.model_dump(mode="json")),
+        RootAdded(tree_id="T1", task=task, snapshot="s", path="/x", score=1.0, stage="middle"),
+        *edge("T1/e1-1", "T1", 1.5, 1.6),
+    ]
     with LogWriter.create(data, run_id) as writer:
         writer.append(events)
         writer.append([TreeStopped(watermark=writer.tail, tree_id="T1", reason="exhausted")])
@@ -214,10 +228,14 @@ def test_a_collection_is_the_union_of_its_runs_views(two_runs):
     runs = open_runs(two_runs)
     assert runs.run_ids == ["ra", "rb"]
     assert runs.query("select run_id, task, count(*) as n from trees group by all order by all") == [
-        {"run_id": "ra", "task": "task-a", "n": 1}, {"run_id": "rb", "task": "task-b", "n": 1}]  # fmt: skip
+        {"run_id": "ra", "task": "task-a", "n": 1},
+        {"run_id": "rb", "task": "task-b", "n": 1},
+    ]
     tasks = runs.query("select run_id, stratum_key, selected_paths from coverage where stratum = 'task' order by 1")
-    assert tasks == [{"run_id": "ra", "stratum_key": "task-a", "selected_paths": 1},
-                     {"run_id": "rb", "stratum_key": "task-b", "selected_paths": 1}]  # fmt: skip
+    assert tasks == [
+        {"run_id": "ra", "stratum_key": "task-a", "selected_paths": 1},
+        {"run_id": "rb", "stratum_key": "task-b", "selected_paths": 1},
+    ]
     one = open_runs(two_runs, ["rb"])
     assert one.query("select distinct run_id from edges") == [{"run_id": "rb"}]
     # The notebook API: polars frames, views as attributes, listed.
@@ -254,8 +272,9 @@ def test_sql_refuses_what_is_not_a_read_only_query_and_writes_nothing(two_runs, 
     pq.write_table(pl.DataFrame({"x": [1]}).to_arrow(), out / "elsewhere.parquet")
     before = sorted(p.name for p in out.iterdir())
     parts = sorted(p.name for p in EventLog(two_runs, "ra").log_dir.iterdir())
-    r = CliRunner().invoke(cli, ["--data", str(two_runs), "sql", query.format(out=out), "--parquet",
-                                 str(out / "result.parquet")])  # fmt: skip
+    r = CliRunner().invoke(
+        cli, ["--data", str(two_runs), "sql", query.format(out=out), "--parquet", str(out / "result.parquet")]
+    )
     assert r.exit_code == 1 and r.stderr.startswith("Error: ") and message in r.stderr, r.output
     assert "Traceback" not in r.output
     assert sorted(p.name for p in out.iterdir()) == before
@@ -296,8 +315,14 @@ def test_the_notebook_api_is_read_only_too(two_runs):
 def test_audit_prints_the_tables_and_exits_0_on_a_healthy_run(runs):
     r = CliRunner().invoke(cli, ["--data", str(runs), "audit", "rounds", "--by", "task,stage,depth"])
     assert r.exit_code == 0, r.output
-    for title in ("coverage (N_eff/N", "roots outside the learnability band", "most frequent tool errors",
-                  "tool-error rate by tool", "knowledge actions", "cost per task"):  # fmt: skip
+    for title in (
+        "coverage (N_eff/N",
+        "roots outside the learnability band",
+        "most frequent tool errors",
+        "tool-error rate by tool",
+        "knowledge actions",
+        "cost per task",
+    ):
         assert f"\n{title}" in r.stdout
     assert r.stdout.rstrip().endswith("audit: no violations")
     out = json.loads(CliRunner().invoke(cli, ["--data", str(runs), "audit", "rounds", "async", "--json"]).stdout)
@@ -340,7 +365,8 @@ def test_diversity_zero_reproduces_the_default_selection(runs, tmp_path):
     assert out["paths_in"] == [] and out["paths_out"] == []
     default = json.loads(CliRunner().invoke(cli, ["--data", str(data), "paths", "rounds", "--json"]).stdout)
     assert [(p["tree_id"], p["leaf_id"], p["rank"]) for p in out["paths"]] == [
-        (p["tree_id"], p["leaf_id"], p["rank"]) for p in default["paths"]]  # fmt: skip
+        (p["tree_id"], p["leaf_id"], p["rank"]) for p in default["paths"]
+    ]
     overall = out["comparison"][-1]
     assert overall["tree_id"] == "all" and overall["n_eff_ratio"] == overall["n_eff_ratio_default"]
 
@@ -349,8 +375,12 @@ def test_diversity_trades_pathscore_for_independent_paths_and_replays(tmp_path):
     """Three paths share edge a (scores 1.9, 1.8, 1.7 at the leaves), a fourth is alone (1.65).
     With k = 2 the plain Top-2 takes two sharing paths; a large lambda takes the lone one."""
     events, config = shared_first_edge()
-    config = config.model_copy(update={"tree": TreeConfig(root_children=2, max_children=3, max_depth=2),
-                                       "paths": config.paths.model_copy(update={"top_k": 2})})  # fmt: skip
+    config = config.model_copy(
+        update={
+            "tree": TreeConfig(root_children=2, max_children=3, max_depth=2),
+            "paths": config.paths.model_copy(update={"top_k": 2}),
+        }
+    )
     events += edge("T1/e2-1", "T1", 1.2, 1.3, slot=2)  # T1.2
     events += edge("T1.2/e1-1", "T1.2", 1.6, 1.65)  # T1.2.1, alone below T1.2
     data = tmp_path / "data"
@@ -367,15 +397,19 @@ def test_diversity_trades_pathscore_for_independent_paths_and_replays(tmp_path):
     assert (overall["n_eff_ratio_default"], overall["n_eff_ratio"]) == (pytest.approx(0.75), 1.0)
     assert overall["mean_path_score"] < overall["mean_path_score_default"]
     assert out["weights"]["diversity"] == 10.0
-    again = json.loads(CliRunner().invoke(cli, ["--data", str(data), "reselect", "d", "--diversity", "10",
-                                                "--json"]).stdout)  # fmt: skip
+    again = json.loads(
+        CliRunner().invoke(cli, ["--data", str(data), "reselect", "d", "--diversity", "10", "--json"]).stdout
+    )
     assert again["appended"] is False and again["selection_id"] == out["selection_id"]
     # The hand-built log has no verdicts (replay lists those); both selections re-derive.
     differences = json.loads(CliRunner().invoke(cli, ["--data", str(data), "replay", "d", "--json"]).stdout)
     assert differences["decisions"] == 3 and differences["differences"]
     assert [d for d in differences["differences"] if d["kind"] == "paths_selected"] == []
-    for bad, problem in (("-1", "not in the range 0<=x<=1000000"), ("nan", "not a finite number"),
-                         ("1e9", "not in the range 0<=x<=1000000")):  # fmt: skip
+    for bad, problem in (
+        ("-1", "not in the range 0<=x<=1000000"),
+        ("nan", "not a finite number"),
+        ("1e9", "not in the range 0<=x<=1000000"),
+    ):
         r = CliRunner().invoke(cli, ["--data", str(data), "reselect", "d", "--diversity", bad])
         assert r.exit_code == 2 and "Invalid value for '--diversity'" in r.stderr and problem in r.stderr
 

@@ -51,22 +51,28 @@ def test_verify_exits_0_every_time(runs):
     (the load makes the race likelier; here the old code failed ~1 in 240 such runs)."""
 
     def once(_i: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(runs), "verify", "rounds"],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "--data", str(runs), "verify", "rounds"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(once, range(40)))
     failed = [(r.returncode, r.stderr[-300:]) for r in results if r.returncode != 0]
     assert failed == []
-    assert all(r.stdout.splitlines()[-1].startswith("verify: ") and "every checksum matches" in r.stdout
-               for r in results)  # fmt: skip
+    assert all(
+        r.stdout.splitlines()[-1].startswith("verify: ") and "every checksum matches" in r.stdout for r in results
+    )
 
 
 def test_a_command_run_as_a_script_ends_with_its_exit_code_and_all_its_output(runs, tmp_path):
     """The process ends without the interpreter's teardown: stdout flushed whole, codes kept."""
     script = [sys.executable, str(ROOT / "cli.py"), "--data", str(runs)]
-    big = subprocess.run([*script, "sql", "rounds", "select * from tool_calls", "--csv"], capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    big = subprocess.run(
+        [*script, "sql", "rounds", "select * from tool_calls", "--csv"], capture_output=True, text=True, timeout=300
+    )
     assert big.returncode == 0 and big.stderr == ""
     count = invoke(runs, "sql", "rounds", "select count(*) as n from tool_calls", "--json")
     assert len(big.stdout.splitlines()) == json.loads(count.stdout)[0]["n"] + 1  # every row, and the header
@@ -111,11 +117,27 @@ def start_explore(data: Path, run_id: str, body: str, *args: object) -> subproce
     config = data.parent / f"{run_id}.toml"
     config.write_text(body)
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS), "--select",
-         "--task", "kernel-speedup", "--num-roots", "3", "--run-id", run_id, "--config", str(config),
-         *map(str, args)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(SNAPSHOTS),
+            "--select",
+            "--task",
+            "kernel-speedup",
+            "--num-roots",
+            "3",
+            "--run-id",
+            run_id,
+            "--config",
+            str(config),
+            *map(str, args),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_for_parts(log: EventLog, proc: subprocess.Popen, parts: int = 2, deadline: float = 300) -> None:
@@ -131,8 +153,9 @@ def test_a_run_recorded_with_too_many_slots_resumes_with_fewer(tmp_path):
     resume) is refused with the way out, and `--resume RUN --parallel 8` continues it; the
     RunResumed event says what ran, and replay re-derives every decision as before."""
     data = tmp_path / "data"
-    proc = start_explore(data, "big", "[tree]\ntarget_good_leaves = 4\n[backend_options]\nlatency_s = 0.2\n",
-                         "--parallel", 64)  # fmt: skip
+    proc = start_explore(
+        data, "big", "[tree]\ntarget_good_leaves = 4\n[backend_options]\nlatency_s = 0.2\n", "--parallel", 64
+    )
     try:
         wait_for_parts(EventLog(data, "big"), proc)
     finally:
@@ -146,9 +169,14 @@ def test_a_run_recorded_with_too_many_slots_resumes_with_fewer(tmp_path):
         resumed = invoke(data, "explore", "--resume", "big", "--parallel", 8)
     finally:
         resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
-    assert refused.exit_code == 1 and refused.stderr.startswith(
-        "Error: run 'big': its recorded parallel 64 is above the cap of 50: each slot is a thread") \
-        and "ulimit -u" in refused.stderr and "resume it with a smaller --parallel" in refused.stderr  # fmt: skip
+    assert (
+        refused.exit_code == 1
+        and refused.stderr.startswith(
+            "Error: run 'big': its recorded parallel 64 is above the cap of 50: each slot is a thread"
+        )
+        and "ulimit -u" in refused.stderr
+        and "resume it with a smaller --parallel" in refused.stderr
+    )
     assert timeout.exit_code == 2 and "--turn-timeout: run 'big' uses the sim backend" in timeout.stderr
     assert resumed.exit_code == 0, resumed.output
     catalog = Catalog.for_log(EventLog(data, "big"))
@@ -162,11 +190,17 @@ def test_a_run_recorded_with_too_many_slots_resumes_with_fewer(tmp_path):
 # ---------------------------------------------- 13: what --resume may change
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (["--seed", "3"], "--seed"), (["--backend", "opencode"], "--backend"), (["--schedule", "async"], "--schedule"),
-    (["--config", "/no/such.toml"], "--config"), (["--parallel", "2", "--seed", "1"], "--seed"),
-    (["--model", "a/b", "--task", "t"], "--model, --task"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--seed", "3"], "--seed"),
+        (["--backend", "opencode"], "--backend"),
+        (["--schedule", "async"], "--schedule"),
+        (["--config", "/no/such.toml"], "--config"),
+        (["--parallel", "2", "--seed", "1"], "--seed"),
+        (["--model", "a/b", "--task", "t"], "--model, --task"),
+    ],
+)
 def test_resume_refuses_the_options_a_run_keeps(runs, tmp_path, args, named):
     """They were silently ignored (an invalid --config too): the run went on with its own."""
     from conftest import copy_run
@@ -176,8 +210,10 @@ def test_resume_refuses_the_options_a_run_keeps(runs, tmp_path, args, named):
     before = EventLog(data, "rounds").tail_seq()
     r = invoke(data, "explore", "--resume", "rounds", *args)
     assert r.exit_code == 2, r.output
-    assert f"Error: --resume continues the run as its log records it: {named} cannot change (the run " \
-           "keeps its recorded value); a resume may change only --parallel, --turn-timeout, --executor" in r.stderr
+    assert (
+        f"Error: --resume continues the run as its log records it: {named} cannot change (the run "
+        "keeps its recorded value); a resume may change only --parallel, --turn-timeout, --executor" in r.stderr
+    )
     assert EventLog(data, "rounds").tail_seq() == before
     assert invoke(data, "explore", "--resume", "rounds", "--parallel", 2).exit_code == 0  # finished: summarized
 
@@ -185,14 +221,17 @@ def test_resume_refuses_the_options_a_run_keeps(runs, tmp_path, args, named):
 # ------------------------------------------ 14: numeric backend options bounded
 
 
-@pytest.mark.parametrize(("body", "problem"), [
-    ("latency_s = 1e308", "latency_s: Input should be less than or equal to 86400"),
-    ("latency_s = -1", "latency_s: Input should be greater than or equal to 0"),
-    ("null_eval_rate = 1e308", "null_eval_rate: Input should be less than or equal to 1"),
-    ("base_context = 1e13", "base_context: Input should be less than or equal"),
-    ("token_growth = [0, 1e300]", "token_growth.1: Unable to parse input string as an integer"),
-    ("calls_per_step = [1, 5000]", "calls_per_step must be [low, high] with 0 <= low <= high <= 1000"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("latency_s = 1e308", "latency_s: Input should be less than or equal to 86400"),
+        ("latency_s = -1", "latency_s: Input should be greater than or equal to 0"),
+        ("null_eval_rate = 1e308", "null_eval_rate: Input should be less than or equal to 1"),
+        ("base_context = 1e13", "base_context: Input should be less than or equal"),
+        ("token_growth = [0, 1e300]", "token_growth.1: Unable to parse input string as an integer"),
+        ("calls_per_step = [1, 5000]", "calls_per_step must be [low, high] with 0 <= low <= high <= 1000"),
+    ],
+)
 def test_numeric_sim_options_out_of_range_are_refused_before_the_run_exists(tmp_path, body, problem):
     """latency_s = 1e308 passed, and then every turn (and every resume) failed with OverflowError."""
     config = tmp_path / "sim.toml"
@@ -212,14 +251,17 @@ def edit_meta(folder: Path, **changes: object) -> None:
     path.write_text(json.dumps(json.loads(path.read_text()) | changes))
 
 
-@pytest.mark.parametrize(("changes", "problem"), [
-    ({"stage": ["early"]}, 'stage in metadata.json is ["early"], not text'),
-    ({"stage": "nearly"}, "stage in metadata.json is 'nearly', not one of early, middle, late"),
-    ({"task": 7}, "task in metadata.json is 7, not text"),
-    ({"eval_ok": "yes"}, 'eval_ok is "yes", not JSON true'),
-    ({"eval_ok": 1}, "eval_ok is 1, not JSON true"),
-    ({"eval_ok": False}, "eval_ok is false, not JSON true"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"stage": ["early"]}, 'stage in metadata.json is ["early"], not text'),
+        ({"stage": "nearly"}, "stage in metadata.json is 'nearly', not one of early, middle, late"),
+        ({"task": 7}, "task in metadata.json is 7, not text"),
+        ({"eval_ok": "yes"}, 'eval_ok is "yes", not JSON true'),
+        ({"eval_ok": 1}, "eval_ok is 1, not JSON true"),
+        ({"eval_ok": False}, "eval_ok is false, not JSON true"),
+    ],
+)
 def test_a_root_whose_metadata_is_not_what_select_snapshots_writes_is_refused(roots, tmp_path, changes, problem):
     """A list-valued stage silently became null and eval_ok "yes" was taken as an eligible root."""
     folder = sorted(roots.iterdir())[1]
@@ -234,20 +276,26 @@ def test_a_root_whose_metadata_is_not_what_select_snapshots_writes_is_refused(ro
 # --------------------------------------------------- 16: one exit-code rule
 
 
-@pytest.mark.parametrize("args", [
-    ["reselect", "rounds", "--top-k", "0"], ["reselect", "rounds", "--diversity", "nan"],
-    ["reselect", "rounds", "--weights", "max=abc"], ["reselect", "rounds", "--weights", "max=0,avg=0,clean=0,know=0"],
-    ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--parallel", "0"],
-    ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--seed", str(2**63)],
-    ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--turn-timeout", "nan"],
-    ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--run-id", "a/b"],
-    ["select-snapshots", str(SNAPSHOTS), "{out}", "--task", ""],
-    ["select-snapshots", str(SNAPSHOTS), "{out}", "--task", "k", "--run-id", "../x"],
-    ["select-snapshots", str(SNAPSHOTS), "{out}", "--task", "k", "--num-roots", "0"],
-    ["watch", "rounds", "--period", "nan"], ["watch", "rounds", "--period", "inf"],
-    ["export", "rounds", "--out", "{out}", "--workspace", "workspace"],
-    ["audit", "rounds", "--by", "colour"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["reselect", "rounds", "--top-k", "0"],
+        ["reselect", "rounds", "--diversity", "nan"],
+        ["reselect", "rounds", "--weights", "max=abc"],
+        ["reselect", "rounds", "--weights", "max=0,avg=0,clean=0,know=0"],
+        ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--parallel", "0"],
+        ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--seed", str(2**63)],
+        ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--turn-timeout", "nan"],
+        ["explore", str(SNAPSHOTS), "--select", "--task", "k", "--run-id", "a/b"],
+        ["select-snapshots", str(SNAPSHOTS), "{out}", "--task", ""],
+        ["select-snapshots", str(SNAPSHOTS), "{out}", "--task", "k", "--run-id", "../x"],
+        ["select-snapshots", str(SNAPSHOTS), "{out}", "--task", "k", "--num-roots", "0"],
+        ["watch", "rounds", "--period", "nan"],
+        ["watch", "rounds", "--period", "inf"],
+        ["export", "rounds", "--out", "{out}", "--workspace", "workspace"],
+        ["audit", "rounds", "--by", "colour"],
+    ],
+)
 def test_a_bad_option_value_is_a_usage_error(runs, tmp_path, args):
     """`--top-k 0`, `--diversity nan` and `--weights max=abc` exited 1, `--parallel 0` 2."""
     from conftest import copy_run
@@ -289,8 +337,9 @@ def test_a_select_snapshots_that_cannot_write_out_leaves_no_run(tmp_path):
 def test_a_selection_whose_run_cannot_be_recorded_puts_the_earlier_output_back(tmp_path):
     """The copies are in place before the run is recorded; if recording fails they are taken back."""
     out = tmp_path / "out"
-    first = invoke(tmp_path / "data", "select-snapshots", SNAPSHOTS, out, "--task", "k", "--num-roots", 3,
-                   "--run-id", "first")  # fmt: skip
+    first = invoke(
+        tmp_path / "data", "select-snapshots", SNAPSHOTS, out, "--task", "k", "--num-roots", 3, "--run-id", "first"
+    )
     assert first.exit_code == 0, first.output
     before = sorted(p.name for p in out.iterdir())
     broken = tmp_path / "broken"
@@ -301,4 +350,3 @@ def test_a_selection_whose_run_cannot_be_recorded_puts_the_earlier_output_back(t
     assert sorted(p.name for p in out.iterdir()) == before
     assert {json.loads((p / "metadata.json").read_text())["selection_run"] for p in out.iterdir()} == {"first"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "data", "out"]  # no staging left
-

@@ -28,12 +28,10 @@ def test_the_main_job_exercises_every_rule_and_replays(bundled):
     rules = {
         "layer-1 retry": "select * from edges where verdict = 'retry'",
         "kept after retry": "select * from edges where layer = 1 and attempt = 2 and verdict = 'kept'",
-        "kept-exempt after retry": "select * from edges where layer = 1 and attempt = 2 "
-                                   "and verdict = 'kept_exempt'",
+        "kept-exempt after retry": "select * from edges where layer = 1 and attempt = 2 and verdict = 'kept_exempt'",
         "layer-2 exemption": "select * from edges where layer = 2 and verdict = 'kept_exempt'",
         "pruned by eval": "select * from edges where verdict = 'pruned' and not eval_ok",
-        "pruned by tool errors": "select * from edges where verdict = 'pruned' and eval_ok "
-                                 "and tool_error_rate > 0.3",
+        "pruned by tool errors": "select * from edges where verdict = 'pruned' and eval_ok and tool_error_rate > 0.3",
         "turn 2 skipped": "select * from turns where skipped",
         "exhausted node": "select * from nodes where leaf_reason = 'exhausted'",
         "token leaf at depth 2": "select * from nodes where leaf_reason = 'token' and depth = 2",
@@ -44,11 +42,10 @@ def test_the_main_job_exercises_every_rule_and_replays(bundled):
         "stop when exhausted": "select * from trees where stop_reason = 'exhausted'",
         "knowledge in both turns": "select * from edges where has_knowledge",
         "unranked path": "select * from paths where not ranked",
-    }  # fmt: skip
+    }
     missing = [name for name, sql in rules.items() if count(sql) == 0]
     assert missing == []
-    rates = cat.query("select count(*) filter (where s1 is null) * 1.0 / count(*) as null_rate "
-                      "from edges")[0]  # fmt: skip
+    rates = cat.query("select count(*) filter (where s1 is null) * 1.0 / count(*) as null_rate from edges")[0]
     assert 0.05 < rates["null_rate"] < 0.3
     assert count("select * from top_paths") == sum(min(6, t["ranked"]) for t in out["trees"])
     replay = CliRunner().invoke(cli, ["--data", str(data), "replay", "main"])
@@ -68,8 +65,7 @@ def test_audit_of_the_bundled_run_prints_every_table_and_exits_0(bundled):
 
 @pytest.mark.slow
 def test_the_main_job_exports_one_sample_per_selected_path(bundled, tmp_path):
-    r = CliRunner().invoke(cli, ["--data", str(bundled), "export", "main", "--out", str(tmp_path / "train"),
-                                 "--json"])  # fmt: skip
+    r = CliRunner().invoke(cli, ["--data", str(bundled), "export", "main", "--out", str(tmp_path / "train"), "--json"])
     assert r.exit_code == 0, r.output
     manifest = json.loads(r.stdout)
     top = Catalog.for_log(EventLog(bundled, "main")).query("select count(*) as n from top_paths")[0]["n"]

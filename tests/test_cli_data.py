@@ -29,8 +29,10 @@ def test_data_after_the_subcommand_works_as_before_it(runs):
 def test_the_environment_variable_and_the_subcommands_data_wins(runs, tmp_path):
     assert invoke("paths", "rounds", TEACHER_MCTS_DATA=str(runs)).exit_code == 0
     nowhere = str(tmp_path / "nowhere")
-    for args, env in ((["--data", nowhere, "paths", "rounds", "--data", str(runs)], {}),
-                      (["paths", "rounds", "--data", str(runs)], {"TEACHER_MCTS_DATA": nowhere})):  # fmt: skip
+    for args, env in (
+        (["--data", nowhere, "paths", "rounds", "--data", str(runs)], {}),
+        (["paths", "rounds", "--data", str(runs)], {"TEACHER_MCTS_DATA": nowhere}),
+    ):
         r = invoke(*args, **env)
         assert r.exit_code == 0 and r.stdout.startswith("selection "), (args, r.output)
     r = invoke("paths", "rounds", TEACHER_MCTS_DATA=nowhere)

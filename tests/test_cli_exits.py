@@ -16,8 +16,11 @@ from conftest import ROOT
 
 from cli import _Group, cli
 
-SIGNALS = [(signal.SIGINT, "Interrupted."), (signal.SIGTERM, "Terminated by SIGTERM."),
-           (signal.SIGHUP, "Terminated by SIGHUP.")]  # fmt: skip
+SIGNALS = [
+    (signal.SIGINT, "Interrupted."),
+    (signal.SIGTERM, "Terminated by SIGTERM."),
+    (signal.SIGHUP, "Terminated by SIGHUP."),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +86,12 @@ group = _Group(name="t")
 group.add_command(click.Command("go", callback=lambda: [click.echo(f"row {i}") for i in range(10**6)]))
 group(["go"])
 """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert proc.stdout.readline() == b"row 0\n"
     proc.stdout.close()
     err = proc.stderr.read().decode()
@@ -110,8 +117,12 @@ group = _Group(name="t")
 group.add_command(click.Command("go", callback=body))
 group(["go"])
 """
-    proc = subprocess.Popen(["nohup", sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    proc = subprocess.Popen(
+        ["nohup", sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert proc.stdout.readline() == b"started\n"
     proc.send_signal(signal.SIGHUP)
     sent.touch()
@@ -123,14 +134,30 @@ group(["go"])
 def test_a_command_started_with_a_standard_stream_closed_still_runs(tmp_path, closed):
     """A closed fd 0/1/2 gets /dev/null: with stderr closed a run stopped as its progress
     display started, and the next file opened - a log part - would take that fd number."""
-    args = [sys.executable, str(ROOT / "cli.py"), "--data", str(tmp_path / "data"), "explore",
-            str(ROOT / "data" / "student_run" / "all_snapshots"), "--select", "--task", "k",
-            "--num-roots", "2", "--run-id", "closed"]  # fmt: skip
+    args = [
+        sys.executable,
+        str(ROOT / "cli.py"),
+        "--data",
+        str(tmp_path / "data"),
+        "explore",
+        str(ROOT / "data" / "student_run" / "all_snapshots"),
+        "--select",
+        "--task",
+        "k",
+        "--num-roots",
+        "2",
+        "--run-id",
+        "closed",
+    ]
     config = tmp_path / "small.toml"
     config.write_text("[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
-    r = subprocess.run([*args, "--config", str(config)], preexec_fn=lambda: os.close(closed),
-                       stdout=subprocess.DEVNULL if closed == 1 else subprocess.PIPE,
-                       stderr=subprocess.DEVNULL if closed == 2 else subprocess.PIPE, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [*args, "--config", str(config)],
+        preexec_fn=lambda: os.close(closed),
+        stdout=subprocess.DEVNULL if closed == 1 else subprocess.PIPE,
+        stderr=subprocess.DEVNULL if closed == 2 else subprocess.PIPE,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     if closed != 1:
         assert b"Top-6: " in r.stdout
@@ -143,10 +170,18 @@ def test_a_text_argument_that_is_not_utf8_is_a_usage_error(runs, tmp_path):
     raise inside `sql`, and a `--task` so named a traceback: every command refuses such a
     text argument first (a path keeps its own message where it is used)."""
     roots = ROOT / "data" / "student_run" / "all_snapshots"
-    for args in ([b"sql", b"select '\xff'"], [b"replay", b"r\xff"], [b"paths", b"rounds", b"--tree", b"T\xff"],
-                 [b"select-snapshots", str(roots).encode(), str(tmp_path / "o").encode(), b"--task", b"t\xff"]):
-        r = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(runs), *args],
-                           capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)  # fmt: skip
+    for args in (
+        [b"sql", b"select '\xff'"],
+        [b"replay", b"r\xff"],
+        [b"paths", b"rounds", b"--tree", b"T\xff"],
+        [b"select-snapshots", str(roots).encode(), str(tmp_path / "o").encode(), b"--task", b"t\xff"],
+    ):
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "--data", str(runs), *args],
+            capture_output=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            timeout=300,
+        )
         err = r.stderr.decode()
         assert r.returncode == 2 and "is not UTF-8 text" in err and "Traceback" not in err, (args, err)
     assert not (tmp_path / "o").exists()
@@ -175,8 +210,13 @@ group(["go"])
 
 
 def start_stuck(**env: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", STUCK_CLEANUP], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT), **env))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_CLEANUP],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
+    )
     assert proc.stdout.readline() == "started\n"
     return proc
 
@@ -230,8 +270,13 @@ group = _Group(name="t")
 group.add_command(click.Command("go", callback=body))
 group(["go"])
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert proc.returncode == 143 and proc.stdout == "running\nclosed\n", (proc.stdout, proc.stderr)
     assert proc.stderr == "Terminated by SIGTERM.\n"
 

@@ -19,8 +19,9 @@ def test_explore_of_an_all_snapshots_dir_without_select_suggests_it(tmp_path):
     r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", str(SNAPSHOTS)])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert r.stderr.startswith(f"Error: {SNAPSHOTS}: cannot use every folder as a root: ")
-    assert r.stderr.rstrip().endswith("to select the roots from a task's all_snapshots dir or a CORAL run first, "
-                                      "add --select --task NAME)")  # fmt: skip
+    assert r.stderr.rstrip().endswith(
+        "to select the roots from a task's all_snapshots dir or a CORAL run first, add --select --task NAME)"
+    )
     assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
 
 
@@ -29,6 +30,9 @@ def test_the_command_line_stays_thin():
     from tests.conftest import ROOT
 
     assert len((ROOT / "cli.py").read_text().splitlines()) <= 800
-    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "engine").rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 500}  # fmt: skip
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "engine").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
     assert long == {}

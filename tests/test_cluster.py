@@ -55,16 +55,36 @@ def cluster():
     mark = secrets.token_hex(8)
     # The venv's bin first: `ray` is found there whether or not the venv is activated
     # (`venv/bin/python -m pytest`), and so are the processes Ray starts by name.
-    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
-               PATH=os.pathsep.join([str(ROOT / "tests" / "fixtures" / "bin"), str(Path(sys.executable).parent),
-                                     os.environ["PATH"]]),
-               TEST_RAY_CLUSTER=mark)  # fmt: skip
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        RAY_USAGE_STATS_ENABLED="0",
+        PATH=os.pathsep.join(
+            [str(ROOT / "tests" / "fixtures" / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]]
+        ),
+        TEST_RAY_CLUSTER=mark,
+    )
     env.pop("RAY_ADDRESS", None)
     node = ["--num-cpus", "1", "--resources", json.dumps({"teacher_slot": 2}), "--object-store-memory", "100000000"]
     address = f"127.0.0.1:{port}"
     try:
-        subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false",
-                        "--disable-usage-stats", *node], env=env, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--include-dashboard",
+                "false",
+                "--disable-usage-stats",
+                *node,
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         subprocess.run([RAY, "start", "--address", address, *node], env=env, check=True, capture_output=True)
         yield address, env
     finally:
@@ -74,8 +94,13 @@ def cluster():
 
 
 def explore(data: Path, run_id: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", *args,
-                           "--run-id", run_id], env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", *args, "--run-id", run_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 def sim_args(config: Path) -> list[str]:
@@ -90,9 +115,12 @@ def query(data: Path, run_id: str, sql: str) -> list[dict]:
 
 def trees(data: Path, run_id: str) -> list[dict]:
     """What a run decided: its nodes and every decision event, without run ids, seqs or times."""
-    return (query(data, run_id, "select tree_id, node_id, parent_id, depth, q from nodes order by all")
-            + query(data, run_id, "select * exclude (run_id, seq, recorded_at, watermark) from events where kind in "
-                    "('edge_judged', 'node_selected', 'tree_stopped', 'paths_selected') order by seq"))  # fmt: skip
+    return query(data, run_id, "select tree_id, node_id, parent_id, depth, q from nodes order by all") + query(
+        data,
+        run_id,
+        "select * exclude (run_id, seq, recorded_at, watermark) from events where kind in "
+        "('edge_judged', 'node_selected', 'tree_stopped', 'paths_selected') order by seq",
+    )
 
 
 def replays(data: Path, run_id: str) -> None:
@@ -101,8 +129,11 @@ def replays(data: Path, run_id: str) -> None:
 
 
 def turns_once(data: Path, run_id: str) -> None:
-    twice = query(data, run_id, "select edge_id, turn, count(*) as n from events where kind = 'turn_finished' "
-                                "group by all having n > 1")  # fmt: skip
+    twice = query(
+        data,
+        run_id,
+        "select edge_id, turn, count(*) as n from events where kind = 'turn_finished' group by all having n > 1",
+    )
     assert twice == []
 
 
@@ -142,14 +173,34 @@ def test_a_worker_killed_mid_turn_costs_that_turn_only(tmp_path, cluster):
     config = tmp_path / "run.toml"
     config.write_text("parallel = 4\n[backend_options]\nlatency_s = 0.4\n[tree]\nmax_depth = 2\n")
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", *sim_args(config),
-                             "--run-id", "killed", "--executor", "ray", "--ray-address", address],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            *sim_args(config),
+            "--run-id",
+            "killed",
+            "--executor",
+            "ray",
+            "--ray-address",
+            address,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         log = EventLog(data, "killed")
         deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                log.exists() and log.tail_seq() > 200 and turn_workers(busy=True)):  # fmt: skip
+        while (
+            proc.poll() is None
+            and time.monotonic() < deadline
+            and not (log.exists() and log.tail_seq() > 200 and turn_workers(busy=True))
+        ):
             time.sleep(0.05)
         busy = turn_workers(busy=True)
         assert proc.poll() is None and busy, "the run did not get going"
@@ -177,16 +228,39 @@ def test_an_opencode_run_on_two_nodes_forks_across_their_stores(tmp_path, cluste
     config.write_text("parallel = 4\n[tree]\nroot_children = 2\nmax_children = 1\nmax_depth = 2\n")
     data = tmp_path / "data"
     try:
-        r = explore(data, "oc", env, str(roots), "--task", "speedup", "--backend", "opencode", "--model",
-                    "fake/scripted", "--endpoint", model.base_url, "--config", str(config), "--coral-dir",
-                    str(student), "--executor", "ray", "--ray-address", address)  # fmt: skip
+        r = explore(
+            data,
+            "oc",
+            env,
+            str(roots),
+            "--task",
+            "speedup",
+            "--backend",
+            "opencode",
+            "--model",
+            "fake/scripted",
+            "--endpoint",
+            model.base_url,
+            "--config",
+            str(config),
+            "--coral-dir",
+            str(student),
+            "--executor",
+            "ray",
+            "--ray-address",
+            address,
+        )
     finally:
         model.stop()
     assert r.returncode == 0, r.stderr
     replays(data, "oc")
     turns_once(data, "oc")
-    states = query(data, "oc", "select edge_id, turn, json_extract_string(state, '$.node') as node "
-                               "from events where kind = 'turn_finished' order by seq")  # fmt: skip
+    states = query(
+        data,
+        "oc",
+        "select edge_id, turn, json_extract_string(state, '$.node') as node "
+        "from events where kind = 'turn_finished' order by seq",
+    )
     assert len({s["node"] for s in states}) == 2, states  # both nodes ran turns
     scores = query(data, "oc", "select count(*) as n from events where kind = 'eval_finished' and score is not null")
     assert scores[0]["n"] > 0  # the per-edge CORAL runs graded on the workers
@@ -202,14 +276,31 @@ def test_the_writer_stopped_or_killed_on_ray_resumes_to_the_trees_of_a_local_run
     config.write_text("parallel = 4\n[backend_options]\nlatency_s = 0.3\n[tree]\nmax_depth = 2\n")
     data = tmp_path / "data"
     on_ray = ["--executor", "ray", "--ray-address", address]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", *sim_args(config),
-                             "--run-id", "stopped", *on_ray], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            *sim_args(config),
+            "--run-id",
+            "stopped",
+            *on_ray,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         log = EventLog(data, "stopped")
         deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                log.exists() and log.tail_seq() > 200 and turn_workers(busy=True)):  # fmt: skip
+        while (
+            proc.poll() is None
+            and time.monotonic() < deadline
+            and not (log.exists() and log.tail_seq() > 200 and turn_workers(busy=True))
+        ):
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(sig)
@@ -223,8 +314,13 @@ def test_the_writer_stopped_or_killed_on_ray_resumes_to_the_trees_of_a_local_run
     while turn_workers() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert turn_workers() == set(), "workers outlived the run's engine"
-    resumed = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", "--resume",
-                              "stopped", *on_ray], env=env, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    resumed = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", "--resume", "stopped", *on_ray],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert resumed.returncode == 0, resumed.stderr
     replays(data, "stopped")
     turns_once(data, "stopped")

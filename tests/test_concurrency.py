@@ -39,10 +39,30 @@ def invoke(data: Path, *args: str):
 
 def start_explore(data: Path, run_id: str, config: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS), "--select", "--task",
-         "k", "--num-roots", "3", "--run-id", run_id, "--config", str(config), "--parallel", "2", *extra],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(SNAPSHOTS),
+            "--select",
+            "--task",
+            "k",
+            "--num-roots",
+            "3",
+            "--run-id",
+            run_id,
+            "--config",
+            str(config),
+            "--parallel",
+            "2",
+            *extra,
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def wait_for(condition, what: str) -> None:
@@ -121,9 +141,10 @@ def test_catalog_loads_and_verify_see_whole_prefixes_while_parts_merge(data_dir)
         for k in range(3000):
             w.append([SnapshotSeen(task="t", snapshot=str(k), path="/p", global_index=k)] * (1 + k % 3))
         w.close()
-    """)  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-c", code, str(data_dir)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stderr=subprocess.PIPE)  # fmt: skip
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(data_dir)], env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE
+    )
     log = EventLog(data_dir, "r")
     loads, last = 0, 0
     try:
@@ -147,8 +168,11 @@ def test_a_second_writer_is_refused_while_a_run_is_written(tmp_path):
     try:
         wait_for(log.exists, "the run's first part")
         before = log.tail_seq()
-        for command in (["explore", "--resume", "live"], ["reselect", "live", "--top-k", "2"],
-                        ["quarantine", "live", log.parts()[0].path.name]):  # fmt: skip
+        for command in (
+            ["explore", "--resume", "live"],
+            ["reselect", "live", "--top-k", "2"],
+            ["quarantine", "live", log.parts()[0].path.name],
+        ):
             r = invoke(data, *command)
             assert r.exit_code == 1, (command, r.output)
             assert f"run 'live' is being written by another process (pid {proc.pid})" in r.stderr, r.output
@@ -192,8 +216,13 @@ def as_user_without_write_access(args: list[str]) -> subprocess.CompletedProcess
     the power to override their bits.
     """
     prefix = ["unshare", "--user"] if os.geteuid() == 0 else []
-    return subprocess.run([*prefix, sys.executable, str(ROOT / "cli.py"), *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=DEADLINE_S)  # fmt: skip
+    return subprocess.run(
+        [*prefix, sys.executable, str(ROOT / "cli.py"), *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=DEADLINE_S,
+    )
 
 
 def test_a_run_the_user_cannot_write_reads_and_refuses_writes_cleanly(runs, tmp_path):
@@ -206,8 +235,12 @@ def test_a_run_the_user_cannot_write_reads_and_refuses_writes_cleanly(runs, tmp_
     try:
         probe = as_user_without_write_access(["--data", str(data), "verify", "rounds"])
         assert probe.returncode == 0, probe.stderr
-        for command in (["replay", "rounds"], ["paths", "rounds"], ["sql", "rounds", "select count(*) from trees"],
-                        ["audit", "rounds"]):  # fmt: skip
+        for command in (
+            ["replay", "rounds"],
+            ["paths", "rounds"],
+            ["sql", "rounds", "select count(*) from trees"],
+            ["audit", "rounds"],
+        ):
             r = as_user_without_write_access(["--data", str(data), *command])
             assert r.returncode == 0 and "Traceback" not in r.stderr, (command, r.stderr)
         for command in (["explore", "--resume", "rounds"], ["reselect", "rounds", "--top-k", "2"]):

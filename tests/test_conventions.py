@@ -21,8 +21,7 @@ def test_every_command_has_help_and_is_in_the_readme(name):
 
 
 def test_every_public_view_of_the_spec_is_documented():
-    for view in ("snapshots", "trees", "turns", "edges", "nodes", "selections", "paths",
-                 "top_paths", "tool_calls"):  # fmt: skip
+    for view in ("snapshots", "trees", "turns", "edges", "nodes", "selections", "paths", "top_paths", "tool_calls"):
         assert f"| `{view}` |" in VIEWS
 
 
@@ -35,8 +34,13 @@ def test_nothing_cites_a_file_outside_the_repository():
     """The algorithm's documentation is docs/ALGORITHM.md, not a file beside the checkout."""
     import subprocess
 
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     cited = []
     for name in files:
         if name.startswith("data/") or not name.endswith((".py", ".sql", ".md", ".toml")):
@@ -80,9 +84,11 @@ def test_the_total_of_tokens_is_summed_in_one_view():
     texts = {p.stem: p.read_text() for p in sorted((ROOT / "views").glob("*.sql"))}
     assert views_adding_token_kinds(texts) == {"int_turns__costs"}
     # the check sees a second total, however it is written
-    for second in ("sum(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning)",
-                   "coalesce(c.tokens_input, 0)\n    + coalesce(c.tokens_output, 0) as tokens",
-                   "tokens_output+tokens_reasoning"):  # fmt: skip
+    for second in (
+        "sum(c.tokens_input + c.tokens_cached + c.tokens_output + c.tokens_reasoning)",
+        "coalesce(c.tokens_input, 0)\n    + coalesce(c.tokens_output, 0) as tokens",
+        "tokens_output+tokens_reasoning",
+    ):
         assert views_adding_token_kinds({"x": f"select {second} from int_turns__costs as c"}) == {"x"}
     one_total = "select sum(c.tokens) as tokens, sum(c.tokens_input) as tokens_input"
     assert views_adding_token_kinds({"x": one_total}) == set()

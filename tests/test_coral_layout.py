@@ -21,10 +21,24 @@ from ingest.errors import InputError
 
 
 def explore_with(tmp_path: Path, coral_dir: Path) -> object:
-    return CliRunner().invoke(cli, [
-        "--data", str(tmp_path / "data"), "explore", str(ROOT / "data" / "student_run" / "all_snapshots"),
-        "--select", "--task", "t", "--backend", "opencode", "--model", "fake/m", "--coral-dir", str(coral_dir),
-    ])  # fmt: skip
+    return CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(tmp_path / "data"),
+            "explore",
+            str(ROOT / "data" / "student_run" / "all_snapshots"),
+            "--select",
+            "--task",
+            "t",
+            "--backend",
+            "opencode",
+            "--model",
+            "fake/m",
+            "--coral-dir",
+            str(coral_dir),
+        ],
+    )
 
 
 def test_a_coral_dir_that_is_not_a_student_run_is_refused_before_the_run_exists(tmp_path, monkeypatch):
@@ -52,12 +66,15 @@ def test_the_coral_dir_is_recorded_absolute_with_the_python_of_its_daemon(tmp_pa
         resolve_options({"model": "a/b", "coral_dir": str(coral)})
 
 
-@pytest.mark.parametrize("first_lines, expected", [
-    (f"#!{sys.executable}\n", sys.executable),
-    ("#!/usr/bin/env python3\n", "python3"),
-    ("#!/usr/bin/env -S python3 -u\n", "python3"),
-    (f"#!/bin/sh\n'''exec' \"{sys.executable}\" \"$0\" \"$@\"\n' '''\n", sys.executable),  # pip, long paths
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "first_lines, expected",
+    [
+        (f"#!{sys.executable}\n", sys.executable),
+        ("#!/usr/bin/env python3\n", "python3"),
+        ("#!/usr/bin/env -S python3 -u\n", "python3"),
+        (f"#!/bin/sh\n'''exec' \"{sys.executable}\" \"$0\" \"$@\"\n' '''\n", sys.executable),  # pip, long paths
+    ],
+)
 def test_the_python_of_a_console_script(tmp_path, first_lines, expected):
     script = tmp_path / "coral"
     script.write_text(first_lines + "import sys\n")

@@ -16,8 +16,14 @@ from cli import cli
 from engine.catalog import Catalog
 from ingest.log import EventLog
 
-EVALS = [("agent-1", "2.0"), ("agent-2", "1.5"), ("agent-1", "CRASH"), ("agent-2", "3.0"), ("agent-1", "4.0"),
-         ("agent-2", "2.5")]  # fmt: skip
+EVALS = [
+    ("agent-1", "2.0"),
+    ("agent-2", "1.5"),
+    ("agent-1", "CRASH"),
+    ("agent-2", "3.0"),
+    ("agent-1", "4.0"),
+    ("agent-2", "2.5"),
+]
 PENDING = [("agent-1", "5.0")]
 
 
@@ -33,17 +39,32 @@ def invoke(*args) -> object:
 def test_select_snapshots_takes_the_attempts_of_a_coral_run(coral_run, tmp_path):
     before = digest(coral_run)
     out = tmp_path / "roots"
-    r = invoke("--data", tmp_path / "data", "select-snapshots", coral_run, out, "--task", "speedup",
-               "--num-roots", "3", "--run-id", "sel", "--json")  # fmt: skip
+    r = invoke(
+        "--data",
+        tmp_path / "data",
+        "select-snapshots",
+        coral_run,
+        out,
+        "--task",
+        "speedup",
+        "--num-roots",
+        "3",
+        "--run-id",
+        "sel",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     assert digest(coral_run) == before, "the CORAL run changed"
     ordered = attempts_in_order(coral_run)
-    assert [(a["agent_id"], a["title"]) for a in ordered] == [(agent, f"{agent} tries {v}") for agent, v in
-                                                               EVALS + PENDING]  # fmt: skip
+    assert [(a["agent_id"], a["title"]) for a in ordered] == [
+        (agent, f"{agent} tries {v}") for agent, v in EVALS + PENDING
+    ]
     names = [f"eval-{i:06d}-{a['agent_id']}-{a['commit_hash'][:12]}" for i, a in enumerate(ordered, start=1)]
     cat = Catalog.for_log(EventLog(tmp_path / "data", "sel"))
-    rows = cat.query("select snapshot, global_index, agent_id, eval_count, eval_ok, score, skip_reason "
-                     "from snapshots order by global_index")  # fmt: skip
+    rows = cat.query(
+        "select snapshot, global_index, agent_id, eval_count, eval_ok, score, skip_reason "
+        "from snapshots order by global_index"
+    )
     assert [row["snapshot"] for row in rows] == names
     graded = [(row["eval_count"], row["eval_ok"], row["score"]) for row in rows[:-1]]
     assert graded == [(i, v != "CRASH", None if v == "CRASH" else float(v)) for i, (_, v) in enumerate(EVALS, 1)]
@@ -58,23 +79,38 @@ def test_select_snapshots_takes_the_attempts_of_a_coral_run(coral_run, tmp_path)
         check_written_root(folder, coral_run, attempt)
         meta = json.loads((folder / "metadata.json").read_text())
         assert {k: meta[k] for k in ("commit_hash", "agent_id", "eval_ok", "score", "stage", "task")} == {
-            "commit_hash": attempt["commit_hash"], "agent_id": attempt["agent_id"], "eval_ok": True,
-            "score": attempt["score"], "stage": pick["stage"], "task": "speedup"}  # fmt: skip
+            "commit_hash": attempt["commit_hash"],
+            "agent_id": attempt["agent_id"],
+            "eval_ok": True,
+            "score": attempt["score"],
+            "stage": pick["stage"],
+            "task": "speedup",
+        }
     # The first attempt was submitted before public/ had a checkpoint repository: its shared
     # state is the repository's first commit.
     assert "shared_state_hash" not in ordered[0]
     first = out / names[0]
     if not first.exists():
-        r = invoke("--data", tmp_path / "data", "select-snapshots", coral_run, tmp_path / "all", "--task",
-                   "speedup", "--num-roots", "6")  # fmt: skip
+        r = invoke(
+            "--data",
+            tmp_path / "data",
+            "select-snapshots",
+            coral_run,
+            tmp_path / "all",
+            "--task",
+            "speedup",
+            "--num-roots",
+            "6",
+        )
         assert r.exit_code == 0, r.output
         first = tmp_path / "all" / names[0]
     check_written_root(first, coral_run, ordered[0])
     # The written roots are ordinary snapshot folders: explore takes them as they are.
     r = invoke("--data", tmp_path / "data", "explore", out, "--run-id", "ex", "--config", small_config(tmp_path))
     assert r.exit_code == 0, r.output
-    roots = Catalog.for_log(EventLog(tmp_path / "data", "ex")).query("select snapshot, score from stg_root_added "
-                                                                     "order by tree_id")  # fmt: skip
+    roots = Catalog.for_log(EventLog(tmp_path / "data", "ex")).query(
+        "select snapshot, score from stg_root_added order by tree_id"
+    )
     assert roots == [{"snapshot": p["snapshot"], "score": p["score"]} for p in doc["picks"]]
 
 
@@ -86,14 +122,29 @@ def small_config(tmp_path: Path) -> Path:
 
 def test_explore_select_writes_the_picked_attempts_into_the_run(coral_run, tmp_path):
     data = tmp_path / "data"
-    r = invoke("--data", data, "explore", coral_run / ".coral", "--select", "--task", "speedup", "--num-roots", "2",
-               "--run-id", "direct", "--config", small_config(tmp_path))  # fmt: skip
+    r = invoke(
+        "--data",
+        data,
+        "explore",
+        coral_run / ".coral",
+        "--select",
+        "--task",
+        "speedup",
+        "--num-roots",
+        "2",
+        "--run-id",
+        "direct",
+        "--config",
+        small_config(tmp_path),
+    )
     assert r.exit_code == 0, r.output
     cat = Catalog.for_log(EventLog(data, "direct"))
     roots = cat.query("select snapshot, path from stg_root_added order by tree_id")
     assert len(roots) == 2
-    by_name = {f"eval-{i:06d}-{a['agent_id']}-{a['commit_hash'][:12]}": a
-               for i, a in enumerate(attempts_in_order(coral_run), start=1)}  # fmt: skip
+    by_name = {
+        f"eval-{i:06d}-{a['agent_id']}-{a['commit_hash'][:12]}": a
+        for i, a in enumerate(attempts_in_order(coral_run), start=1)
+    }
     for root in roots:
         assert Path(root["path"]) == EventLog(data, "direct").dir / "roots" / root["snapshot"]
         check_written_root(Path(root["path"]), coral_run, by_name[root["snapshot"]])
@@ -103,16 +154,38 @@ def test_explore_select_writes_the_picked_attempts_into_the_run(coral_run, tmp_p
 def test_a_coral_run_s_direction_and_broken_attempts(coral_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(coral_run, run, symlinks=True)
-    (run / ".coral" / "config.yaml").write_text((run / ".coral" / "config.yaml").read_text().replace(
-        "direction: maximize", "direction: minimize"))  # fmt: skip
+    (run / ".coral" / "config.yaml").write_text(
+        (run / ".coral" / "config.yaml").read_text().replace("direction: maximize", "direction: minimize")
+    )
     attempts = run / ".coral" / "public" / "attempts"
     (attempts / "broken.json").write_text("{not json")
     (attempts / "list.json").write_text("[]")
-    (attempts / f"{'d' * 40}.json").write_text(json.dumps({
-        "commit_hash": "d" * 40, "agent_id": "agent-3", "title": "lost", "score": 9.0, "status": "improved",
-        "parent_hash": None, "timestamp": "2020-01-01T00:00:00+00:00", "feedback": ""}))  # fmt: skip
-    r = invoke("--data", tmp_path / "data", "select-snapshots", run, tmp_path / "out", "--task", "speedup",
-               "--num-roots", "2", "--json")  # fmt: skip
+    (attempts / f"{'d' * 40}.json").write_text(
+        json.dumps(
+            {
+                "commit_hash": "d" * 40,
+                "agent_id": "agent-3",
+                "title": "lost",
+                "score": 9.0,
+                "status": "improved",
+                "parent_hash": None,
+                "timestamp": "2020-01-01T00:00:00+00:00",
+                "feedback": "",
+            }
+        )
+    )
+    r = invoke(
+        "--data",
+        tmp_path / "data",
+        "select-snapshots",
+        run,
+        tmp_path / "out",
+        "--task",
+        "speedup",
+        "--num-roots",
+        "2",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["direction"] == "minimize"
@@ -131,8 +204,9 @@ def test_what_is_not_a_coral_run_is_refused_clearly(coral_run, tmp_path):
     r = invoke("--data", tmp_path / "data", "select-snapshots", empty, tmp_path / "out", "--task", "t")
     assert r.exit_code == 1
     assert r.stderr == f"Error: {empty / '.coral' / 'public' / 'attempts'}: the CORAL run has no attempts yet\n"
-    shutil.copytree(coral_run / ".coral" / "public" / "attempts", empty / ".coral" / "public" / "attempts",
-                    dirs_exist_ok=True)  # fmt: skip
+    shutil.copytree(
+        coral_run / ".coral" / "public" / "attempts", empty / ".coral" / "public" / "attempts", dirs_exist_ok=True
+    )
     r = invoke("--data", tmp_path / "data", "select-snapshots", empty, tmp_path / "out", "--task", "t")
     assert r.exit_code == 1
     assert r.stderr == f"Error: {empty}: a CORAL run without its repository (no repo/ with a .git)\n"

@@ -64,9 +64,15 @@ def test_coral_eval_commits_and_waits_for_the_daemon(coral_bin, edge, tmp_path):
     first = git(worktree, "rev-parse", "HEAD")
     assert first != seed
     assert attempts(worktree)[first] | {"timestamp": None} == {
-        "commit_hash": first, "agent_id": "teacher", "title": "two", "score": None, "status": "pending",
-        "parent_hash": seed, "timestamp": None, "feedback": "",
-    }  # fmt: skip
+        "commit_hash": first,
+        "agent_id": "teacher",
+        "title": "two",
+        "score": None,
+        "status": "pending",
+        "parent_hash": seed,
+        "timestamp": None,
+        "feedback": "",
+    }
     assert (worktree / ".opencode" / ".git").is_dir()  # the checkpoint repository of public/
     assert git(worktree, "status", "--porcelain") == ""  # breadcrumbs and .opencode not committed
     # One pending attempt of the agent is the limit: refused, nothing committed.
@@ -77,9 +83,20 @@ def test_coral_eval_commits_and_waits_for_the_daemon(coral_bin, edge, tmp_path):
     # Another agent's pending attempt, of a commit this repository lacks (as a copied shared
     # dir brings along): it limits no one else, but the daemon grades it too.
     other = "c" * 40
-    (worktree / ".opencode" / "attempts" / f"{other}.json").write_text(json.dumps({
-        "commit_hash": other, "agent_id": "agent-2", "title": "theirs", "score": None, "status": "pending",
-        "parent_hash": None, "timestamp": "2026-01-01T00:00:00+00:00", "feedback": ""}))  # fmt: skip
+    (worktree / ".opencode" / "attempts" / f"{other}.json").write_text(
+        json.dumps(
+            {
+                "commit_hash": other,
+                "agent_id": "agent-2",
+                "title": "theirs",
+                "score": None,
+                "status": "pending",
+                "parent_hash": None,
+                "timestamp": "2026-01-01T00:00:00+00:00",
+                "feedback": "",
+            }
+        )
+    )
     grader = daemon(coral_bin, coral, tmp_path / "daemon.log")
     try:
         deadline = time.monotonic() + 120
@@ -102,8 +119,11 @@ def test_coral_eval_commits_and_waits_for_the_daemon(coral_bin, edge, tmp_path):
     # The count is the counter as the eval read it, which races with the daemon's rewrite of it.
     assert re.fullmatch(r"CORAL Eval( \(#[23]\))?: 3\.0000000000", block[0]), block
     assert block[1:3] == [f"Commit:  {second[:12]}", "Status:  improved"]
-    assert (graded[second]["score"], graded[second]["status"], graded[second]["parent_hash"]) == (3.0, "improved",
-                                                                                                   first)  # fmt: skip
+    assert (graded[second]["score"], graded[second]["status"], graded[second]["parent_hash"]) == (
+        3.0,
+        "improved",
+        first,
+    )
     assert git(worktree / ".opencode", "cat-file", "-t", graded[second]["shared_state_hash"]) == "commit"
     assert crashed.returncode == 0 and re.search(r"CORAL Eval( \(#[34]\))?: FAILED", crashed.stdout)
     assert (graded[third]["score"], graded[third]["status"]) == (None, "crashed")

@@ -100,11 +100,14 @@ def test_a_views_stored_rows_read_back_with_its_types(data):
         for name, value in state.values.items():
             con.execute(f"set variable {name} = ?", [value])
         for view in runs.views:
-            want = [(n, "BIGINT" if str(t) == "HUGEINT" else str(t)) for n, t, *_ in
-                    con.execute(f"select * from {view} limit 0").description]  # fmt: skip
+            want = [
+                (n, "BIGINT" if str(t) == "HUGEINT" else str(t))
+                for n, t, *_ in con.execute(f"select * from {view} limit 0").description
+            ]
             stored = str(runs.derived.view_file(state, view))
-            got = [(n, str(t)) for n, t, *_ in
-                   con.execute("select * from read_parquet(?) limit 0", [stored]).description]  # fmt: skip
+            got = [
+                (n, str(t)) for n, t, *_ in con.execute("select * from read_parquet(?) limit 0", [stored]).description
+            ]
             assert [c for c in got if c[0] != "run_id" or "run_id" in dict(want)] == want, view
 
 
@@ -123,9 +126,29 @@ def _interrupted(data: Path, run_id: str, tmp_path: Path) -> None:
     config = tmp_path / "small.toml"
     config.write_text(SMALL)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TEACHER_MCTS_CRASH_AT="edge.started:12")
-    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS),
-                           "--select", "--task", "kernel-speedup", "--num-roots", "4", "--run-id", run_id,
-                           "--config", str(config)], env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(SNAPSHOTS),
+            "--select",
+            "--task",
+            "kernel-speedup",
+            "--num-roots",
+            "4",
+            "--run-id",
+            run_id,
+            "--config",
+            str(config),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == -9, done.stderr
 
 
@@ -173,8 +196,10 @@ def test_a_quarantined_part_rebuilds_that_runs_state(data):
     assert r.exit_code == 0, r.output
     runs = open_runs(data)
     tail = runs.query("select run_id, max(seq) as tail from events group by 1 order by 1")
-    assert tail == [{"run_id": "async", "tail": part.first - 1}, {"run_id": "rounds",
-                    "tail": before[QUERIES[3]][1]["tail"]}]  # fmt: skip
+    assert tail == [
+        {"run_id": "async", "tail": part.first - 1},
+        {"run_id": "rounds", "tail": before[QUERIES[3]][1]["tail"]},
+    ]
     assert runs.derived.built == {"cold": 1}  # async again, from its log; rounds as stored
 
 
@@ -206,7 +231,8 @@ def test_edited_view_definitions_rebuild_the_state(data, tmp_path):
     rows = pq.read_table(derived.view_file(state, "trees")).to_pylist()
     query = QUERIES[0]
     assert sorted((r["run_id"], r["tree_id"], r["nodes"], r["kept_edges"], r["stop_reason"]) for r in rows) == [
-        tuple(r.values()) for r in before[query] if r["run_id"] == "rounds"]  # fmt: skip
+        tuple(r.values()) for r in before[query] if r["run_id"] == "rounds"
+    ]
 
 
 def test_two_processes_reading_a_fresh_collection_at_once_agree_and_leave_it_intact(data):
@@ -218,8 +244,12 @@ def test_two_processes_reading_a_fresh_collection_at_once_agree_and_leave_it_int
         "runs = open_runs(sys.argv[1])\n"
         "print(json.dumps({q: runs.query(q) for q in queries}, default=str))\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outputs = []
     for proc in procs:
         out, err = proc.communicate(timeout=900)

@@ -24,13 +24,15 @@ from ingest.events import (
 )
 from ingest.log import EventLog, LogWriter
 
-outcome = st.fixed_dictionaries({
-    "score": st.one_of(st.none(), st.floats(0.0, 3.0, allow_nan=False).map(lambda x: round(x, 2))),
-    "calls": st.integers(0, 6),
-    "errors": st.integers(0, 6),
-    "knowledge": st.booleans(),
-    "tokens": st.integers(5_000, 20_000),
-})  # fmt: skip
+outcome = st.fixed_dictionaries(
+    {
+        "score": st.one_of(st.none(), st.floats(0.0, 3.0, allow_nan=False).map(lambda x: round(x, 2))),
+        "calls": st.integers(0, 6),
+        "errors": st.integers(0, 6),
+        "knowledge": st.booleans(),
+        "tokens": st.integers(5_000, 20_000),
+    }
+)
 
 
 class ScriptedTeacher:
@@ -57,8 +59,16 @@ class ScriptedTeacher:
         facts: list = []
         for i in range(o["calls"]):
             target = ".opencode/notes/a.md" if o["knowledge"] and i == 0 else "src/a.py"
-            facts.append(ToolCalled(**ids, step=1, call_id=str(i), tool="read",
-                                    status="error" if i < o["errors"] else "ok", target=target))  # fmt: skip
+            facts.append(
+                ToolCalled(
+                    **ids,
+                    step=1,
+                    call_id=str(i),
+                    tool="read",
+                    status="error" if i < o["errors"] else "ok",
+                    target=target,
+                )
+            )
         ctx = int(req.start_state.get("ctx", 0)) + o["tokens"]
         facts.append(StepFinished(**ids, step=1, tokens_total=ctx))
         facts.append(EvalFinished(**ids, score=o["score"]))
@@ -69,8 +79,9 @@ class ScriptedTeacher:
 def run_engine(data_dir: Path, run_id: str, outcomes, trees: int, config: RunConfig) -> Catalog:
     catalog = Catalog.empty(threads=1)
     started = RunStarted(command="explore", task="t", config=config.model_dump(mode="json"))
-    roots = [RootAdded(tree_id=f"T{i:03d}", task="t", snapshot=f"s{i}", path="/x", score=1.0)
-             for i in range(1, trees + 1)]  # fmt: skip
+    roots = [
+        RootAdded(tree_id=f"T{i:03d}", task="t", snapshot=f"s{i}", path="/x", score=1.0) for i in range(1, trees + 1)
+    ]
     with LogWriter.create(data_dir, run_id) as writer:
         catalog.insert(writer.stage([started, *roots]))
         writer.flush()
@@ -80,9 +91,7 @@ def run_engine(data_dir: Path, run_id: str, outcomes, trees: int, config: RunCon
 
 def rounded(rows: list[dict]) -> list[str]:
     """Rows comparable across thread counts (float sums may differ in the last bit)."""
-    return sorted(
-        repr({k: round(v, 9) if isinstance(v, float) else v for k, v in row.items()}) for row in rows
-    )
+    return sorted(repr({k: round(v, 9) if isinstance(v, float) else v for k, v in row.items()}) for row in rows)
 
 
 @pytest.mark.slow
@@ -94,12 +103,9 @@ def rounded(rows: list[dict]) -> list[str]:
     parallel=st.integers(1, 4),
     schedule=st.sampled_from(["rounds", "async"]),
 )
-def test_tree_invariants_hold_over_random_outcomes(
-    tmp_path_factory, outcomes, trees, target, parallel, schedule
-):
+def test_tree_invariants_hold_over_random_outcomes(tmp_path_factory, outcomes, trees, target, parallel, schedule):
     data = tmp_path_factory.mktemp("prop")
-    config = RunConfig(task="t", parallel=parallel, schedule=schedule,
-                       tree=TreeConfig(target_good_leaves=target))  # fmt: skip
+    config = RunConfig(task="t", parallel=parallel, schedule=schedule, tree=TreeConfig(target_good_leaves=target))
     live = run_engine(data, "p", outcomes, trees, config)
     cat = Catalog.for_log(EventLog(data, "p"))
 

@@ -15,9 +15,15 @@ from tests.conftest import SNAPSHOTS
 def timed_run(data, run_id: str, parallel: int) -> list[dict]:
     """Explore 6 roots with turns of ~0.03 s; the progress row after every step of the run."""
     rows: list[dict] = []
-    config = RunConfig(task="kernel-speedup", parallel=parallel, schedule="async", seed=5,
-                       selection={"num_roots": 6}, tree=TreeConfig(target_good_leaves=3),
-                       backend_options={"latency_s": 0.03})  # fmt: skip
+    config = RunConfig(
+        task="kernel-speedup",
+        parallel=parallel,
+        schedule="async",
+        seed=5,
+        selection={"num_roots": 6},
+        tree=TreeConfig(target_good_leaves=3),
+        backend_options={"latency_s": 0.03},
+    )
     new_run(data, SNAPSHOTS, config, run_id, select=True, on_progress=lambda read: rows.append(read()))
     return rows
 
@@ -49,8 +55,14 @@ def test_watch_of_an_interrupted_run_says_it_is_not_running_instead_of_a_time_le
         if read()["trees_done"] > 0:
             raise KeyboardInterrupt  # as Ctrl-C does, once the estimate has data
 
-    config = RunConfig(task="kernel-speedup", parallel=2, seed=5, selection={"num_roots": 4},
-                       tree=TreeConfig(target_good_leaves=3), backend_options={"latency_s": 0.01})  # fmt: skip
+    config = RunConfig(
+        task="kernel-speedup",
+        parallel=2,
+        seed=5,
+        selection={"num_roots": 4},
+        tree=TreeConfig(target_good_leaves=3),
+        backend_options={"latency_s": 0.01},
+    )
     with pytest.raises(KeyboardInterrupt):
         new_run(data_dir, SNAPSHOTS, config, "cut", select=True, on_progress=interrupt)
     r = CliRunner().invoke(cli, ["--data", str(data_dir), "watch", "cut", "--once"])

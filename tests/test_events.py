@@ -46,8 +46,9 @@ def one_of_each() -> list[Event]:
 
 def light(event: Event) -> Event:
     """The event as the catalog holds it: heavy fields at their defaults."""
-    heavy = {n: f.get_default(call_default_factory=True) for n, f in type(event).model_fields.items()
-             if n in HEAVY_FIELDS}  # fmt: skip
+    heavy = {
+        n: f.get_default(call_default_factory=True) for n, f in type(event).model_fields.items() if n in HEAVY_FIELDS
+    }
     return event.model_copy(update=heavy)
 
 
@@ -90,8 +91,9 @@ def test_the_catalog_gives_back_every_event_without_its_heavy_fields(data_dir, w
 def test_the_edge_id_format_is_the_same_in_python_and_sql():
     con = Catalog.empty().con
     for parent, slot, attempt in (("T001", 1, 1), ("T001.2.10", 3, 2), ("T-9.1", 12, 1)):
-        sql_id, parts = con.execute("select edge_id(?, ?, ?), edge_parts(edge_id(?, ?, ?))",
-                                    [parent, slot, attempt] * 2).fetchone()  # fmt: skip
+        sql_id, parts = con.execute(
+            "select edge_id(?, ?, ?), edge_parts(edge_id(?, ?, ?))", [parent, slot, attempt] * 2
+        ).fetchone()
         assert sql_id == edge_id(parent, slot, attempt)
         assert parts == {"parent_id": parent, "slot": slot, "attempt": attempt}
 
@@ -107,6 +109,6 @@ def test_text_without_a_utf8_form_is_stored_with_u_fffd_json_included():
 
     event = RunStarted(command="explore", task="t\udcff", config={"task": "t\udcff", "notes": ["\ud800", "😀"]})
     table = to_arrow([event], "r", 1, datetime.now(UTC))  # noqa: F841 - read by DuckDB
-    task, config = duckdb.connect().execute("select task, json(config) from \"table\"").fetchone()
+    task, config = duckdb.connect().execute('select task, json(config) from "table"').fetchone()
     assert task == "t\ufffd"
     assert json.loads(config) == {"task": "t\ufffd", "notes": ["\ufffd", "😀"]}

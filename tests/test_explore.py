@@ -34,11 +34,20 @@ def roots(tmp_path_factory) -> Path:
     """Four roots selected from the bundled Student run."""
     base = tmp_path_factory.mktemp("roots")
     out = base / "roots"
-    r = CliRunner().invoke(cli, [
-        "--data", str(base / "data"), "select-snapshots",
-        str(ROOT / "data" / "student_run" / "all_snapshots"), str(out),
-        "--task", "kernel-speedup", "--num-roots", "4",
-    ])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(base / "data"),
+            "select-snapshots",
+            str(ROOT / "data" / "student_run" / "all_snapshots"),
+            str(out),
+            "--task",
+            "kernel-speedup",
+            "--num-roots",
+            "4",
+        ],
+    )
     assert r.exit_code == 0, r.output
     return out
 
@@ -61,14 +70,12 @@ def explore(data_dir: Path, *args: object):
 def test_rounds_mode_is_reproducible(tmp_path, roots, small_config, parallel):
     data = tmp_path / "data"
     for run in ("a", "b"):
-        explore(data, roots, "--run-id", run, "--parallel", parallel,
-                "--seed", 7, "--config", small_config)  # fmt: skip
+        explore(data, roots, "--run-id", run, "--parallel", parallel, "--seed", 7, "--config", small_config)
     a, b = logical_log(data, "a"), logical_log(data, "b")
     assert len(a) > 500
     assert a == b
     # The seed matters: another seed grows other trees.
-    explore(data, roots, "--run-id", "c", "--parallel", parallel, "--seed", 8,
-            "--config", small_config)  # fmt: skip
+    explore(data, roots, "--run-id", "c", "--parallel", parallel, "--seed", 8, "--config", small_config)
     assert tree_shape(data, "c") != tree_shape(data, "a")
 
 
@@ -79,10 +86,13 @@ def run_until_killed(
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data_dir), "explore", *args],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    log = EventLog(data_dir, args[args.index("--run-id") + 1] if "--run-id" in args
-                   else args[args.index("--resume") + 1])  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    log = EventLog(
+        data_dir, args[args.index("--run-id") + 1] if "--run-id" in args else args[args.index("--resume") + 1]
+    )
     try:
         while proc.poll() is None:
             if log.exists() and log.tail_seq() >= kill_after_seq:
@@ -102,9 +112,7 @@ def run_until_killed(
     [("rounds", signal.SIGKILL), ("async", signal.SIGKILL), ("rounds", signal.SIGTERM)],
     ids=["rounds-SIGKILL", "async-SIGKILL", "rounds-SIGTERM"],
 )
-def test_kill_then_resume_completes_without_losing_or_repeating_turns(
-    tmp_path, roots, small_config, schedule, sig
-):
+def test_kill_then_resume_completes_without_losing_or_repeating_turns(tmp_path, roots, small_config, schedule, sig):
     data = tmp_path / "data"
     common = ["--parallel", "4", "--seed", "3", "--schedule", schedule, "--config", str(small_config)]
     explore(data, roots, "--run-id", "whole", *common)
@@ -135,16 +143,33 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_goes_on(tmp_path, roots, s
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(roots),
-         "--run-id", "full", "--parallel", "4", "--config", str(small_config)],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-        preexec_fn=limited, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(roots),
+            "--run-id",
+            "full",
+            "--parallel",
+            "4",
+            "--config",
+            str(small_config),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        preexec_fn=limited,
+        timeout=300,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     error = re.search(
         r"^Error: (\S+\.parquet): cannot write this part of the log \(File too large\); "
-        r"the log is intact up to seq (\d+)$", proc.stderr, re.MULTILINE,
-    )  # fmt: skip
+        r"the log is intact up to seq (\d+)$",
+        proc.stderr,
+        re.MULTILINE,
+    )
     assert error, proc.stderr
     log = EventLog(data, "full")
     assert not Path(error[1]).exists() and log.tail_seq() == int(error[2])
@@ -169,8 +194,13 @@ spool.put("T1/e1-1", 1, calls)  # 20 kB: refused
 spool.put("T1/e1-2", 1, calls[:1])
 print(spool.take("T1/e1-1", 1) is None, len(spool.take("T1/e1-2", 1)), sorted(p.name for p in spool.dir.iterdir()))
 """
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     kept, taken, names = proc.stdout.split(" ", 2)
     assert (kept, taken) == ("True", "1") and re.fullmatch(r"\['T1~e1-2--t1-[0-9a-f]{32}\.arrow'\]\n", names), names
@@ -181,8 +211,19 @@ def test_a_spool_file_damaged_or_torn_is_dropped_and_its_turn_runs_again(tmp_pat
     from ingest.events import ToolCalled
 
     spool = Spool(tmp_path)
-    calls = [ToolCalled(tree_id="T1", edge_id="T1/e1-1", turn=1, step=1, call_id=f"c{i}", tool="bash",
-                        status="ok", target=f"echo {i}") for i in range(20)]  # fmt: skip
+    calls = [
+        ToolCalled(
+            tree_id="T1",
+            edge_id="T1/e1-1",
+            turn=1,
+            step=1,
+            call_id=f"c{i}",
+            tool="bash",
+            status="ok",
+            target=f"echo {i}",
+        )
+        for i in range(20)
+    ]
     spool.put("T1/e1-1", 1, calls)
     assert spool.take("T1/e1-1", 1) == calls
     (path,) = spool.dir.iterdir()
@@ -225,18 +266,35 @@ def test_any_64_bit_count_in_the_config_works(tmp_path, roots):
     """The validator accepts every count that fits 64 bits, so the views must too."""
     big = 2**63 - 1
     data = tmp_path / "data"
-    r = CliRunner().invoke(cli, ["--data", str(data), "select-snapshots", str(ROOT / "data" / "student_run" /
-                                 "all_snapshots"), str(tmp_path / "all"), "--task", "k", "--num-roots", str(big),
-                                 "--run-id", "all", "--json"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(data),
+            "select-snapshots",
+            str(ROOT / "data" / "student_run" / "all_snapshots"),
+            str(tmp_path / "all"),
+            "--task",
+            "k",
+            "--num-roots",
+            str(big),
+            "--run-id",
+            "all",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     catalog = Catalog.for_log(EventLog(data, "all"))
-    counts = catalog.query("select count(*) filter (where selected) as n, count(*) filter (where eval_ok) as ok "
-                           "from snapshots")[0]  # fmt: skip
+    counts = catalog.query(
+        "select count(*) filter (where selected) as n, count(*) filter (where eval_ok) as ok from snapshots"
+    )[0]
     assert counts["n"] == counts["ok"] == len(json.loads(r.stdout)["picks"])  # R beyond them: all picked
     config = tmp_path / "big.toml"
-    config.write_text(f"[tree]\nmax_children = {big}\nmax_depth = {big}\nhard_token_limit = {big}\n"
-                      f"target_good_leaves = {big}\nmax_failed_expansions = {big}\nmax_valid_edges = 12\n"
-                      f"[paths]\ntop_k = {big}\n")  # fmt: skip
+    config.write_text(
+        f"[tree]\nmax_children = {big}\nmax_depth = {big}\nhard_token_limit = {big}\n"
+        f"target_good_leaves = {big}\nmax_failed_expansions = {big}\nmax_valid_edges = 12\n"
+        f"[paths]\ntop_k = {big}\n"
+    )
     explore(data, roots, "--config", config, "--run-id", "big", "--parallel", "8")
     catalog = Catalog.for_log(EventLog(data, "big"))
     trees = catalog.query("select stop_reason, kept_edges from trees")
@@ -267,15 +325,17 @@ def test_explore_records_the_whole_config_the_roots_and_their_task(tmp_path, roo
     assert [r["tree_id"] for r in roots_added] == ["T001", "T002", "T003", "T004"]
     assert all(r["stage"] and r["selection_reason"] and r["task"] == "kernel-speedup" for r in roots_added)
     assert {t["task"] for t in json.loads(explore(data, "--resume", "cfg", "--json").stdout)["trees"]} == {
-        "kernel-speedup"}  # fmt: skip
+        "kernel-speedup"
+    }
     assert "Top-6: " in r.stdout
     # Every decision names the seq of the last event it saw, which precedes it.
     table = EventLog(data, "cfg").read_table(["seq", "watermark"])
     mask = pc.is_valid(table.column("watermark"))
     decided = table.filter(mask)
     assert decided.num_rows > 0
-    assert all(w < s for s, w in zip(decided.column("seq").to_pylist(),
-                                     decided.column("watermark").to_pylist(), strict=True))  # fmt: skip
+    assert all(
+        w < s for s, w in zip(decided.column("seq").to_pylist(), decided.column("watermark").to_pylist(), strict=True)
+    )
 
 
 def test_a_task_that_disagrees_with_the_roots_or_is_missing_is_refused(tmp_path, roots):
@@ -312,16 +372,28 @@ def test_the_summary_names_each_quantity_once_and_its_counts_agree(tmp_path, run
     out = json.loads(explore(data, "--resume", "rounds", "--json").stdout)
     tree = out["trees"][0]
     assert not {"edges_kept", "edges_kept_exempt", "stop_condition", "in_flight"} & set(tree)
-    assert {"kept_edges", "kept_exempt_edges", "pruned_edges", "retried_edges", "paths", "ranked",
-            "selected", "top_path_score", "stop_reason", "status"} <= set(tree)  # fmt: skip
+    assert {
+        "kept_edges",
+        "kept_exempt_edges",
+        "pruned_edges",
+        "retried_edges",
+        "paths",
+        "ranked",
+        "selected",
+        "top_path_score",
+        "stop_reason",
+        "status",
+    } <= set(tree)
     for t in out["trees"]:
         assert t["kept_edges"] == t["nodes"] - 1 and t["kept_exempt_edges"] <= t["kept_edges"]
     for key in ("kept_edges", "kept_exempt_edges", "pruned_edges", "retried_edges"):
         assert out["progress"][key] == sum(t[key] for t in out["trees"]), key
     text = explore(data, "--resume", "rounds").stdout.splitlines()
     p = out["progress"]
-    line = (f"edges kept {p['kept_edges']} ({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, "
-            f"retried {p['retried_edges']}; leaves {p['leaves']}")  # fmt: skip
+    line = (
+        f"edges kept {p['kept_edges']} ({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, "
+        f"retried {p['retried_edges']}; leaves {p['leaves']}"
+    )
     assert text[0].endswith(line)
 
 

@@ -53,13 +53,34 @@ def test_chat_golden_file_of_the_hand_built_run(hand, tmp_path):
     deep, shallow = samples(tmp_path / "chat" / "hand.chat.jsonl")
     messages = deep["messages"]
     roles = [m["role"] for m in messages]
-    assert roles == ["system", "user", "assistant", "tool", "tool", "assistant", "user", "assistant",
-                     "tool", "tool", "assistant", "user", "assistant", "tool", "user", "assistant", "tool",
-                     "assistant"]  # fmt: skip
+    assert roles == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     # The forked sessions' inherited prefix (edge T1/e1-1's two turns) appears once.
     prompts = [m["content"] for m in messages if m["role"] == "user"]
-    assert prompts == ["Improve the solution [edge T1/e1-1 turn 1]", "Improve it further [edge T1/e1-1 turn 2]",
-                       "Next [edge T1.1/e1-1 turn 1]", "Again [edge T1.1/e1-1 turn 2]"]  # fmt: skip
+    assert prompts == [
+        "Improve the solution [edge T1/e1-1 turn 1]",
+        "Improve it further [edge T1/e1-1 turn 2]",
+        "Next [edge T1.1/e1-1 turn 1]",
+        "Again [edge T1.1/e1-1 turn 2]",
+    ]
     # Parallel calls in the order the model made them (they finished the other way round).
     assert [c["id"] for c in messages[2]["tool_calls"]] == ["c1", "c2"]
     assert [m["tool_call_id"] for m in messages[3:5]] == ["c1", "c2"]
@@ -74,14 +95,20 @@ def test_chat_golden_file_of_the_hand_built_run(hand, tmp_path):
     text = json.dumps([deep, shallow])
     assert "/runs/hand/worktrees" not in text and "/workspace/solution.py" in text
     meta = deep["metadata"]
-    assert (meta["run_id"], meta["task"], meta["stage"], meta["snapshot"]) == ("hand", "speedup", "late",
-                                                                               "eval-000001-agent-1-abc")  # fmt: skip
+    assert (meta["run_id"], meta["task"], meta["stage"], meta["snapshot"]) == (
+        "hand",
+        "speedup",
+        "late",
+        "eval-000001-agent-1-abc",
+    )
     assert meta["node_ids"] == ["T1", "T1.1", "T1.1.1"] and meta["rank"] == 1
     assert [(n["node_id"], n["score"]) for n in meta["nodes"]] == [("T1", 1.0), ("T1.1", 1.3), ("T1.1.1", 1.5)]
     assert [(t["edge_id"], t["turn"], t["score"], t["outcome"]) for t in meta["turns"]] == [
-        ("T1/e1-1", 1, 1.2, "completed"), ("T1/e1-1", 2, 1.3, "completed"),
-        ("T1.1/e1-1", 1, None, "timeout"), ("T1.1/e1-1", 2, 1.5, "completed"),
-    ]  # fmt: skip
+        ("T1/e1-1", 1, 1.2, "completed"),
+        ("T1/e1-1", 2, 1.3, "completed"),
+        ("T1.1/e1-1", 1, None, "timeout"),
+        ("T1.1/e1-1", 2, 1.5, "completed"),
+    ]
     # The killed turn printed no step, but it asked the model once: one step (its model call).
     assert [t["steps"] for t in meta["turns"]] == [2, 2, 1, 2]
     tools = json.loads(deep["tools"])
@@ -99,21 +126,33 @@ def test_atif_golden_file_of_the_hand_built_run(hand, tmp_path):
     for trajectory in (deep, shallow):
         assert_valid_atif(trajectory)
     steps = deep["steps"]
-    assert [s["source"] for s in steps] == ["system", "user", "agent", "agent", "user", "agent", "agent", "user",
-                                            "agent", "user", "agent", "agent"]  # fmt: skip
+    assert [s["source"] for s in steps] == [
+        "system",
+        "user",
+        "agent",
+        "agent",
+        "user",
+        "agent",
+        "agent",
+        "user",
+        "agent",
+        "user",
+        "agent",
+        "agent",
+    ]
     first = steps[2]
     assert [c["tool_call_id"] for c in first["tool_calls"]] == ["c1", "c2"]
     assert first["tool_calls"][0]["arguments"] == {"filePath": "/workspace/.opencode/notes/tiling.md"}
     assert [r["source_call_id"] for r in first["observation"]["results"]] == ["c1", "c2"]
     # The tool error names the worktree as the call's result does: both get the placeholder.
-    assert first["extra"]["tool_errors"] == [{"tool_call_id": "c2", "function_name": "read",
-                                              "error": "File not found: /workspace/missing.py"}]  # fmt: skip
+    assert first["extra"]["tool_errors"] == [
+        {"tool_call_id": "c2", "function_name": "read", "error": "File not found: /workspace/missing.py"}
+    ]
     assert first["observation"]["results"][1]["content"] == "File not found: /workspace/missing.py"
     # The arguments keep the model's key order (filePath, content, alpha), not a sorted one.
     write = steps[5]["tool_calls"][0]
     assert list(write["arguments"]) == ["filePath", "content", "alpha"]
-    assert first["metrics"] == {"prompt_tokens": 1200, "completion_tokens": 55, "cached_tokens": 200,
-                                "cost_usd": 0.001}  # fmt: skip
+    assert first["metrics"] == {"prompt_tokens": 1200, "completion_tokens": 55, "cached_tokens": 200, "cost_usd": 0.001}
     assert first["reasoning_content"] == "Read the note first."
     assert steps[3]["extra"]["eval"] == {"score": 1.2, "eval_status": "improved", "outcome": "completed"}
     killed = steps[8]  # turn 1 of T1.1/e1-1: its one model call, killed while its bash call ran
@@ -135,8 +174,13 @@ def assert_valid_atif(t: dict) -> None:
             assert isinstance(c["arguments"], dict) and c["function_name"]
         for r in (s.get("observation") or {}).get("results", []):
             assert r["source_call_id"] in ids
-    assert set(t["final_metrics"]) == {"total_prompt_tokens", "total_completion_tokens", "total_cached_tokens",
-                                       "total_cost_usd", "total_steps"}  # fmt: skip
+    assert set(t["final_metrics"]) == {
+        "total_prompt_tokens",
+        "total_completion_tokens",
+        "total_cached_tokens",
+        "total_cost_usd",
+        "total_steps",
+    }
 
 
 def test_no_reasoning_and_another_workspace(hand, tmp_path):
@@ -154,8 +198,9 @@ def test_the_chat_export_loads_with_datasets(hand, runs, tmp_path):
         out = tmp_path / run
         code, _, err = export(data, run, "--out", str(out))
         assert code == 0, err
-        dataset = load_dataset("json", data_files=str(out / f"{run}.chat.jsonl"), split="train",
-                               cache_dir=str(tmp_path / "hf-cache"))  # fmt: skip
+        dataset = load_dataset(
+            "json", data_files=str(out / f"{run}.chat.jsonl"), split="train", cache_dir=str(tmp_path / "hf-cache")
+        )
         manifest = json.loads((out / "manifest.json").read_text())
         assert len(dataset) == manifest["samples"] > 0
         for row in dataset:
@@ -187,8 +232,20 @@ def test_reexport_is_byte_identical_and_a_reselection_is_another_set(runs, tmp_p
         assert code == 0, err
         files[name] = {p.name: p.read_bytes() for p in (tmp_path / name).iterdir()}
     assert files["a"] == files["b"]
-    r = CliRunner().invoke(cli, ["--data", str(data), "reselect", "rounds", "--weights", "max=1,avg=0,clean=0,know=0",
-                                 "--top-k", "2", "--json"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(data),
+            "reselect",
+            "rounds",
+            "--weights",
+            "max=1,avg=0,clean=0,know=0",
+            "--top-k",
+            "2",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     other = json.loads(r.stdout)["selection_id"]
     code, _, err = export(data, "rounds", "--selection", other, "--out", str(tmp_path / "c"))
@@ -254,11 +311,19 @@ def test_the_manifest_gives_each_samples_length(hand, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     rows = samples(out / "hand.chat.jsonl")
     assert [(r["file"], r["leaf_id"]) for r in manifest["lengths"]] == [
-        ("hand.chat.jsonl", s["metadata"]["leaf_id"]) for s in rows]
+        ("hand.chat.jsonl", s["metadata"]["leaf_id"]) for s in rows
+    ]
     for row, sample in zip(manifest["lengths"], rows, strict=True):
-        texts = [m.get("content") or "" for m in sample["messages"]] + [m.get("reasoning_content") or "" for m in
-                 sample["messages"]] + [c["function"]["name"] + c["function"]["arguments"]
-                 for m in sample["messages"] for c in m.get("tool_calls") or []] + [sample["tools"]]  # fmt: skip
+        texts = (
+            [m.get("content") or "" for m in sample["messages"]]
+            + [m.get("reasoning_content") or "" for m in sample["messages"]]
+            + [
+                c["function"]["name"] + c["function"]["arguments"]
+                for m in sample["messages"]
+                for c in m.get("tool_calls") or []
+            ]
+            + [sample["tools"]]
+        )
         assert row["chars"] == sum(map(len, texts))
     assert manifest["max_chars"] == max(r["chars"] for r in manifest["lengths"]) and manifest["tokenizer"] is None
     assert f"longest sample: {manifest['max_chars']} characters" in stdout
@@ -268,7 +333,9 @@ def test_a_call_of_a_tool_not_offered_is_marked():
     from engine.export.conversations import PathConversation, invalid_calls
 
     tools = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
-    calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": "{}"}}
-             for i, n in (("a", "read"), ("b", "invalid"))]  # fmt: skip
+    calls = [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": "{}"}}
+        for i, n in (("a", "read"), ("b", "invalid"))
+    ]
     conv = PathConversation([], tools, [{"role": "assistant", "content": "", "tool_calls": calls}], [None])
     assert invalid_calls(conv) == ["b"]

@@ -31,8 +31,9 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
     data = tmp_path / "data"
     try:
-        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY",
-                             "--coral-dir", str(student))  # fmt: skip
+        r = explore_opencode(
+            data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY", "--coral-dir", str(student)
+        )
     finally:
         model.stop()
     assert r.exit_code == 0, r.output
@@ -44,8 +45,10 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
 
     # The path's last turn: turn 2 of the edge that made the leaf; its last request to the model.
     cat = Catalog.for_log(EventLog(data, "oc"))
-    last = cat.query("select t.session_id from turns as t join nodes as n on n.edge_id = t.edge_id "
-                     "where n.node_id = 'T001.1.1' and t.turn = 2")[0]["session_id"]  # fmt: skip
+    last = cat.query(
+        "select t.session_id from turns as t join nodes as n on n.edge_id = t.edge_id "
+        "where n.node_id = 'T001.1.1' and t.turn = 2"
+    )[0]["session_id"]
     requests = [q for q in model.requests if q["session"] == last and q["tools"]]
     assert requests, "the path's last turn sent no request"
     worktrees = re.escape(str((data / "runs" / "oc" / "worktrees").resolve()))
@@ -60,7 +63,11 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
     # Both edges of the path, both turns each, the first edge's prompts once.
     prompts = [m["content"] for m in sample["messages"] if m["role"] == "user"]
     assert [re.search(r"\[edge (\S+) turn (\d)\]", p).groups() for p in prompts] == [
-        ("T001/e1-2", "1"), ("T001/e1-2", "2"), ("T001.1/e1-1", "1"), ("T001.1/e1-1", "2")]
+        ("T001/e1-2", "1"),
+        ("T001/e1-2", "2"),
+        ("T001.1/e1-1", "1"),
+        ("T001.1/e1-1", "2"),
+    ]
     text = (out / "oc.chat.jsonl").read_text()
     assert "/worktrees/" not in text and "/workspace/solution.py" in text
     # transformers renders the sample as loaded by a trainer, its tools parsed from JSON.
@@ -70,18 +77,22 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
 
     from engine.export.training import CHAT_TEMPLATE, EOS, PAD
 
-    loaded = load_dataset("json", data_files=str(out / "oc.chat.jsonl"), split="train",
-                          cache_dir=str(tmp_path / "hf-cache"))  # fmt: skip
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), eos_token=EOS, pad_token=PAD,
-                                        chat_template=CHAT_TEMPLATE)  # fmt: skip
+    loaded = load_dataset(
+        "json", data_files=str(out / "oc.chat.jsonl"), split="train", cache_dir=str(tmp_path / "hf-cache")
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE()), eos_token=EOS, pad_token=PAD, chat_template=CHAT_TEMPLATE
+    )
     for row in loaded:
         rendered = tokenizer.apply_chat_template(row["messages"], tools=json.loads(row["tools"]), tokenize=False)
         assert all((m["content"] or "") in rendered for m in sample["messages"] if isinstance(m["content"], str))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["lengths"][0]["chars"] > 20_000  # the system prompt and the tools (docs/TRAINING.md: max_length)
     # The forks record only what they add; the key reaches the endpoint and nothing recorded.
-    bases = {(b["edge_id"], b["turn"]): b["base"] for b in
-             cat.query("select edge_id, turn, base from stg_conversation_recorded")}  # fmt: skip
+    bases = {
+        (b["edge_id"], b["turn"]): b["base"]
+        for b in cat.query("select edge_id, turn, base from stg_conversation_recorded")
+    }
     assert bases[("T001/e1-2", 1)] == 0  # a fresh session
     assert all(bases[k] > 0 for k in (("T001/e1-2", 2), ("T001.1/e1-1", 1), ("T001.1/e1-1", 2))), bases
     assert {q["authorization"] for q in model.requests} == {"Bearer secret-4242"}
@@ -111,20 +122,29 @@ def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roo
     from ingest.events import ConversationRecorded, StepFinished, ToolCalled, TurnFinished
 
     model = FakeModel(sleepy).start()
-    config = RunConfig(task="speedup", backend="opencode",
-                       backend_options={"model": "fake/scripted", "endpoint": model.base_url})  # fmt: skip
+    config = RunConfig(
+        task="speedup", backend="opencode", backend_options={"model": "fake/scripted", "endpoint": model.base_url}
+    )
     teacher = OpenCodeTeacher(config, tmp_path / "run")
     try:
         folder = next(roots.iterdir())
         start = teacher.root_state(RootInfo("T001", str(folder), 1.0, None))
-        ids = {"tree_id": "T001", "edge_id": "T001/e1-1", "parent_id": "T001", "slot": 1, "attempt": 1,
-               "direction": "maximize"}  # fmt: skip
+        ids = {
+            "tree_id": "T001",
+            "edge_id": "T001/e1-1",
+            "parent_id": "T001",
+            "slot": 1,
+            "attempt": 1,
+            "direction": "maximize",
+        }
         # The deadline leaves OpenCode time to start and call bash on a loaded machine; sleep 600 outlives it.
-        first = teacher.run_turn(TurnRequest(**ids, turn=1, start_state=start, fork=True, timeout_s=45),
-                                 threading.Event())  # fmt: skip
+        first = teacher.run_turn(
+            TurnRequest(**ids, turn=1, start_state=start, fork=True, timeout_s=45), threading.Event()
+        )
         state = first[-1].state
-        second = teacher.run_turn(TurnRequest(**ids, turn=2, start_state=state, fork=False, timeout_s=300),
-                                  threading.Event())  # fmt: skip
+        second = teacher.run_turn(
+            TurnRequest(**ids, turn=2, start_state=state, fork=False, timeout_s=300), threading.Event()
+        )
     finally:
         teacher.close()
         model.stop()

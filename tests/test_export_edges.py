@@ -53,16 +53,22 @@ def scenario_script(cases: dict[int, str]):
             return "Forked."
         if case in ("stall-first-byte", "stall-headers"):
             if step == 0:
-                return [("read", {"filePath": f"{workdir}/.opencode/notes/tiling.md"}),
-                        ("read", {"filePath": f"{workdir}/solution.py"})]  # fmt: skip
+                return [
+                    ("read", {"filePath": f"{workdir}/.opencode/notes/tiling.md"}),
+                    ("read", {"filePath": f"{workdir}/solution.py"}),
+                ]
             return Stall(after_headers=case == "stall-headers")
         if case == "hanging" and step == 0:
-            return [("bash", {"command": "echo finished-call", "description": "echo"}),
-                    ("bash", {"command": "sleep 600", "description": "hang"})]  # fmt: skip
+            return [
+                ("bash", {"command": "echo finished-call", "description": "echo"}),
+                ("bash", {"command": "sleep 600", "description": "hang"}),
+            ]
         if case == "kill-9" and step == 0:
             # The echo is done (and printed) long before OpenCode itself is killed.
-            return [("bash", {"command": "echo finished-call", "description": "echo"}),
-                    ("bash", {"command": "sleep 5; kill -9 $PPID; sleep 600", "description": "kill"})]  # fmt: skip
+            return [
+                ("bash", {"command": "echo finished-call", "description": "echo"}),
+                ("bash", {"command": "sleep 5; kill -9 $PPID; sleep 600", "description": "kill"}),
+            ]
         if case == "retry-500" and step == 1 and edge not in failed:
             failed.add(edge)
             return Fail(500)
@@ -80,8 +86,9 @@ def run_cases(tmp_path: Path, roots: Path, student: Path, run_id: str, cases: di
     config = tmp_path / f"{run_id}.toml"
     config.write_text("parallel = 3\n[tree]\nroot_children = 3\nmax_children = 1\nmax_depth = 2\n")
     data = tmp_path / "data"
-    r = explore_opencode(data, roots, model, config, run_id, "--coral-dir", str(student),
-                         "--turn-timeout", str(timeout))  # fmt: skip
+    r = explore_opencode(
+        data, roots, model, config, run_id, "--coral-dir", str(student), "--turn-timeout", str(timeout)
+    )
     (tmp_path / f"{run_id}-requests.json").write_text(json.dumps(model.requests))  # for a look afterwards
     if r.exit_code != 0:
         model.stop()
@@ -91,8 +98,7 @@ def run_cases(tmp_path: Path, roots: Path, student: Path, run_id: str, cases: di
 
 def exported(data: Path, run_id: str, fmt: str, *extra: str) -> list[dict]:
     out = data.parent / f"{run_id}-{fmt}{'-'.join(extra)}"
-    done = CliRunner().invoke(cli, ["--data", str(data), "export", run_id, "--out", str(out), "--format", fmt,
-                                    *extra])  # fmt: skip
+    done = CliRunner().invoke(cli, ["--data", str(data), "export", run_id, "--out", str(out), "--format", fmt, *extra])
     assert done.exit_code == 0, done.output
     return [json.loads(line) for line in (out / f"{run_id}.{fmt}.jsonl").read_text().splitlines()]
 
@@ -107,22 +113,37 @@ def placer(data: Path, run_id: str):
 
 
 def leaf_turn(cat: Catalog, k: int) -> dict:
-    (row,) = cat.query("select t.session_id, t.context_tokens, t.outcome, t.state, n.tok from int_turns as t "
-                       "join nodes as n on n.edge_id = t.edge_id where n.node_id = ? and t.turn = 2",
-                       [f"T001.{k}.1"])  # fmt: skip
+    (row,) = cat.query(
+        "select t.session_id, t.context_tokens, t.outcome, t.state, n.tok from int_turns as t "
+        "join nodes as n on n.edge_id = t.edge_id where n.node_id = ? and t.turn = 2",
+        [f"T001.{k}.1"],
+    )
     return row
 
 
 def fork_request(model: FakeModel, data: Path, run_id: str, k: int, state: dict) -> dict:
     """The first request OpenCode sends when the session of T001.<k>.1's last turn goes on (a fork)."""
-    config = RunConfig(task="speedup", backend="opencode",
-                       backend_options={"model": "fake/scripted", "endpoint": model.base_url})  # fmt: skip
+    config = RunConfig(
+        task="speedup", backend="opencode", backend_options={"model": "fake/scripted", "endpoint": model.base_url}
+    )
     teacher = OpenCodeTeacher(config, data / "runs" / run_id)
     edge = f"T001.{k}.1/e9-1"
     try:
-        teacher.run_turn(TurnRequest(tree_id="T001", edge_id=edge, parent_id=f"T001.{k}.1", turn=1, slot=9,
-                                     attempt=1, start_state=state, fork=True, timeout_s=300,
-                                     direction="maximize"), threading.Event())  # fmt: skip
+        teacher.run_turn(
+            TurnRequest(
+                tree_id="T001",
+                edge_id=edge,
+                parent_id=f"T001.{k}.1",
+                turn=1,
+                slot=9,
+                attempt=1,
+                start_state=state,
+                fork=True,
+                timeout_s=300,
+                direction="maximize",
+            ),
+            threading.Event(),
+        )
     finally:
         teacher.close()
     return next(q for q in model.requests if q["where"].get("edge") == edge and q["tools"])
@@ -142,9 +163,11 @@ def check_sample(sample: dict, model: FakeModel, session: str, placed, fork: dic
     # Whatever follows the last request is exactly what the fork of the session sent on.
     sent_on = placed(fork["messages"])[:-1]  # less the fork's own prompt
     if sample["messages"] != sent_on:
-        problems.append(f"{case}: the sample differs from what OpenCode sends when the session goes on:\n"
-                        f"  sample tail {json.dumps(sample['messages'][n - 1:])[:1500]}\n"
-                        f"  fork tail   {json.dumps(sent_on[n - 1:])[:1500]}")  # fmt: skip
+        problems.append(
+            f"{case}: the sample differs from what OpenCode sends when the session goes on:\n"
+            f"  sample tail {json.dumps(sample['messages'][n - 1 :])[:1500]}\n"
+            f"  fork tail   {json.dumps(sent_on[n - 1 :])[:1500]}"
+        )
     return problems
 
 
@@ -159,8 +182,11 @@ def check_tokens(cat: Catalog, atif: dict, model: FakeModel, k: int, case: str) 
     leaf = leaf_turn(cat, k)
     usages = usage_of_steps(model, leaf["session_id"])
     edge = f"T001.{k}/e1-1"
-    steps = [s for s in atif["steps"] if s["source"] == "agent" and s.get("extra", {}).get("edge_id") == edge
-             and s["extra"]["turn"] == 2]  # fmt: skip
+    steps = [
+        s
+        for s in atif["steps"]
+        if s["source"] == "agent" and s.get("extra", {}).get("edge_id") == edge and s["extra"]["turn"] == 2
+    ]
     metrics = [(s.get("metrics") or {}).get("prompt_tokens") for s in steps]
     want = [u["prompt_tokens"] for u in usages][: len(steps)]
     if metrics != want:
@@ -169,8 +195,10 @@ def check_tokens(cat: Catalog, atif: dict, model: FakeModel, k: int, case: str) 
     if completion != [u["completion_tokens"] for u in usages][: len(steps)]:
         problems.append(f"{case}: ATIF completion tokens {completion} != the server's")
     if leaf["context_tokens"] != usages[-1]["total_tokens"] or leaf["tok"] != usages[-1]["total_tokens"]:
-        problems.append(f"{case}: context_tokens {leaf['context_tokens']} / tok {leaf['tok']} != the server's "
-                        f"{usages[-1]['total_tokens']}")  # fmt: skip
+        problems.append(
+            f"{case}: context_tokens {leaf['context_tokens']} / tok {leaf['tok']} != the server's "
+            f"{usages[-1]['total_tokens']}"
+        )
     return problems
 
 
@@ -184,8 +212,9 @@ def compare_run(model: FakeModel, data: Path, run_id: str, cases: dict[int, str]
     for k, case in cases.items():
         leaf = leaf_turn(cat, k)
         sample = chat[f"T001.{k}.1"]
-        fork = fork_request(model, data, run_id, k, json.loads(leaf["state"]) if isinstance(leaf["state"], str)
-                            else leaf["state"])  # fmt: skip
+        fork = fork_request(
+            model, data, run_id, k, json.loads(leaf["state"]) if isinstance(leaf["state"], str) else leaf["state"]
+        )
         problems += check_sample(sample, model, leaf["session_id"], placed, fork, case)
         problems += check_tokens(cat, atif[f"T001.{k}.1"], model, k, case)
         facts[case] = {"sample": sample, "atif": atif[f"T001.{k}.1"], "leaf": leaf}
@@ -196,8 +225,12 @@ def compare_run(model: FakeModel, data: Path, run_id: str, cases: dict[int, str]
 
 
 @pytest.mark.slow
-def test_cut_turns_export_what_the_model_received_and_what_opencode_sends_on(tmp_path, roots, student,  # noqa: F811
-                                                                             coral_on_path):  # noqa: F811
+def test_cut_turns_export_what_the_model_received_and_what_opencode_sends_on(
+    tmp_path,
+    roots,  # noqa: F811 - a fixture
+    student,  # noqa: F811
+    coral_on_path,  # noqa: F811
+):
     cases = {1: "stall-first-byte", 2: "stall-headers", 3: "hanging"}
     model, data = run_cases(tmp_path, roots, student, "cut", cases, timeout=120)
     try:
@@ -218,8 +251,12 @@ def test_cut_turns_export_what_the_model_received_and_what_opencode_sends_on(tmp
 
 
 @pytest.mark.slow
-def test_killed_retried_and_invalid_calls_export_what_the_model_received(tmp_path, roots, student,  # noqa: F811
-                                                                         coral_on_path):  # noqa: F811
+def test_killed_retried_and_invalid_calls_export_what_the_model_received(
+    tmp_path,
+    roots,  # noqa: F811 - a fixture
+    student,  # noqa: F811
+    coral_on_path,  # noqa: F811
+):
     cases = {1: "kill-9", 2: "retry-500", 3: "unknown-tool"}
     model, data = run_cases(tmp_path, roots, student, "odd", cases, timeout=300)
     try:
@@ -241,4 +278,5 @@ def test_killed_retried_and_invalid_calls_export_what_the_model_received(tmp_pat
         chat_calls = [c for m in facts[case]["sample"]["messages"] for c in m.get("tool_calls") or []]
         atif_calls = [c for s in facts[case]["atif"]["steps"] for c in s.get("tool_calls") or []]
         assert [list(json.loads(c["function"]["arguments"])) for c in chat_calls] == [
-            list(c["arguments"]) for c in atif_calls]
+            list(c["arguments"]) for c in atif_calls
+        ]

@@ -44,8 +44,12 @@ EXITS: Counter[int] = Counter()  # of the command lines
 
 def fuzz(cases: int) -> settings:
     """Hypothesis settings of a fuzz target: ``cases`` examples, no deadline (a loaded machine)."""
-    return settings(max_examples=cases, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+    return settings(
+        max_examples=cases,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,11 +81,13 @@ def storable(facts: list[Event]) -> None:
 # ------------------------------------------------------------------ strategies
 
 SURROGATES = st.sampled_from(["\ud800", "\udcff", "\ud83d", "\ude00", "\udc80"])
-TEXT = st.one_of(st.text(max_size=12), st.builds(lambda a, s, b: a + s + b, st.text(max_size=4), SURROGATES,
-                                                 st.text(max_size=4)))  # fmt: skip
+TEXT = st.one_of(
+    st.text(max_size=12), st.builds(lambda a, s, b: a + s + b, st.text(max_size=4), SURROGATES, st.text(max_size=4))
+)
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), TEXT)
-JSON = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-                    max_leaves=10)  # fmt: skip
+JSON = st.recursive(
+    LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4), max_leaves=10
+)
 
 
 def dumps(value: object) -> str:
@@ -94,43 +100,97 @@ def mutated(draw, text: str) -> str:
     i = draw(st.integers(0, len(text)))
     how = draw(st.sampled_from(["cut", "change", "insert", "delete", "as_is"]))
     c = draw(st.characters())
-    return {"cut": text[:i], "change": text[:i] + c + text[i + 1 :], "insert": text[:i] + c + text[i:],
-            "delete": text[:i] + text[i + 1 :], "as_is": text}[how]  # fmt: skip
+    return {
+        "cut": text[:i],
+        "change": text[:i] + c + text[i + 1 :],
+        "insert": text[:i] + c + text[i:],
+        "delete": text[:i] + text[i + 1 :],
+        "as_is": text,
+    }[how]
 
 
 # -------------------------------------------------------------- stream lines
 
 VALID_LINES = [
     dumps({"type": "step_start", "sessionID": "ses_1", "part": {"type": "step-start"}}),
-    dumps({"type": "tool_use", "sessionID": "ses_1", "part": {"tool": "bash", "callID": "c1", "state": {
-        "status": "completed", "input": {"command": "coral eval -m x"}, "output": "CORAL Eval (#1): 0.5\n"}}}),
-    dumps({"type": "tool_use", "part": {"tool": "read", "id": "c2", "state": {"status": "error", "input": {
-        "filePath": "/a"}, "error": "File not found"}}}),
-    dumps({"type": "step_finish", "part": {"reason": "stop", "cost": 0.01, "tokens": {
-        "total": 10, "input": 5, "output": 5, "reasoning": 0, "cache": {"read": 0, "write": 0}}}}),
+    dumps(
+        {
+            "type": "tool_use",
+            "sessionID": "ses_1",
+            "part": {
+                "tool": "bash",
+                "callID": "c1",
+                "state": {
+                    "status": "completed",
+                    "input": {"command": "coral eval -m x"},
+                    "output": "CORAL Eval (#1): 0.5\n",
+                },
+            },
+        }
+    ),
+    dumps(
+        {
+            "type": "tool_use",
+            "part": {
+                "tool": "read",
+                "id": "c2",
+                "state": {"status": "error", "input": {"filePath": "/a"}, "error": "File not found"},
+            },
+        }
+    ),
+    dumps(
+        {
+            "type": "step_finish",
+            "part": {
+                "reason": "stop",
+                "cost": 0.01,
+                "tokens": {"total": 10, "input": 5, "output": 5, "reasoning": 0, "cache": {"read": 0, "write": 0}},
+            },
+        }
+    ),
     dumps({"type": "text", "part": {"text": "done"}}),
     dumps({"type": "reasoning", "part": {"text": "hm"}}),
     dumps({"type": "error", "error": {"name": "APIError", "data": {"message": "boom"}}}),
-]  # fmt: skip
+]
 
-TOOL_STATE = st.fixed_dictionaries({}, optional={
-    "status": st.sampled_from(["completed", "error", "running"]) | JSON, "input": JSON | st.fixed_dictionaries(
-        {}, optional={"command": JSON, "filePath": JSON, "path": JSON, "pattern": JSON, "tool": JSON,
-                      "error": JSON}), "output": JSON, "error": JSON})  # fmt: skip
-PART = st.fixed_dictionaries({}, optional={
-    "tool": JSON | st.sampled_from(["bash", "read", "invalid", "skill", "glob"]), "callID": JSON, "id": JSON,
-    "state": TOOL_STATE | JSON, "text": JSON, "reason": JSON, "cost": JSON,
-    "tokens": JSON | st.fixed_dictionaries({}, optional={k: JSON for k in (
-        "total", "input", "output", "reasoning", "cache")}),
-})  # fmt: skip
+TOOL_STATE = st.fixed_dictionaries(
+    {},
+    optional={
+        "status": st.sampled_from(["completed", "error", "running"]) | JSON,
+        "input": JSON
+        | st.fixed_dictionaries(
+            {}, optional={"command": JSON, "filePath": JSON, "path": JSON, "pattern": JSON, "tool": JSON, "error": JSON}
+        ),
+        "output": JSON,
+        "error": JSON,
+    },
+)
+PART = st.fixed_dictionaries(
+    {},
+    optional={
+        "tool": JSON | st.sampled_from(["bash", "read", "invalid", "skill", "glob"]),
+        "callID": JSON,
+        "id": JSON,
+        "state": TOOL_STATE | JSON,
+        "text": JSON,
+        "reason": JSON,
+        "cost": JSON,
+        "tokens": JSON
+        | st.fixed_dictionaries({}, optional={k: JSON for k in ("total", "input", "output", "reasoning", "cache")}),
+    },
+)
 EVENT = st.fixed_dictionaries(
     {"type": st.sampled_from(sorted(KNOWN_TYPES)) | JSON},
     optional={"sessionID": JSON, "part": PART | JSON, "error": JSON, "timestamp": JSON},
-)  # fmt: skip
+)
 LINES = st.one_of(
-    st.text(), TEXT, st.binary(max_size=40).map(lambda b: b.decode("utf-8", "surrogateescape")),
-    JSON.map(dumps), EVENT.map(dumps), st.sampled_from(VALID_LINES).flatmap(mutated),
-)  # fmt: skip
+    st.text(),
+    TEXT,
+    st.binary(max_size=40).map(lambda b: b.decode("utf-8", "surrogateescape")),
+    JSON.map(dumps),
+    EVENT.map(dumps),
+    st.sampled_from(VALID_LINES).flatmap(mutated),
+)
 
 
 @fuzz(1000)
@@ -166,8 +226,9 @@ def broken(draw, valid: dict, wrong: dict) -> dict:
 def serialized(value: dict) -> st.SearchStrategy[bytes]:
     """A JSON object as written, cut short or changed, or bytes that are not JSON at all."""
     text = dumps(value)
-    return st.one_of(st.just(text), st.just(text), mutated(text), st.binary(max_size=30).map(lambda b: b.decode(
-        "latin-1"))).map(lambda t: t.encode("utf-8", "surrogatepass"))  # fmt: skip
+    return st.one_of(
+        st.just(text), st.just(text), mutated(text), st.binary(max_size=30).map(lambda b: b.decode("latin-1"))
+    ).map(lambda t: t.encode("utf-8", "surrogatepass"))
 
 
 def breaks(*extra: object) -> st.SearchStrategy:
@@ -176,19 +237,30 @@ def breaks(*extra: object) -> st.SearchStrategy:
 
 # ------------------------------------------------------------- eval results
 
-SCORE_TOKENS = st.sampled_from(["0.85", "-3", "nan", "NaN", "inf", "-inf", "1e999", "FAILED", "PENDING", "0x1p3",
-                                "1_0", "", "١٢", "0.5\n"]) | st.text(max_size=6)  # fmt: skip
+SCORE_TOKENS = st.sampled_from(
+    ["0.85", "-3", "nan", "NaN", "inf", "-inf", "1e999", "FAILED", "PENDING", "0x1p3", "1_0", "", "١٢", "0.5\n"]
+) | st.text(max_size=6)
 
 
 @st.composite
 def eval_calls(draw) -> list[ShellCall]:
     """The shell calls of a turn: one ran the eval and printed its block, perhaps broken."""
-    fields = draw(broken({"n": 17, "score": "0.8523000000", "commit": "1a2b3c4d5e6f", "status": "improved",
-                          "feedback": "faster"},
-                         {"n": st.integers(-5, 10**30), "score": SCORE_TOKENS, "commit": TEXT, "status": TEXT,
-                          "feedback": st.none() | TEXT}))  # fmt: skip
-    block = (f"CORAL Eval (#{fields['n']}): {fields['score']}\nCommit:  {fields['commit']}\n"
-             f"Status:  {fields['status']}" + (f"\nFeedback: {fields['feedback']}" if fields["feedback"] else ""))
+    fields = draw(
+        broken(
+            {"n": 17, "score": "0.8523000000", "commit": "1a2b3c4d5e6f", "status": "improved", "feedback": "faster"},
+            {
+                "n": st.integers(-5, 10**30),
+                "score": SCORE_TOKENS,
+                "commit": TEXT,
+                "status": TEXT,
+                "feedback": st.none() | TEXT,
+            },
+        )
+    )
+    block = (
+        f"CORAL Eval (#{fields['n']}): {fields['score']}\nCommit:  {fields['commit']}\n"
+        f"Status:  {fields['status']}" + (f"\nFeedback: {fields['feedback']}" if fields["feedback"] else "")
+    )
     block = draw(st.one_of(st.just(block), st.just(block), mutated(block)))
     command = draw(st.sampled_from(["coral eval -m 'tiling'", "coral eval -m 'tiling'", "ls", "coral"]))
     around = st.lists(st.builds(ShellCall, st.sampled_from(["coral eval -m y", "pytest"]) | TEXT, TEXT), max_size=2)
@@ -196,8 +268,15 @@ def eval_calls(draw) -> list[ShellCall]:
 
 
 def eval_fact(result) -> EvalFinished:
-    return EvalFinished(tree_id="T001", edge_id="T001/e1-1", turn=1, score=result.score,
-                        eval_status=result.status, source=result.source, feedback=result.feedback)  # fmt: skip
+    return EvalFinished(
+        tree_id="T001",
+        edge_id="T001/e1-1",
+        turn=1,
+        score=result.score,
+        eval_status=result.status,
+        source=result.source,
+        feedback=result.feedback,
+    )
 
 
 @fuzz(800)
@@ -213,14 +292,19 @@ def test_printed_eval_blocks_give_a_result_or_none(calls):
     storable([eval_fact(result)])
 
 
-ATTEMPT_WRONG = {"score": breaks(float("inf"), float("nan"), 10**400, "1.5", True, 1e308),
-                 "status": breaks(), "commit_hash": breaks(), "feedback": breaks()}  # fmt: skip
+ATTEMPT_WRONG = {
+    "score": breaks(float("inf"), float("nan"), 10**400, "1.5", True, 1e308),
+    "status": breaks(),
+    "commit_hash": breaks(),
+    "feedback": breaks(),
+}
 
 
 def attempt_body(commit: str) -> st.SearchStrategy[bytes]:
     valid = {"commit_hash": commit, "agent_id": "agent-1", "score": 1.25, "status": "improved", "feedback": "ok"}
-    return st.one_of(broken(valid, ATTEMPT_WRONG).flatmap(serialized), JSON.map(lambda v: dumps(v).encode(
-        "utf-8", "surrogatepass")))  # fmt: skip
+    return st.one_of(
+        broken(valid, ATTEMPT_WRONG).flatmap(serialized), JSON.map(lambda v: dumps(v).encode("utf-8", "surrogatepass"))
+    )
 
 
 @fuzz(800)
@@ -242,15 +326,20 @@ def test_an_attempt_json_gives_a_result_or_none(body):
 NAME_CHARS = st.characters(exclude_characters="/\x00", exclude_categories=["Cs"])
 FILE_NAME = st.one_of(
     st.text(NAME_CHARS, min_size=1, max_size=20).filter(lambda n: n not in (".", "..")),
-    st.binary(min_size=1, max_size=12).filter(lambda b: b"/" not in b and b"\x00" not in b and b not in (b".", b".."))
+    st.binary(min_size=1, max_size=12)
+    .filter(lambda b: b"/" not in b and b"\x00" not in b and b not in (b".", b".."))
     .map(os.fsdecode),
-)  # fmt: skip
+)
 HEX = st.text("0123456789abcdefABCDEF", min_size=1, max_size=40)
 SNAPSHOT_NAME = st.one_of(
-    st.builds(lambda i, agent, h: f"eval-{i}-{agent}-{h}", st.integers(0, 10**25).map(str) | st.just("007"),
-              st.text(NAME_CHARS, min_size=1, max_size=8), HEX),
+    st.builds(
+        lambda i, agent, h: f"eval-{i}-{agent}-{h}",
+        st.integers(0, 10**25).map(str) | st.just("007"),
+        st.text(NAME_CHARS, min_size=1, max_size=8),
+        HEX,
+    ),
     FILE_NAME,
-)  # fmt: skip
+)
 ENTRY = st.sampled_from(["dir", "file", None])
 ATTEMPT_NAME = st.one_of(st.builds(lambda h: f"{h}.json", HEX), FILE_NAME, st.just("commit.json"))
 
@@ -260,15 +349,35 @@ def snapshot_folder(draw) -> dict:
     """A snapshot folder as CORAL writes one, with up to two things wrong (or not)."""
     index = draw(st.integers(1, 999_999))
     commit = draw(st.text("0123456789abcdef", min_size=40, max_size=40))
-    meta = draw(broken({"commit_hash": commit, "eval_ok": True, "eval_count": index, "agent_id": "agent-1"},
-                       {"commit_hash": breaks(commit[:7], commit.upper(), ""), "eval_ok": breaks(False, 1, "true"),
-                        "eval_count": breaks(), "agent_id": breaks()}))  # fmt: skip
+    meta = draw(
+        broken(
+            {"commit_hash": commit, "eval_ok": True, "eval_count": index, "agent_id": "agent-1"},
+            {
+                "commit_hash": breaks(commit[:7], commit.upper(), ""),
+                "eval_ok": breaks(False, 1, "true"),
+                "eval_count": breaks(),
+                "agent_id": breaks(),
+            },
+        )
+    )
     attempts = [(f"{commit}.json", draw(attempt_body(commit)))]
     attempts += draw(st.lists(st.tuples(ATTEMPT_NAME, attempt_body(commit[:12]) | st.just("dir")), max_size=2))
-    valid = {"name": f"eval-{index:06d}-agent-1-{commit[:12]}", "is_dir": True, "meta": serialized(meta),
-             "code": "dir", "shared": "dir", "attempts": attempts}
-    wrong = {"name": SNAPSHOT_NAME, "is_dir": st.just(False), "meta": st.sampled_from([None, "dir"]) | st.binary(
-        max_size=30) | JSON.map(dumps), "code": ENTRY, "shared": ENTRY, "attempts": st.sampled_from([None, "file"])}
+    valid = {
+        "name": f"eval-{index:06d}-agent-1-{commit[:12]}",
+        "is_dir": True,
+        "meta": serialized(meta),
+        "code": "dir",
+        "shared": "dir",
+        "attempts": attempts,
+    }
+    wrong = {
+        "name": SNAPSHOT_NAME,
+        "is_dir": st.just(False),
+        "meta": st.sampled_from([None, "dir"]) | st.binary(max_size=30) | JSON.map(dumps),
+        "code": ENTRY,
+        "shared": ENTRY,
+        "attempts": st.sampled_from([None, "file"]),
+    }
     spec = draw(broken(valid, wrong))
     if not isinstance(spec["meta"], str | bytes | None):
         spec["meta"] = draw(spec["meta"])
@@ -324,8 +433,13 @@ def test_snapshot_folders_become_facts_with_a_recorded_skip_or_score_problem(fol
         root.mkdir()
         facts = [read_snapshot(p, "task") for p in make_folders(root, folders)]
         for fact in facts:
-            event(f"skipped: {fact.skip_reason.split(' (')[0]}" if fact.skip_reason else
-                  "scored" if fact.score is not None else "no score")  # fmt: skip
+            event(
+                f"skipped: {fact.skip_reason.split(' (')[0]}"
+                if fact.skip_reason
+                else "scored"
+                if fact.score is not None
+                else "no score"
+            )
             assert fact.skip_reason or fact.score is not None or fact.score_problem, fact
             assert fact.score is None or abs(fact.score) < float("inf")
         storable(facts)
@@ -338,21 +452,81 @@ def test_snapshot_folders_become_facts_with_a_recorded_skip_or_score_problem(fol
 # --------------------------------------------------------------- config TOML
 
 VALID_CONFIG = [
-    "seed = 5", "parallel = 4", 'schedule = "rounds"', "backend_error_limit = 3", "[tree]", "max_depth = 3",
-    "target_good_leaves = 4", "tool_error_prune = 0.3", "[soft]", "outcome = 0.3", "[paths]", "max = 0.5",
-    "top_k = 3", "[knowledge]", 'path_regex = "notes/"', 'file_tools = ["read", "edit"]', "[backend_options]",
-    "latency_s = 0.0", "token_growth = [8000, 25000]",
-]  # fmt: skip
-KEYS = ["seed", "parallel", "schedule", "backend", "task", "direction", "root_children", "max_children",
-        "hard_token_limit", "alpha", "avg", "know", "command_regex", "num_roots", "calls_per_step", "bogus", "1"]
+    "seed = 5",
+    "parallel = 4",
+    'schedule = "rounds"',
+    "backend_error_limit = 3",
+    "[tree]",
+    "max_depth = 3",
+    "target_good_leaves = 4",
+    "tool_error_prune = 0.3",
+    "[soft]",
+    "outcome = 0.3",
+    "[paths]",
+    "max = 0.5",
+    "top_k = 3",
+    "[knowledge]",
+    'path_regex = "notes/"',
+    'file_tools = ["read", "edit"]',
+    "[backend_options]",
+    "latency_s = 0.0",
+    "token_growth = [8000, 25000]",
+]
+KEYS = [
+    "seed",
+    "parallel",
+    "schedule",
+    "backend",
+    "task",
+    "direction",
+    "root_children",
+    "max_children",
+    "hard_token_limit",
+    "alpha",
+    "avg",
+    "know",
+    "command_regex",
+    "num_roots",
+    "calls_per_step",
+    "bogus",
+    "1",
+]
 LITERALS = st.one_of(
-    st.sampled_from(["0", "-1", "1", "9223372036854775807", "9223372036854775808", "1e999", "nan", "-inf",
-                     "1e6", "1e7", "true", '"async"', '"opencode"', '"minimize"', '"(["', '"a\\ud800"', "[1, 2]",
-                     "[3, 2]", '["read"]', "{a = 1}", "1979-05-27", "[]", "[[1]]", '""']),
-    st.integers().map(str), st.floats().map(repr), TEXT.map(json.dumps),
-)  # fmt: skip
-SECTIONS = st.sampled_from(["tree", "soft", "q", "paths", "knowledge", "selection", "backend_options", "nope",
-                            "tree.deep", "[tree]"])  # fmt: skip
+    st.sampled_from(
+        [
+            "0",
+            "-1",
+            "1",
+            "9223372036854775807",
+            "9223372036854775808",
+            "1e999",
+            "nan",
+            "-inf",
+            "1e6",
+            "1e7",
+            "true",
+            '"async"',
+            '"opencode"',
+            '"minimize"',
+            '"(["',
+            '"a\\ud800"',
+            "[1, 2]",
+            "[3, 2]",
+            '["read"]',
+            "{a = 1}",
+            "1979-05-27",
+            "[]",
+            "[[1]]",
+            '""',
+        ]
+    ),
+    st.integers().map(str),
+    st.floats().map(repr),
+    TEXT.map(json.dumps),
+)
+SECTIONS = st.sampled_from(
+    ["tree", "soft", "q", "paths", "knowledge", "selection", "backend_options", "nope", "tree.deep", "[tree]"]
+)
 
 
 @st.composite
@@ -415,24 +589,61 @@ def cli_data(runs, tmp_path_factory) -> Path:
     return data
 
 
-ODD = st.sampled_from(["rounds", "nope", "T001", "T999", "-1", "0", "2", "1e999", "nan", "max=1,avg=nan",
-                       "max=1,max=2", "know=-1e7", "task,stage", "root", "select 1", "drop table trees",
-                       "copy trees to 'x.csv'", "select * from read_csv('/etc/passwd')", "attach 'x.db'",
-                       "select * from nope", "part-000000000001-000000000002-L0.parquet", "", "--", "-",
-                       "--help", "--json", "--csv", "--nope"])  # fmt: skip
+ODD = st.sampled_from(
+    [
+        "rounds",
+        "nope",
+        "T001",
+        "T999",
+        "-1",
+        "0",
+        "2",
+        "1e999",
+        "nan",
+        "max=1,avg=nan",
+        "max=1,max=2",
+        "know=-1e7",
+        "task,stage",
+        "root",
+        "select 1",
+        "drop table trees",
+        "copy trees to 'x.csv'",
+        "select * from read_csv('/etc/passwd')",
+        "attach 'x.db'",
+        "select * from nope",
+        "part-000000000001-000000000002-L0.parquet",
+        "",
+        "--",
+        "-",
+        "--help",
+        "--json",
+        "--csv",
+        "--nope",
+    ]
+)
 # Command lines that work (over a finished run, ``rounds``), to be broken by up to two changes.
 # No template explores: a change could make it a whole exploration of the bundled run.
 TEMPLATES = [
-    ["replay", "rounds"], ["replay", "rounds", "--tree", "T001", "--json"], ["paths", "rounds", "--csv"],
-    ["paths", "rounds", "--tree", "T002", "--selection", "paths-0"], ["views", "--json"],
+    ["replay", "rounds"],
+    ["replay", "rounds", "--tree", "T001", "--json"],
+    ["paths", "rounds", "--csv"],
+    ["paths", "rounds", "--tree", "T002", "--selection", "paths-0"],
+    ["views", "--json"],
     ["reselect", "rounds", "--weights", "max=0.5,avg=0.2,clean=0.15,know=0.15", "--top-k", "4"],
-    ["reselect", "rounds", "--diversity", "0.5", "--json"], ["sql", "rounds", "select count(*) as n from trees"],
-    ["sql", "select tree_id, n_eff_ratio from coverage", "--csv"], ["sql", "rounds", "select 1 as x", "--parquet",
-    "out.parquet"], ["audit", "rounds", "--by", "task,stage,depth"], ["audit", "--json"], ["verify", "rounds"],
-    ["quarantine", "rounds", "part-000000000001-000000000002-L0.parquet"], ["explore", "--resume", "rounds"],
-    ["explore", "no-roots-here", "--task", "k", "--parallel", "2"], ["select-snapshots", "nowhere", "out", "--task",
-    "t"], ["--version"], ["--help"],
-]  # fmt: skip
+    ["reselect", "rounds", "--diversity", "0.5", "--json"],
+    ["sql", "rounds", "select count(*) as n from trees"],
+    ["sql", "select tree_id, n_eff_ratio from coverage", "--csv"],
+    ["sql", "rounds", "select 1 as x", "--parquet", "out.parquet"],
+    ["audit", "rounds", "--by", "task,stage,depth"],
+    ["audit", "--json"],
+    ["verify", "rounds"],
+    ["quarantine", "rounds", "part-000000000001-000000000002-L0.parquet"],
+    ["explore", "--resume", "rounds"],
+    ["explore", "no-roots-here", "--task", "k", "--parallel", "2"],
+    ["select-snapshots", "nowhere", "out", "--task", "t"],
+    ["--version"],
+    ["--help"],
+]
 
 
 def options_of(argv: list[str]) -> list[str]:
@@ -501,8 +712,11 @@ def test_select_snapshots_over_malformed_folders_records_a_valid_run_or_none(tmp
     runs_made = []
 
     @fuzz(6)
-    @given(folders=st.lists(snapshot_folder(), min_size=1, max_size=3, unique_by=lambda f: f["name"]),
-           real=st.integers(0, 3), n=st.integers(0, 10**6))  # fmt: skip
+    @given(
+        folders=st.lists(snapshot_folder(), min_size=1, max_size=3, unique_by=lambda f: f["name"]),
+        real=st.integers(0, 3),
+        n=st.integers(0, 10**6),
+    )
     def check(folders, real, n):
         CASES["select-snapshots corpora"] += 1
         corpus = tmp_path / f"corpus-{seed}-{n}"
@@ -513,8 +727,22 @@ def test_select_snapshots_over_malformed_folders_records_a_valid_run_or_none(tmp
         make_folders(corpus, folders)
         run_id = f"fuzz-{seed}-{len(runs_made)}-{n}"
         out = tmp_path / f"out-{run_id}"
-        r = CliRunner().invoke(cli, ["--data", str(data), "select-snapshots", str(corpus), str(out), "--task", "t",
-                                     "--run-id", run_id, "--num-roots", "2"])  # fmt: skip
+        r = CliRunner().invoke(
+            cli,
+            [
+                "--data",
+                str(data),
+                "select-snapshots",
+                str(corpus),
+                str(out),
+                "--task",
+                "t",
+                "--run-id",
+                run_id,
+                "--num-roots",
+                "2",
+            ],
+        )
         assert r.exit_code in (0, 1) and "Traceback" not in r.output, r.output
         assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
         log = EventLog(data, run_id)

@@ -70,9 +70,14 @@ def test_a_damaged_data_page_is_found_by_every_reader(run):
     with pytest.raises(OSError, match="ZSTD decompression failed|Corrupt|corrupt"):
         pq.read_table(part)
     before = listing(run)
-    for command in (["replay", "rounds"], ["paths", "rounds"], ["sql", "rounds", "select count(*) from trees"],
-                    ["audit", "rounds"], ["reselect", "rounds", "--top-k", "2"],
-                    ["explore", "--resume", "rounds"]):  # fmt: skip
+    for command in (
+        ["replay", "rounds"],
+        ["paths", "rounds"],
+        ["sql", "rounds", "select count(*) from trees"],
+        ["audit", "rounds"],
+        ["reselect", "rounds", "--top-k", "2"],
+        ["explore", "--resume", "rounds"],
+    ):
         r = invoke(run, *command)
         assert r.exit_code == 1 and "Traceback" not in r.output, (command, r.output)
         assert r.stderr.startswith("Error: ") and f"{part}: damaged ({CHECKSUM}); it holds seqs" in r.stderr, r.output
@@ -114,8 +119,9 @@ def test_verify_reports_the_first_damaged_part_its_seqs_and_the_intact_prefix(ru
     r = invoke(run, "verify", "rounds")
     assert r.exit_code == 0, r.output
     tail = EventLog(run, "rounds").tail_seq()
-    assert r.stdout.rstrip().endswith(f"{tail} events: every checksum matches, every page decodes, "
-                                      "every seq is there once")  # fmt: skip
+    assert r.stdout.rstrip().endswith(
+        f"{tail} events: every checksum matches, every page decodes, every seq is there once"
+    )
     parts = EventLog(run, "rounds").parts()
     first, second = parts[1].path, parts[-1].path
     zero_bytes(first, first.stat().st_size // 2)
@@ -126,8 +132,10 @@ def test_verify_reports_the_first_damaged_part_its_seqs_and_the_intact_prefix(ru
     assert lines[0] == f"run rounds: {len(parts)} parts, seqs 1..{tail}"
     damaged = [line.split()[1] for line in lines if line.startswith("DAMAGED")]
     assert damaged == [first.name, second.name]
-    assert (f"verify: the log is intact up to seq {parts[1].first - 1} of {tail}; {first.name} "
-            f"(seqs {parts[1].first}..{parts[1].last}) is damaged: {CHECKSUM}") in r.stdout  # fmt: skip
+    assert (
+        f"verify: the log is intact up to seq {parts[1].first - 1} of {tail}; {first.name} "
+        f"(seqs {parts[1].first}..{parts[1].last}) is damaged: {CHECKSUM}"
+    ) in r.stdout
     assert f"first bad part: {first} (seqs {parts[1].first}..{parts[1].last})" in r.stdout
     assert f"python cli.py --data {run} quarantine rounds {first.name}" in r.stdout
     out = json.loads(invoke(run, "verify", "rounds", "--json").stdout)
@@ -210,11 +218,18 @@ def test_quarantine_of_a_log_that_verifies_or_is_being_written_is_refused(run):
     assert r.exit_code == 1 and r.stderr == "Error: run 'rounds': the log verifies - nothing to quarantine\n"
     zero_bytes(middle_part(run), 100)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom ingest.log import WriterLock, EventLog\n"
-         "lock = WriterLock(EventLog(sys.argv[1], 'rounds')); lock.acquire(); print('held', flush=True)\n"
-         "time.sleep(600)", str(run)],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom ingest.log import WriterLock, EventLog\n"
+            "lock = WriterLock(EventLog(sys.argv[1], 'rounds')); lock.acquire(); print('held', flush=True)\n"
+            "time.sleep(600)",
+            str(run),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         r = invoke(run, "quarantine", "rounds", part)
@@ -230,8 +245,10 @@ def test_a_recorded_part_missing_is_reported_and_it_and_the_parts_after_it_can_b
     parts[1].path.unlink()
     r = invoke(run, "verify", "rounds")
     assert r.exit_code == 1
-    assert (f"intact up to seq {parts[0].last} of {parts[-1].last}; {parts[1].path.name} "
-            f"(seqs {parts[1].first}..{parts[1].last}) is damaged: named by the run's record, but missing") in r.stdout
+    assert (
+        f"intact up to seq {parts[0].last} of {parts[-1].last}; {parts[1].path.name} "
+        f"(seqs {parts[1].first}..{parts[1].last}) is damaged: named by the run's record, but missing"
+    ) in r.stdout
     assert f"quarantine rounds {parts[1].path.name}" in r.stdout
     r = invoke(run, "explore", "--resume", "rounds")
     assert r.exit_code == 1 and "nothing was appended" in r.stderr
@@ -245,8 +262,9 @@ def test_a_gap_in_a_run_before_records_is_reported_and_the_parts_after_it_can_be
     parts[1].path.unlink()
     r = invoke(run, "verify", "rounds")
     assert r.exit_code == 1
-    assert (f"intact up to seq {parts[0].last} of {parts[-1].last}; seqs {parts[1].first}-{parts[1].last} "
-            "are missing") in r.stdout  # fmt: skip
+    assert (
+        f"intact up to seq {parts[0].last} of {parts[-1].last}; seqs {parts[1].first}-{parts[1].last} are missing"
+    ) in r.stdout
     assert f"quarantine rounds {parts[2].path.name}" in r.stdout
     r = invoke(run, "explore", "--resume", "rounds")
     assert r.exit_code == 1 and "the log is inconsistent; nothing was appended" in r.stderr

@@ -30,19 +30,19 @@ def _created(data_dir: Path) -> LogWriter:
 
 
 def facts(n: int, start: int = 0) -> list[SnapshotSeen]:
-    return [
-        SnapshotSeen(task="t", snapshot=f"s{start + i}", path="/p", global_index=start + i)
-        for i in range(n)
-    ]
+    return [SnapshotSeen(task="t", snapshot=f"s{start + i}", path="/p", global_index=start + i) for i in range(n)]
 
 
 def child(script: str, data_dir: Path) -> subprocess.Popen:
     code = textwrap.dedent(script)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
-        [sys.executable, "-c", code, str(data_dir)], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", code, str(data_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(path: Path, timeout: float = 300.0) -> None:
@@ -118,8 +118,9 @@ def _killed_at(data_dir: Path, point: str) -> None:
         w.append([SnapshotSeen(task="t", snapshot=str(i), path="/p") for i in range(5000)])
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT), TEACHER_MCTS_CRASH_AT=f"{point}:2")
-    done = subprocess.run([sys.executable, "-c", script, str(data_dir)], env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(data_dir)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr
 
 
@@ -232,8 +233,10 @@ def test_a_merged_part_gives_each_large_kind_a_row_group_and_a_kind_load_skips_t
     import duckdb
 
     def calls(n: int, start: int) -> list[ToolCalled]:
-        return [ToolCalled(tree_id="T1", edge_id="e", turn=1, step=1, call_id=f"c{start + i}",
-                           tool="read", status="ok") for i in range(n)]  # fmt: skip
+        return [
+            ToolCalled(tree_id="T1", edge_id="e", turn=1, step=1, call_id=f"c{start + i}", tool="read", status="ok")
+            for i in range(n)
+        ]
 
     with _created(data_dir) as w:  # 8 flushes, merged: 1 start, 56 calls, 3 snapshots
         for k in range(7):
@@ -265,16 +268,22 @@ def test_a_merge_of_parts_grouped_by_kind_writes_each_group_in_seq_order(tmp_pat
     from ingest.schema import to_arrow
 
     events = [RunStarted(command="t")] + [
-        e for k in range(20) for e in (*facts(1, start=k), ToolCalled(
-            tree_id="T1", edge_id="e", turn=1, step=1, call_id=f"c{k}", tool="read", status="ok"))
-    ]  # fmt: skip
+        e
+        for k in range(20)
+        for e in (
+            *facts(1, start=k),
+            ToolCalled(tree_id="T1", edge_id="e", turn=1, step=1, call_id=f"c{k}", tool="read", status="ok"),
+        )
+    ]
     table = to_arrow(events, "r", 1, datetime.now(UTC))
     grouped = table.sort_by([("kind", "descending"), ("seq", "descending")])  # any order
     write_part(grouped, str(tmp_path / "p.parquet"), level=1)
     meta = pq.ParquetFile(tmp_path / "p.parquet")
     groups = [meta.read_row_group(g, columns=["seq", "kind"]) for g in range(meta.num_row_groups)]
     assert [sorted(set(g.column("kind").to_pylist())) for g in groups] == [
-        ["snapshot_seen"], ["tool_called"], ["run_started"]
+        ["snapshot_seen"],
+        ["tool_called"],
+        ["run_started"],
     ]
     for g in groups:
         seqs = g.column("seq").to_pylist()
@@ -312,8 +321,9 @@ def test_a_run_before_records_whose_overlapping_parts_disagree_is_refused(data_d
     log = _legacy(data_dir)
     tables = [pq.read_table(p.path) for p in log.parts()[2:]]
     forged = pa.concat_tables(tables)
-    forged = forged.set_column(forged.column_names.index("snapshot"), "snapshot",
-                               pa.array(["forged"] * forged.num_rows))  # fmt: skip
+    forged = forged.set_column(
+        forged.column_names.index("snapshot"), "snapshot", pa.array(["forged"] * forged.num_rows)
+    )
     pq.write_table(forged, log.log_dir / "part-000000000003-000000000007-L1.parquet")
     before = {n: (log.log_dir / n).read_bytes() for n in os.listdir(log.log_dir)}
     with pytest.raises(LogError, match="hold seqs 3..3 with different events: one of them is not this run.s"):
@@ -377,8 +387,9 @@ def test_a_part_of_another_run_is_damage(data_dir):
     mine.path.unlink()
     copied = log.log_dir / theirs.path.name  # seqs 1..3 with a correct checksum: the widest cover
     copied.write_bytes(theirs.path.read_bytes())
-    with pytest.raises(LogError, match=re.escape(f"{copied}: not a part of this log (it holds events of run "
-                                                 "'other', not of 'r')")):  # fmt: skip
+    with pytest.raises(
+        LogError, match=re.escape(f"{copied}: not a part of this log (it holds events of run 'other', not of 'r')")
+    ):
         log.read_table()
     found = verify_log(log)
     assert not found.ok and found.first_bad.name == copied.name and "events of run 'other'" in found.problem
@@ -414,8 +425,9 @@ def test_a_gap_in_the_log_is_reported(data_dir):
     log = EventLog(data_dir, "r")
     missing = log.parts()[1]
     missing.path.unlink()
-    with pytest.raises(LogError, match=re.escape(f"{missing.path.name} (seqs 2..3) is named by the run's record "
-                                                 "but is not in")):  # fmt: skip
+    with pytest.raises(
+        LogError, match=re.escape(f"{missing.path.name} (seqs 2..3) is named by the run's record but is not in")
+    ):
         log.parts(attempts=2)
     (log.log_dir / RECORD).unlink()  # a run written before records: its files are its log
     with pytest.raises(LogError, match=r"seqs 2-3 are missing: no part holds them \(the log goes on to seq 5\)"):

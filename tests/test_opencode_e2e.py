@@ -45,14 +45,14 @@ def value_for(edge: str, turn: int) -> str:
 
 def script(edge: str, turn: int, step: int, workdir: str, eval_command: str = "coral eval -m"):
     if step == 0:
-        return [("read", {"filePath": f"{workdir}/.opencode/notes/tiling.md"}),
-                ("read", {"filePath": f"{workdir}/does_not_exist.txt"})]  # fmt: skip
+        return [
+            ("read", {"filePath": f"{workdir}/.opencode/notes/tiling.md"}),
+            ("read", {"filePath": f"{workdir}/does_not_exist.txt"}),
+        ]
     if step == 1:
-        return [("write", {"filePath": f"{workdir}/solution.py",
-                           "content": f"VALUE = {value_for(edge, turn)}\n"})]  # fmt: skip
+        return [("write", {"filePath": f"{workdir}/solution.py", "content": f"VALUE = {value_for(edge, turn)}\n"})]
     if step == 2:
-        return [("bash", {"command": f'{eval_command} "edge {edge} turn {turn}"',
-                          "description": "submit the attempt"})]  # fmt: skip
+        return [("bash", {"command": f'{eval_command} "edge {edge} turn {turn}"', "description": "submit the attempt"})]
     return f"Done with {edge} turn {turn}."
 
 
@@ -74,9 +74,20 @@ def roots(tmp_path: Path) -> Path:
     notes.mkdir()
     (notes / "tiling.md").write_text("# Tiling\nTiles of 64 were best.\n")
     for commit, agent in PENDING.items():
-        (folder / "shared" / "attempts" / f"{commit}.json").write_text(json.dumps({
-            "commit_hash": commit, "agent_id": agent, "title": "waiting", "score": None, "status": "pending",
-            "parent_hash": None, "timestamp": "2026-01-01T00:00:00+00:00", "feedback": ""}))  # fmt: skip
+        (folder / "shared" / "attempts" / f"{commit}.json").write_text(
+            json.dumps(
+                {
+                    "commit_hash": commit,
+                    "agent_id": agent,
+                    "title": "waiting",
+                    "score": None,
+                    "status": "pending",
+                    "parent_hash": None,
+                    "timestamp": "2026-01-01T00:00:00+00:00",
+                    "feedback": "",
+                }
+            )
+        )
     return root
 
 
@@ -92,11 +103,28 @@ def coral_on_path(monkeypatch):
 
 
 def explore_opencode(data: Path, roots: Path, model: FakeModel, config: Path, run_id: str, *extra):
-    return CliRunner().invoke(cli, [
-        "--data", str(data), "explore", str(roots), "--task", "speedup", "--run-id", run_id,
-        "--backend", "opencode", "--model", "fake/scripted", "--endpoint", model.base_url,
-        "--config", str(config), *extra,
-    ])  # fmt: skip
+    return CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(data),
+            "explore",
+            str(roots),
+            "--task",
+            "speedup",
+            "--run-id",
+            run_id,
+            "--backend",
+            "opencode",
+            "--model",
+            "fake/scripted",
+            "--endpoint",
+            model.base_url,
+            "--config",
+            str(config),
+            *extra,
+        ],
+    )
 
 
 def test_opencode_binary_is_installed():
@@ -123,13 +151,15 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, studen
     monkeypatch.setenv("FAKE_MODEL_KEY", "secret-4242")
     model = FakeModel(script).start()
     config = tmp_path / "run.toml"
-    config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_children = 1\nmax_depth = 2\n"
-                      "target_good_leaves = 2\n")  # fmt: skip
+    config.write_text(
+        "parallel = 2\n[tree]\nroot_children = 2\nmax_children = 1\nmax_depth = 2\ntarget_good_leaves = 2\n"
+    )
     data = tmp_path / "data"
     before = digest(student.parent)
     try:
-        r = explore_opencode(data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY",
-                             "--coral-dir", str(student))  # fmt: skip
+        r = explore_opencode(
+            data, roots, model, config, "oc", "--api-key-env", "FAKE_MODEL_KEY", "--coral-dir", str(student)
+        )
     finally:
         model.stop()
     assert r.exit_code == 0, r.output
@@ -142,31 +172,36 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, studen
     assert all(b"secret-4242" not in p.read_bytes() for p in log_dir.iterdir())
 
     # Every turn that ran made the scripted calls, with the missing file failing.
-    calls = cat.query("select edge_id, turn, tool, status, is_knowledge, target from tool_calls "
-                      "order by seq")  # fmt: skip
+    calls = cat.query("select edge_id, turn, tool, status, is_knowledge, target from tool_calls order by seq")
     turns = cat.query("select * from turns where not skipped order by edge_id, turn")
     edges = {e["edge_id"]: e for e in cat.query("select * from edges")}
-    assert len(turns) == 9, sorted((k, e["verdict"], e["s1"], e["s2"], e["started_seq"])
-                                   for k, e in edges.items())  # fmt: skip
+    assert len(turns) == 9, sorted((k, e["verdict"], e["s1"], e["s2"], e["started_seq"]) for k, e in edges.items())
     for t in turns:
         mine = [c for c in calls if (c["edge_id"], c["turn"]) == (t["edge_id"], t["turn"])]
         # The two reads run in parallel (recorded in the order the model made them: test_export_e2e).
-        got = sorted((c["tool"], c["status"], c["is_knowledge"],
-                      c["target"] if c["tool"] == "bash" else Path(c["target"]).name)
-                     for c in mine)  # fmt: skip
+        got = sorted(
+            (c["tool"], c["status"], c["is_knowledge"], c["target"] if c["tool"] == "bash" else Path(c["target"]).name)
+            for c in mine
+        )
         assert got == [
             ("bash", "ok", False, f'coral eval -m "edge {t["edge_id"]} turn {t["turn"]}"'),
-            ("read", "error", False, "does_not_exist.txt"), ("read", "ok", True, "tiling.md"),
+            ("read", "error", False, "does_not_exist.txt"),
+            ("read", "ok", True, "tiling.md"),
             ("write", "ok", False, "solution.py"),
-        ]  # fmt: skip
+        ]
         assert (t["tool_calls"], t["tool_errors"], t["knowledge_actions"]) == (4, 1, 1)
         assert t["steps"] == 4 and t["context_tokens"] > 1000
     # Scores are what CORAL's daemon graded from the code the model wrote, with the
     # Student's grader; the daemon's output is kept with each eval.
-    evals = {(e["edge_id"], e["turn"]): e for e in cat.query(
-        "select edge_id, turn, commit_hash, eval_status, source from stg_eval_finished")}  # fmt: skip
-    logs = {(r["edge_id"], r["turn"]): r["grader_log"] for r in EventLog(data, "oc").read_table(
-        ["kind", "edge_id", "turn", "grader_log"]).to_pylist() if r["kind"] == "eval_finished"}  # fmt: skip
+    evals = {
+        (e["edge_id"], e["turn"]): e
+        for e in cat.query("select edge_id, turn, commit_hash, eval_status, source from stg_eval_finished")
+    }
+    logs = {
+        (r["edge_id"], r["turn"]): r["grader_log"]
+        for r in EventLog(data, "oc").read_table(["kind", "edge_id", "turn", "grader_log"]).to_pylist()
+        if r["kind"] == "eval_finished"
+    }
     for t in turns:
         expected = value_for(t["edge_id"], t["turn"])
         assert t["score"] == (None if expected == "CRASH" else float(expected)), t
@@ -208,19 +243,34 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, studen
         assert sorted(p.name for p in shared.iterdir()) == [".gitignore", "attempts", "eval_count", "notes"]
         assert (shared / "eval_count").read_text() == str(turn)
         for pending in PENDING:
-            assert (shared / "attempts" / f"{pending}.json").read_bytes() == \
-                (root_attempts / f"{pending}.json").read_bytes()
+            assert (shared / "attempts" / f"{pending}.json").read_bytes() == (
+                root_attempts / f"{pending}.json"
+            ).read_bytes()
         attempt = json.loads((shared / "attempts" / f"{commit}.json").read_text())
         assert attempt["agent_id"] == "teacher" and attempt["status"] == "improved"
-        tracked = subprocess.run(["git", "ls-tree", "-r", "--name-only", commit], cwd=worktrees / "repo",
-                                 capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+        tracked = subprocess.run(
+            ["git", "ls-tree", "-r", "--name-only", commit],
+            cwd=worktrees / "repo",
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert tracked == ["solution.py"]
-    assert subprocess.run(["git", "worktree", "list"], cwd=worktrees / "repo", capture_output=True,
-                          text=True).stdout.count("grader_checkouts") == 0  # fmt: skip
+    assert (
+        subprocess.run(
+            ["git", "worktree", "list"], cwd=worktrees / "repo", capture_output=True, text=True
+        ).stdout.count("grader_checkouts")
+        == 0
+    )
     # CORAL checkpointed the shared dir in a repository inside it (.opencode/.git); turn 2
     # started without turn 1's, so its repository holds turn 2's checkpoints only.
-    checkpoints = subprocess.run(["git", "log", "--format=%s"], cwd=worktrees / "T001_e2-1" / "wt" / ".opencode",
-                                 capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    checkpoints = subprocess.run(
+        ["git", "log", "--format=%s"],
+        cwd=worktrees / "T001_e2-1" / "wt" / ".opencode",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert checkpoints[-1] == "init: shared state tracking" and not any("turn 1" in c for c in checkpoints)
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "oc"]).exit_code == 0
     # The recorded config names the key's variable, never the key.
@@ -299,12 +349,35 @@ def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, 
     config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_depth = 1\n")
     env = dict(os.environ, PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(roots),
-         "--task", "speedup", "--run-id", run_id, "--backend", "opencode",
-         "--model", "fake/scripted", "--endpoint", model.base_url, "--config", str(config),
-         "--turn-timeout", "600", "--coral-dir", str(student)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(roots),
+            "--task",
+            "speedup",
+            "--run-id",
+            run_id,
+            "--backend",
+            "opencode",
+            "--model",
+            "fake/scripted",
+            "--endpoint",
+            model.base_url,
+            "--config",
+            str(config),
+            "--turn-timeout",
+            "600",
+            "--coral-dir",
+            str(student),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     home = EventLog(data, run_id).dir / "opencode" / "data"
     seen: set[int] = set()
     deadline = time.monotonic() + 120
@@ -363,8 +436,11 @@ def test_kill_9_of_explore_stops_its_sessions_at_once_and_resume_completes(tmp_p
     try:
         assert len(model.requests) >= 2 and seen, "the two turns did not start"
         running = seen | set(marked_processes(run_dir))
-        assert any(b"coral.grader.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in running
-                   if Path(f"/proc/{pid}").exists())  # fmt: skip
+        assert any(
+            b"coral.grader.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            for pid in running
+            if Path(f"/proc/{pid}").exists()
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         still = wait_until_gone(running)
@@ -382,13 +458,15 @@ def test_kill_9_of_explore_stops_its_sessions_at_once_and_resume_completes(tmp_p
 
 
 def test_opencode_backend_errors_are_clean(tmp_path, roots):
-    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", str(roots),
-                                 "--task", "t", "--backend", "opencode"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli, ["--data", str(tmp_path / "data"), "explore", str(roots), "--task", "t", "--backend", "opencode"]
+    )
     assert r.exit_code == 1 and "opencode backend options: model" in r.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text('backend = "opencode"\n[backend_options]\nmodel = "a/b"\napi_key = "sk-123"\n')
-    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", str(roots),
-                                 "--task", "t", "--config", str(bad)])  # fmt: skip
+    r = CliRunner().invoke(
+        cli, ["--data", str(tmp_path / "data"), "explore", str(roots), "--task", "t", "--config", str(bad)]
+    )
     assert r.exit_code == 1 and "api_key_env" in r.stderr and "sk-123" not in r.output
     assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
     assert shutil.which("git")
@@ -399,12 +477,19 @@ def opencode_process(args: list[str], cwd: Path, model: FakeModel, config: Path)
     ``--resume``: the run keeps its recorded backend, model, endpoint and config)."""
     env = dict(os.environ, PATH=f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}")
     env.pop("TEACHER_MCTS_DATA", None)
-    options = ["--backend", "opencode", "--model", "fake/scripted", "--endpoint", model.base_url,
-               "--config", str(config)] if "--resume" not in args else []  # fmt: skip
+    options = (
+        ["--backend", "opencode", "--model", "fake/scripted", "--endpoint", model.base_url, "--config", str(config)]
+        if "--resume" not in args
+        else []
+    )
     return subprocess.run(
         [sys.executable, str(ROOT / "cli.py"), *args, *options, "--turn-timeout", "300"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -417,15 +502,39 @@ def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots,
     cwd = tmp_path / "checkout"
     cwd.mkdir()
     for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "a checkout"]):
-        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                       env=dict(os.environ, GIT_AUTHOR_NAME="a", GIT_AUTHOR_EMAIL="a@b",
-                                GIT_COMMITTER_NAME="a", GIT_COMMITTER_EMAIL="a@b"))  # fmt: skip
+        subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            check=True,
+            capture_output=True,
+            env=dict(
+                os.environ,
+                GIT_AUTHOR_NAME="a",
+                GIT_AUTHOR_EMAIL="a@b",
+                GIT_COMMITTER_NAME="a",
+                GIT_COMMITTER_EMAIL="a@b",
+            ),
+        )
     config = tmp_path / "one.toml"
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
     model = FakeModel(local_script).start()
     try:
-        done = opencode_process([*data_option, "explore", str(roots), "--task", "speedup", "--run-id", "rel",
-                                 "--eval-command", "local-eval -m"], cwd, model, config)  # fmt: skip
+        done = opencode_process(
+            [
+                *data_option,
+                "explore",
+                str(roots),
+                "--task",
+                "speedup",
+                "--run-id",
+                "rel",
+                "--eval-command",
+                "local-eval -m",
+            ],
+            cwd,
+            model,
+            config,
+        )
     finally:
         model.stop()
     assert done.returncode == 0, done.stderr
@@ -450,16 +559,36 @@ def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after
     model = FakeModel(script, fail_status=404).start()
     data = tmp_path / "data"
     try:
-        done = opencode_process(["--data", str(data), "explore", str(roots), "--task", "speedup",
-                                 "--run-id", "down", "--coral-dir", str(student)], tmp_path, model, config)  # fmt: skip
+        done = opencode_process(
+            [
+                "--data",
+                str(data),
+                "explore",
+                str(roots),
+                "--task",
+                "speedup",
+                "--run-id",
+                "down",
+                "--coral-dir",
+                str(student),
+            ],
+            tmp_path,
+            model,
+            config,
+        )
         assert done.returncode == 1, done.stderr
         assert "Error: the last 3 turns failed with a backend error" in done.stderr, done.stderr
         assert "model not found" in done.stderr and "explore --resume down" in done.stderr
         assert "Traceback" not in done.stderr
         cat = Catalog.for_log(EventLog(data, "down"))
         assert cat.query("select count(*) as n from stg_turn_finished")[0]["n"] == 0
-        assert cat.query("select schedule from run_config, (select json_extract_string(config, "
-                         "'$.schedule') as schedule from stg_run_started)")[0]["schedule"] == "async"
+        assert (
+            cat.query(
+                "select schedule from run_config, (select json_extract_string(config, "
+                "'$.schedule') as schedule from stg_run_started)"
+            )[0]["schedule"]
+            == "async"
+        )
         assert survivors(set(), EventLog(data, "down").dir / "opencode" / "data") == []
         model.fail_status = None  # the endpoint is fixed
         resumed = opencode_process(["--data", str(data), "explore", "--resume", "down"], tmp_path, model, config)
@@ -485,9 +614,16 @@ def test_a_session_continues_on_another_nodes_store(tmp_path, roots, coral_on_pa
     from ingest.events import ConversationRecorded
 
     model = FakeModel(local_script).start()
-    config = RunConfig(task="speedup", backend="opencode", backend_options={
-        "model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m",
-        "node_store": str(tmp_path / "nodes")})  # fmt: skip
+    config = RunConfig(
+        task="speedup",
+        backend="opencode",
+        backend_options={
+            "model": "fake/scripted",
+            "endpoint": model.base_url,
+            "eval_command": "local-eval -m",
+            "node_store": str(tmp_path / "nodes"),
+        },
+    )
     run_dir = tmp_path / "run"
     a, b = OpenCodeTeacher(config, run_dir, "node-a"), OpenCodeTeacher(config, run_dir, "node-b")
     try:
@@ -509,6 +645,7 @@ def test_a_session_continues_on_another_nodes_store(tmp_path, roots, coral_on_pa
     assert all(f[-1].session_id for f in (one, two, three))
     sent = [next(f for f in facts if isinstance(f, ConversationRecorded)) for facts in (one, two, three)]
     assert sent[1].base == len(sent[0].messages) and sent[2].base == sent[1].base + len(sent[1].messages)
-    assert [f.messages[-1]["content"] for f in sent] == [f"Done with {e} turn {t}." for e, t in
-                                                         [("T001/e1-1", 1), ("T001/e1-1", 2), ("T001.1/e1-1", 1)]]
+    assert [f.messages[-1]["content"] for f in sent] == [
+        f"Done with {e} turn {t}." for e, t in [("T001/e1-1", 1), ("T001/e1-1", 2), ("T001.1/e1-1", 1)]
+    ]
     assert not any(s.exists() for s in stores)

@@ -19,39 +19,63 @@ def line(kind: str, part: dict | None = None, **extra) -> str:
 
 
 def tool(name: str, status: str, inputs: dict, **state) -> str:
-    return line("tool_use", {"type": "tool", "tool": name, "callID": f"call_{name}",
-                             "state": {"status": status, "input": inputs, **state}})  # fmt: skip
+    return line(
+        "tool_use",
+        {"type": "tool", "tool": name, "callID": f"call_{name}", "state": {"status": status, "input": inputs, **state}},
+    )
 
 
 STREAM = [
     line("step_start", {"type": "step-start"}),
-    tool("bash", "completed", {"command": "echo hello > out.txt && cat out.txt"}, output="hello\n",
-         metadata={"exit": 0}),
-    tool("read", "error", {"filePath": "/tmp/repo/does_not_exist.txt"},
-         error="File not found: /tmp/repo/does_not_exist.txt"),
-    line("step_finish", {"type": "step-finish", "reason": "tool-calls", "cost": 0.002958,
-                         "tokens": {"total": 1056, "input": 703, "output": 46, "reasoning": 7,
-                                    "cache": {"write": 0, "read": 300}}}),
+    tool(
+        "bash", "completed", {"command": "echo hello > out.txt && cat out.txt"}, output="hello\n", metadata={"exit": 0}
+    ),
+    tool(
+        "read",
+        "error",
+        {"filePath": "/tmp/repo/does_not_exist.txt"},
+        error="File not found: /tmp/repo/does_not_exist.txt",
+    ),
+    line(
+        "step_finish",
+        {
+            "type": "step-finish",
+            "reason": "tool-calls",
+            "cost": 0.002958,
+            "tokens": {"total": 1056, "input": 703, "output": 46, "reasoning": 7, "cache": {"write": 0, "read": 300}},
+        },
+    ),
     line("step_start", {"type": "step-start"}),
     line("reasoning", {"type": "reasoning", "text": "I am reasoning here."}),
-    tool("invalid", "completed", {"tool": "nosuchtool", "error": "unavailable"},
-         output="The arguments provided to the tool are invalid"),
+    tool(
+        "invalid",
+        "completed",
+        {"tool": "nosuchtool", "error": "unavailable"},
+        output="The arguments provided to the tool are invalid",
+    ),
     line("text", {"type": "text", "text": "All done. Final answer."}),
-    line("step_finish", {"type": "step-finish", "reason": "stop",
-                         "tokens": {"total": 2100, "input": 1800, "output": 300, "reasoning": 0,
-                                    "cache": {"write": 0, "read": 0}}}),
-]  # fmt: skip
+    line(
+        "step_finish",
+        {
+            "type": "step-finish",
+            "reason": "stop",
+            "tokens": {"total": 2100, "input": 1800, "output": 300, "reasoning": 0, "cache": {"write": 0, "read": 0}},
+        },
+    ),
+]
 
 
 def test_every_event_type_becomes_its_fact():
     facts, summary = parse_stream("\n".join(STREAM), "T1", "T1/e1-1", 1)
     kinds = [type(f) for f in facts]
-    assert kinds == [ToolCalled, ToolCalled, StepFinished, MessageWritten, ToolCalled,
-                     MessageWritten, StepFinished]  # fmt: skip
+    assert kinds == [ToolCalled, ToolCalled, StepFinished, MessageWritten, ToolCalled, MessageWritten, StepFinished]
     bash, missing, step1, thought, invalid, text, step2 = facts
     assert (bash.tool, bash.status, bash.target, bash.step) == (
-        "bash", "ok", "echo hello > out.txt && cat out.txt", 1,
-    )  # fmt: skip
+        "bash",
+        "ok",
+        "echo hello > out.txt && cat out.txt",
+        1,
+    )
     assert (missing.status, missing.target) == ("error", "/tmp/repo/does_not_exist.txt")
     assert missing.error.startswith("File not found")
     assert (invalid.status, invalid.step) == ("error", 2)  # a tool that does not exist
@@ -122,13 +146,23 @@ def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_pat
     from ingest import coral_eval
 
     block = "CORAL Eval (#3): 0.75\nCommit: abc1234\nStatus: improved\nFeedback: faster"
-    good = json.dumps({"type": "tool_use", "part": {"tool": "bash", "callID": "c1", "state": {
-        "status": "completed", "input": {"command": "coral eval -m 'x'"}, "output": block}}})  # fmt: skip
+    good = json.dumps(
+        {
+            "type": "tool_use",
+            "part": {
+                "tool": "bash",
+                "callID": "c1",
+                "state": {"status": "completed", "input": {"command": "coral eval -m 'x'"}, "output": block},
+            },
+        }
+    )
     hostile = [
         '{"n": 1' + "0" * 5000 + "}",  # more digits than Python's JSON reader takes
         "[" * 100_000 + "]" * 100_000,  # nesting deeper than it recurses
-        '{"part": 5}', '{"type": "tool_use", "part": {"tool": "bash", "state": [1]}}',
-        '{"type": "tool_use", "part": {"tool": "bash", "state": {"status": "completed", "input": "coral"}}}', "[1]",
+        '{"part": 5}',
+        '{"type": "tool_use", "part": {"tool": "bash", "state": [1]}}',
+        '{"type": "tool_use", "part": {"tool": "bash", "state": {"status": "completed", "input": "coral"}}}',
+        "[1]",
     ]
     _, summary = parse_stream("\n".join([good, *hostile]), "T1", "T1/e1-1", 1)
     printed = coral_eval.from_printed(summary.shell_calls, "coral")
@@ -143,8 +177,12 @@ def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_pat
     assert coral_eval.from_printed([coral_eval.ShellCall("coral eval -m z", still)], "coral") is None
     attempts = tmp_path / "attempts"
     attempts.mkdir()
-    for name, raw in (("deep", b"[" * 100_000), ("latin1", b'{"score": "\xe9"}'),
-                      ("long", b'{"score": 1' + b"0" * 5000 + b"}"), ("list", b"[1]")):  # fmt: skip
+    for name, raw in (
+        ("deep", b"[" * 100_000),
+        ("latin1", b'{"score": "\xe9"}'),
+        ("long", b'{"score": 1' + b"0" * 5000 + b"}"),
+        ("list", b"[1]"),
+    ):
         (attempts / f"{name}.json").write_bytes(raw)
         got = coral_eval.from_attempt(attempts / f"{name}.json")
         assert got is None or got.score is None, name
@@ -155,24 +193,39 @@ def test_the_eval_result_survives_hostile_stream_lines_and_attempt_files(tmp_pat
 
 
 def parallel_call(call: str, part_id: str) -> str:
-    return line("tool_use", {"type": "tool", "tool": "read", "callID": call, "id": part_id,
-                             "state": {"status": "completed", "input": {"filePath": call}, "output": "x"}})  # fmt: skip
+    return line(
+        "tool_use",
+        {
+            "type": "tool",
+            "tool": "read",
+            "callID": call,
+            "id": part_id,
+            "state": {"status": "completed", "input": {"filePath": call}, "output": "x"},
+        },
+    )
 
 
 def test_parallel_calls_come_in_the_order_the_model_made_them():
     """OpenCode prints parallel calls as they finish; their part ids follow the model's order."""
     stream = [
         line("step_start", {"type": "step-start"}),
-        parallel_call("call_c", "prt_0003"), parallel_call("call_a", "prt_0001"), parallel_call("call_b", "prt_0002"),
+        parallel_call("call_c", "prt_0003"),
+        parallel_call("call_a", "prt_0001"),
+        parallel_call("call_b", "prt_0002"),
         line("step_finish", {"type": "step-finish", "reason": "tool-calls", "tokens": {"total": 10}}),
         line("step_start", {"type": "step-start"}),
-        parallel_call("call_e", "prt_0005"), parallel_call("call_d", "prt_0004"),  # the stream ends here (killed)
-    ]  # fmt: skip
+        parallel_call("call_e", "prt_0005"),
+        parallel_call("call_d", "prt_0004"),  # the stream ends here (killed)
+    ]
     facts, _ = parse_stream("\n".join(stream), "T1", "T1/e1-1", 1)
     assert [(type(f).__name__, getattr(f, "call_id", None)) for f in facts] == [
-        ("ToolCalled", "call_a"), ("ToolCalled", "call_b"), ("ToolCalled", "call_c"), ("StepFinished", None),
-        ("ToolCalled", "call_d"), ("ToolCalled", "call_e"),
-    ]  # fmt: skip
+        ("ToolCalled", "call_a"),
+        ("ToolCalled", "call_b"),
+        ("ToolCalled", "call_c"),
+        ("StepFinished", None),
+        ("ToolCalled", "call_d"),
+        ("ToolCalled", "call_e"),
+    ]
     parser = StreamParser("T1", "T1/e1-1", 1)
     held = [parser.feed(x) for x in stream]
     assert held[1:4] == [[], [], []]  # held until a line of another kind
@@ -190,7 +243,8 @@ def test_a_line_a_fuzzer_found_is_a_recorded_skip_or_a_storable_fact():
     (skip,) = parser.feed('{"type": []}')
     assert isinstance(skip, StreamLineSkipped) and skip.problem == "unknown event type []"
     facts = parser.feed(line("text", {"type": "text", "text": "half \ud83d"})) + parser.feed(
-        line("tool_use", {"tool": "bash", "state": {"status": "completed", "input": {"command": "echo \ud800"}}}))
+        line("tool_use", {"tool": "bash", "state": {"status": "completed", "input": {"command": "echo \ud800"}}})
+    )
     facts += parser.finish()  # a tool call is held until a line of another kind
     table = to_arrow(facts, "r", 1, datetime.now(UTC))
     assert table.column("text").to_pylist() == ["half \ufffd", None]

@@ -29,8 +29,17 @@ def test_paths_rows_ranks_and_top_k_are_the_hand_computed_ones():
     assert set(rows) == {"T1.1.1", "T1.2.1", "T1.3"}
     assert rows["T1.3"]["node_ids"] == ["T1", "T1.3"]
     assert rows["T1.1.1"]["node_ids"] == ["T1", "T1.1", "T1.1.1"]
-    got = {k: (r["avg_cleanliness"], r["avg_knowledge"], r["avg_score"], r["max_score"],
-               r["avg_score_rank"], r["max_score_rank"]) for k, r in rows.items()}  # fmt: skip
+    got = {
+        k: (
+            r["avg_cleanliness"],
+            r["avg_knowledge"],
+            r["avg_score"],
+            r["max_score"],
+            r["avg_score_rank"],
+            r["max_score_rank"],
+        )
+        for k, r in rows.items()
+    }
     expected = {
         "T1.1.1": (1.0, 0.9, 1.7, 1.8, 1.0, 1.0),
         "T1.2.1": (1.0, 0.6, 1.275, 1.3, 0.0, 0.0),
@@ -39,11 +48,13 @@ def test_paths_rows_ranks_and_top_k_are_the_hand_computed_ones():
     for leaf, values in expected.items():
         assert got[leaf] == pytest.approx(values), leaf
     scores = {k: r["path_score"] for k, r in rows.items()}
-    assert scores == pytest.approx({
-        "T1.1.1": 0.35 * 1 + 0.25 * 1 + 0.2 * 1 + 0.2 * 0.9,
-        "T1.2.1": 0.2 * 1 + 0.2 * 0.6,
-        "T1.3": 0.35 * 0.5 + 0.25 * 0.5 + 0.2 * 1 + 0.2 * 0.8,
-    })  # fmt: skip
+    assert scores == pytest.approx(
+        {
+            "T1.1.1": 0.35 * 1 + 0.25 * 1 + 0.2 * 1 + 0.2 * 0.9,
+            "T1.2.1": 0.2 * 1 + 0.2 * 0.6,
+            "T1.3": 0.35 * 0.5 + 0.25 * 0.5 + 0.2 * 1 + 0.2 * 0.8,
+        }
+    )
     assert {k: r["rank"] for k, r in rows.items()} == {"T1.1.1": 1, "T1.3": 2, "T1.2.1": 3}
     assert rows["T1.3"]["leaf_reason"] == "stopped"
     # k = 6 > 3 candidates: all are selected.

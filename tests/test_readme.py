@@ -57,7 +57,7 @@ def readme_commands() -> list[tuple[str, str | None]]:
         if language != "bash" or body in NOT_RUN or "--backend opencode" in body:
             continue
         if body.startswith(INSTALL):
-            body = body[len(INSTALL):]  # the main job, without its install
+            body = body[len(INSTALL) :]  # the main job, without its install
         expected = blocks[k + 1][1] if k + 1 < len(blocks) and blocks[k + 1][0] == "text" else None
         runs.append((body, expected))
     return runs
@@ -130,8 +130,13 @@ def test_the_picture_of_a_tree_is_small():
 
 def copy_checkout(to: Path) -> None:
     """The checkout's files as git lists them (tracked, and new ones not ignored)."""
-    names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split("\0")  # fmt: skip
+    names = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     for name in filter(None, names):
         source = ROOT / name
         if source.is_file():  # a file deleted but not yet staged is listed too
@@ -169,8 +174,15 @@ def test_the_readme_commands_run_as_shown(tmp_path):
     script += "".join(f"echo '@@ block {k} @@'\n{body}\n" for k, (body, _) in enumerate(commands))
     runs_before = sorted(os.listdir(ROOT / "data" / "runs")) if (ROOT / "data" / "runs").exists() else None
 
-    done = subprocess.run(["bash", "-c", script], cwd=checkout, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=1200)  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-c", script],
+        cwd=checkout,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1200,
+    )
 
     assert done.returncode == 0, done.stdout[-4000:]
     outputs = re.split(r"^@@ block \d+ @@\n", done.stdout, flags=re.M)[1:]

@@ -63,16 +63,25 @@ def real_run(real_coral_bin, tmp_path_factory) -> Path:
     (task / "seed").mkdir()
     (task / "seed" / "solution.py").write_text("VALUE = 1.0\n")
     (task / "task.yaml").write_text(TASK.format(results=base / "results", seed=task / "seed"))
-    env = dict(coral_env(real_coral_bin), PYTHONPATH=str(ROOT / "tests" / "fixtures" / "coral_runtime"),
-               **{MARK: str(base)})  # fmt: skip
+    env = dict(
+        coral_env(real_coral_bin), PYTHONPATH=str(ROOT / "tests" / "fixtures" / "coral_runtime"), **{MARK: str(base)}
+    )
     with open(base / "start.log", "wb") as log:
-        manager = subprocess.Popen([str(real_coral_bin / "coral"), "start", "-c", str(task / "task.yaml")], cwd=task,
-                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        manager = subprocess.Popen(
+            [str(real_coral_bin / "coral"), "start", "-c", str(task / "task.yaml")],
+            cwd=task,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         run = base / "results" / "speedup" / "latest"
         deadline = time.monotonic() + 300
-        while not ((run / ".coral" / "public" / "grader_daemon_heartbeat").exists()
-                   and (run / "agents" / "agent-2" / ".coral_agent_id").exists()):  # fmt: skip
+        while not (
+            (run / ".coral" / "public" / "grader_daemon_heartbeat").exists()
+            and (run / "agents" / "agent-2" / ".coral_agent_id").exists()
+        ):
             assert manager.poll() is None and time.monotonic() < deadline, (base / "start.log").read_text()
             time.sleep(0.5)
         for agent, value in EVALS:
@@ -94,17 +103,34 @@ def real_run(real_coral_bin, tmp_path_factory) -> Path:
 def test_select_snapshots_of_a_real_coral_run(real_run, tmp_path):
     before = digest(real_run)
     out = tmp_path / "roots"
-    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "select-snapshots", str(real_run), str(out),
-                                 "--task", "speedup", "--num-roots", "3", "--run-id", "real", "--json"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(tmp_path / "data"),
+            "select-snapshots",
+            str(real_run),
+            str(out),
+            "--task",
+            "speedup",
+            "--num-roots",
+            "3",
+            "--run-id",
+            "real",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     print(r.stdout)  # the real run's selection, for the record
     assert digest(real_run) == before, "the CORAL run changed"
     ordered = attempts_in_order(real_run)
     assert [a["title"] for a in ordered] == [f"{a} tries {v}" for a, v in EVALS] + ["agent-2 tries 5.0"]
     rows = Catalog.for_log(EventLog(tmp_path / "data", "real")).query(
-        "select snapshot, eval_count, eval_ok, score, skip_reason from snapshots order by global_index")
+        "select snapshot, eval_count, eval_ok, score, skip_reason from snapshots order by global_index"
+    )
     assert [(row["eval_count"], row["eval_ok"], row["score"]) for row in rows[:-1]] == [
-        (i, v != "CRASH", None if v == "CRASH" else float(v)) for i, (_, v) in enumerate(EVALS, start=1)]
+        (i, v != "CRASH", None if v == "CRASH" else float(v)) for i, (_, v) in enumerate(EVALS, start=1)
+    ]
     assert rows[-1]["skip_reason"] == "pending: the attempt is not graded yet"
     by_name = {row["snapshot"]: a for row, a in zip(rows, ordered, strict=True)}
     doc = json.loads(r.stdout)
@@ -115,8 +141,20 @@ def test_select_snapshots_of_a_real_coral_run(real_run, tmp_path):
 
 def test_an_opencode_exploration_graded_by_the_real_coral(real_run, real_coral_bin, tmp_path, monkeypatch):
     out = tmp_path / "roots"
-    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "select-snapshots", str(real_run), str(out),
-                                 "--task", "speedup", "--num-roots", "1"])  # fmt: skip
+    r = CliRunner().invoke(
+        cli,
+        [
+            "--data",
+            str(tmp_path / "data"),
+            "select-snapshots",
+            str(real_run),
+            str(out),
+            "--task",
+            "speedup",
+            "--num-roots",
+            "1",
+        ],
+    )
     assert r.exit_code == 0, r.output
     monkeypatch.setenv("PATH", coral_env(real_coral_bin)["PATH"])  # CORAL's `coral` first
     before = digest(real_run)
@@ -139,8 +177,11 @@ def test_an_opencode_exploration_graded_by_the_real_coral(real_run, real_coral_b
         expected = value_for(t["edge_id"], t["turn"])
         assert t["score"] == (None if expected == "CRASH" else float(expected)), t
         assert t["eval_status"] == ("crashed" if expected == "CRASH" else "improved"), t
-    logs = [r["grader_log"] for r in EventLog(data, "oc-real").read_table(["kind", "grader_log"]).to_pylist()
-            if r["kind"] == "eval_finished"]  # fmt: skip
+    logs = [
+        r["grader_log"]
+        for r in EventLog(data, "oc-real").read_table(["kind", "grader_log"]).to_pylist()
+        if r["kind"] == "eval_finished"
+    ]
     assert all("Graded #" in log for log in logs), logs
     print(logs[0])  # CORAL's daemon, as recorded with the turn
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "oc-real"]).exit_code == 0

@@ -23,9 +23,12 @@ def script(edge: str, turn: int, step: int, workdir: str):
 def post(url: str, body: dict, session: str = "ses_1") -> tuple[int, bytes]:
     parts = urlsplit(url + "/chat/completions")
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    conn.request("POST", parts.path, body=json.dumps(body),
-                 headers={"Content-Type": "application/json", "Authorization": "Bearer sk-secret",
-                          "x-session-id": session})  # fmt: skip
+    conn.request(
+        "POST",
+        parts.path,
+        body=json.dumps(body),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer sk-secret", "x-session-id": session},
+    )
     answer = conn.getresponse()
     return answer.status, answer.read()
 
@@ -60,7 +63,9 @@ def test_requests_pass_through_unchanged_and_are_kept_without_headers(model):
     assert exchange.answer == parse_answer(streamed)
     calls = exchange.answer["tool_calls"]
     assert exchange.answer["content"] == "" and [c["function"]["arguments"] for c in calls] == [
-        '{"filePath":"/w/a.py"}', '{"filePath":"/w/b.py"}']
+        '{"filePath":"/w/a.py"}',
+        '{"filePath":"/w/b.py"}',
+    ]
 
 
 def test_a_refused_request_is_recorded_with_its_status_and_an_unanswering_endpoint_is_a_502():
@@ -106,14 +111,22 @@ def test_a_fork_records_only_what_it_adds_to_the_conversation_it_inherited(model
     # finished call's output and the interrupted text for the other.
     answer = first[0].answer
     a, b = (c["id"] for c in answer["tool_calls"])
-    results = [{"role": "tool", "tool_call_id": a, "content": "a's output"},
-               {"role": "tool", "tool_call_id": b, "content": "[Tool execution was interrupted]"}]  # fmt: skip
+    results = [
+        {"role": "tool", "tool_call_id": a, "content": "a's output"},
+        {"role": "tool", "tool_call_id": b, "content": "[Tool execution was interrupted]"},
+    ]
     facts, state = conversation_facts(first, ids, None, "/w", {a: "a's output"})
     assert facts[2].messages == [user, answer, *results]
     assert state == {"messages": 4, "sha": digest(facts[2].messages)}
     # The next turn's requests begin with that conversation: only the rest is recorded.
-    later = [type(first[0])("ses_2", request(user, answer, *results, {"role": "user", "content": "again"}), 200,
-                            {"role": "assistant", "content": "ok"})]  # fmt: skip
+    later = [
+        type(first[0])(
+            "ses_2",
+            request(user, answer, *results, {"role": "user", "content": "again"}),
+            200,
+            {"role": "assistant", "content": "ok"},
+        )
+    ]
     _, _, fork = conversation_facts(later, ids | {"turn": 2}, state, "/w")[0]
     assert (fork.base, fork.turn_start) == (4, 4)
     assert fork.messages == [{"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]
@@ -124,8 +137,10 @@ def test_a_fork_records_only_what_it_adds_to_the_conversation_it_inherited(model
 
 
 def test_an_unfinished_answer_is_none_and_reasoning_is_kept():
-    chunks = [{"choices": [{"delta": {"reasoning_content": "think "}}]},
-              {"choices": [{"delta": {"reasoning_content": "more", "content": "Hi"}}]}]  # fmt: skip
+    chunks = [
+        {"choices": [{"delta": {"reasoning_content": "think "}}]},
+        {"choices": [{"delta": {"reasoning_content": "more", "content": "Hi"}}]},
+    ]
     stream = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks).encode()
     assert parse_answer(stream) is None  # cut off before its finish_reason
     done = stream + b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
@@ -140,7 +155,6 @@ def test_a_request_cut_off_before_its_first_byte_is_what_the_model_received_and_
 
     from engine.teachers.opencode.recorder import unreported_steps
 
-
     def stalls(edge, turn, step, workdir):
         return [("read", {"filePath": "/w/a.py"})] if step == 0 else Stall()
 
@@ -154,6 +168,7 @@ def test_a_request_cut_off_before_its_first_byte_is_what_the_model_received_and_
         answer = recorder._turns[token][0].answer
         result = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "a"}
         import threading
+
         threading.Thread(target=post, args=(recorder.url(token), request(user, answer, result)), daemon=True).start()
         while len(model.requests) < 2:  # the second request reached the endpoint, which stays silent
             threading.Event().wait(0.05)
@@ -168,5 +183,9 @@ def test_a_request_cut_off_before_its_first_byte_is_what_the_model_received_and_
     (step,) = unreported_steps(exchanges, ids, reported=set())
     usage = model.requests[0]["usage"]
     assert (step.step, step.tokens_input, step.tokens_output, step.tokens_total) == (
-        1, usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"])
+        1,
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+        usage["total_tokens"],
+    )
     assert unreported_steps(exchanges, ids, reported={1}) == []

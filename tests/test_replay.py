@@ -60,8 +60,14 @@ def test_replay_times_each_of_its_phases(runs):
 def test_replay_prints_trees_and_the_summary_line(runs):
     r = invoke(runs, "replay", "rounds", "--tree", "T002")
     assert r.exit_code == 0
-    assert r.stdout.splitlines()[0].split()[:6] == ["tree_id", "nodes", "kept_edges", "kept_exempt_edges",
-                                                    "pruned_edges", "retried_edges"]  # fmt: skip
+    assert r.stdout.splitlines()[0].split()[:6] == [
+        "tree_id",
+        "nodes",
+        "kept_edges",
+        "kept_exempt_edges",
+        "pruned_edges",
+        "retried_edges",
+    ]
     assert "tree T002 (* = on a selected path" in r.stdout
     assert "\n* T002  score " in r.stdout and "leaf: " in r.stdout
     assert r.stdout.rstrip().splitlines()[-1].endswith("decisions re-derived, 0 differ")
@@ -114,16 +120,23 @@ def test_a_log_recording_a_regex_duckdb_cannot_compile_is_named(runs):
     for command in (["replay", "bad-regex"], ["explore", "--resume", "bad-regex"]):
         r = invoke(runs, *command)
         assert r.exit_code == 1 and "Traceback" not in r.output, command
-        assert r.stderr.startswith(f"Error: {log.dir}: the recorded run config is not valid "
-                                   "(knowledge.path_regex: Value error, not a regular expression")
+        assert r.stderr.startswith(
+            f"Error: {log.dir}: the recorded run config is not valid "
+            "(knowledge.path_regex: Value error, not a regular expression"
+        )
         assert "views/" not in r.stderr  # the log is at fault, not a view
     assert log.tail_seq() == before
 
 
 def test_paths_of_a_run_without_a_selection_yet(runs):
-    forge(runs, "rounds", "unselected",
-          lambda rows: rows.__setitem__(slice(None), [r for r in rows if r["kind"] not in
-                                                      ("paths_selected", "run_finished")]))  # fmt: skip
+    forge(
+        runs,
+        "rounds",
+        "unselected",
+        lambda rows: rows.__setitem__(
+            slice(None), [r for r in rows if r["kind"] not in ("paths_selected", "run_finished")]
+        ),
+    )
     r = invoke(runs, "paths", "unselected")
     assert r.exit_code == 1 and "has no path selection yet (is it still running?)" in r.stderr
 
@@ -150,11 +163,18 @@ def test_replay_names_each_forged_decision(runs):
     def change(rows):
         # A selection that picked another node than the highest Select.
         def other_node(sel):
-            return next((
-                n["child_id"] for n in rows
-                if n["kind"] == "edge_judged" and n["child_id"] and n["tree_id"] == sel["tree_id"]
-                and n["child_id"] != sel["node_id"] and n["seq"] < sel["watermark"]
-            ), None)  # fmt: skip
+            return next(
+                (
+                    n["child_id"]
+                    for n in rows
+                    if n["kind"] == "edge_judged"
+                    and n["child_id"]
+                    and n["tree_id"] == sel["tree_id"]
+                    and n["child_id"] != sel["node_id"]
+                    and n["seq"] < sel["watermark"]
+                ),
+                None,
+            )
 
         wrong = next(r for r in rows if r["kind"] == "node_selected" and other_node(r))
         sibling = other_node(wrong)
@@ -166,9 +186,10 @@ def test_replay_names_each_forged_decision(runs):
         stop = first(rows, "tree_stopped")
         stop["watermark"] = first(rows, "root_added", tree_id=stop["tree_id"])["seq"]
         change.expected = {
-            ("node_selected", sibling), ("edge_judged", kept["edge_id"]),
+            ("node_selected", sibling),
+            ("edge_judged", kept["edge_id"]),
             ("tree_stopped", stop["tree_id"]),
-        }  # fmt: skip
+        }
 
     forge(runs, "rounds", "forged", change)
     r = invoke(runs, "replay", "forged", "--json")
@@ -177,8 +198,10 @@ def test_replay_names_each_forged_decision(runs):
     found = {(d["kind"], d["subject"]): d for d in out["differences"]}
     for key in change.expected:
         assert key in found, (key, out["differences"])
-    assert found[("tree_stopped", next(s for k, s in change.expected if k == "tree_stopped"))][
-        "problem"] == "stopped too early"  # fmt: skip
+    assert (
+        found[("tree_stopped", next(s for k, s in change.expected if k == "tree_stopped"))]["problem"]
+        == "stopped too early"
+    )
     judged = found[next(k for k in change.expected if k[0] == "edge_judged")]
     assert judged["problem"] == "verdict differs" and judged["recorded"] == "pruned"
     text = invoke(runs, "replay", "forged")
@@ -241,11 +264,29 @@ def test_replay_checks_the_prefix_of_a_run_being_written(runs, tmp_path):
     config.write_text(ENDLESS)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore",
-         str(ROOT / "data" / "student_run" / "all_snapshots"), "--select", "--task", "k",
-         "--num-roots", "3", "--run-id", "live", "--config", str(config), "--parallel", "2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(ROOT / "data" / "student_run" / "all_snapshots"),
+            "--select",
+            "--task",
+            "k",
+            "--num-roots",
+            "3",
+            "--run-id",
+            "live",
+            "--config",
+            str(config),
+            "--parallel",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     checked = []
     deadline = time.monotonic() + 600
     try:
@@ -268,8 +309,20 @@ def test_paths_command_prints_the_default_selection(runs):
     out = json.loads(r.stdout)
     assert out["top_k"] == 6 and out["weights"] == {"max": 0.35, "avg": 0.25, "clean": 0.2, "know": 0.2}
     assert {p["tree_id"] for p in out["paths"]} == {"T001", "T002", "T003", "T004"}
-    fields = {"avg_cleanliness", "avg_knowledge", "avg_score", "avg_score_rank", "max_score",
-              "max_score_rank", "path_score", "tree_id", "leaf_id", "node_ids", "task", "stage"}  # fmt: skip
+    fields = {
+        "avg_cleanliness",
+        "avg_knowledge",
+        "avg_score",
+        "avg_score_rank",
+        "max_score",
+        "max_score_rank",
+        "path_score",
+        "tree_id",
+        "leaf_id",
+        "node_ids",
+        "task",
+        "stage",
+    }
     assert fields <= set(out["paths"][0])
     csv = invoke(runs, "paths", "rounds", "--tree", "T001", "--csv")
     lines = csv.stdout.strip().splitlines()
@@ -286,15 +339,15 @@ def test_paths_command_prints_the_default_selection(runs):
 def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, tmp_path):
     forge(runs, "rounds", "re", lambda rows: None)
     before = EventLog(runs, "re").tail_seq()
-    r = invoke(runs, "reselect", "re", "--weights", "max=0,avg=0,clean=0,know=1", "--top-k", "2",
-               "--json")  # fmt: skip
+    r = invoke(runs, "reselect", "re", "--weights", "max=0,avg=0,clean=0,know=1", "--top-k", "2", "--json")
     assert r.exit_code == 0, r.output
     first_out = json.loads(r.stdout)
     assert first_out["appended"] is True
     assert all(sum(p["tree_id"] == t for p in first_out["paths"]) <= 2 for t in ("T001", "T002"))
     assert len(first_out["paths_out"]) >= 8  # at most 2 of each root's 6 stay
-    again = json.loads(invoke(runs, "reselect", "re", "--weights", "know=1,max=0,avg=0,clean=0",
-                              "--top-k", "2", "--json").stdout)  # fmt: skip
+    again = json.loads(
+        invoke(runs, "reselect", "re", "--weights", "know=1,max=0,avg=0,clean=0", "--top-k", "2", "--json").stdout
+    )
     assert again["appended"] is False and again["selection_id"] == first_out["selection_id"]
     assert EventLog(runs, "re").tail_seq() == before + 1
     shown = invoke(runs, "paths", "re", "--selection", first_out["selection_id"], "--json")
@@ -302,8 +355,12 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert invoke(runs, "replay", "re").exit_code == 0
     text = invoke(runs, "reselect", "re", "--weights", "know=1,max=0,avg=0,clean=0", "--top-k", "2")
     assert "already recorded" in text.stdout and "paths in" in text.stdout
-    for weights, problem in (("speed=1", "expected key=value"), ("max=nan", "finite"),
-                             ("know=inf", "finite"), ("max=0.3,max=0.4", "given twice")):  # fmt: skip
+    for weights, problem in (
+        ("speed=1", "expected key=value"),
+        ("max=nan", "finite"),
+        ("know=inf", "finite"),
+        ("max=0.3,max=0.4", "given twice"),
+    ):
         bad = invoke(runs, "reselect", "re", "--weights", weights)
         assert bad.exit_code == 2 and "Error: --weights: " in bad.stderr and problem in bad.stderr, weights
     for k in ("0", str(2**63)):
@@ -319,11 +376,12 @@ def test_weights_whose_scores_could_overflow_or_all_be_zero_are_refused(tmp_path
     config file and in reselect alike, before anything is recorded."""
     snapshots = ROOT / "data" / "student_run" / "all_snapshots"
     data = tmp_path / "data"
-    for body, problem in (("[paths]\nmax = 1e308\n", "paths.max: Value error, must be between -1e+06 and 1e+06"),
-                          ("[q]\nprocess = -1e308\n", "q.process: Value error, must be between"),
-                          ("[tree]\nalpha = 1e308\n", "tree.alpha: Input should be less than or equal to"),
-                          ("[paths]\nmax = 0\navg = 0\nclean = 0\nknow = 0\n",
-                           "are all 0: every path would score 0")):  # fmt: skip
+    for body, problem in (
+        ("[paths]\nmax = 1e308\n", "paths.max: Value error, must be between -1e+06 and 1e+06"),
+        ("[q]\nprocess = -1e308\n", "q.process: Value error, must be between"),
+        ("[tree]\nalpha = 1e308\n", "tree.alpha: Input should be less than or equal to"),
+        ("[paths]\nmax = 0\navg = 0\nclean = 0\nknow = 0\n", "are all 0: every path would score 0"),
+    ):
         config = tmp_path / "weights.toml"
         config.write_text(body)
         r = invoke(data, "explore", str(snapshots), "--select", "--task", "kernel-speedup", "--config", str(config))
@@ -331,8 +389,10 @@ def test_weights_whose_scores_could_overflow_or_all_be_zero_are_refused(tmp_path
     assert not (data / "runs").exists()
     forge(runs, "rounds", "weights", lambda rows: None)
     before = EventLog(runs, "weights").tail_seq()
-    for weights, problem in (("max=1e308", "max: Value error, must be between"),
-                             ("max=0,avg=0,clean=0,know=0", "every path would score 0")):  # fmt: skip
+    for weights, problem in (
+        ("max=1e308", "max: Value error, must be between"),
+        ("max=0,avg=0,clean=0,know=0", "every path would score 0"),
+    ):
         r = invoke(runs, "reselect", "weights", "--weights", weights)
         assert r.exit_code == 2 and "Error: --weights: " in r.stderr and problem in r.stderr, r.output
     assert EventLog(runs, "weights").tail_seq() == before
@@ -381,9 +441,7 @@ def test_a_part_with_damaged_pages_is_named_however_the_scan_fails(runs, tmp_pat
 
 
 @pytest.mark.parametrize("named", ["checksummed", "before_checksums"])
-@pytest.mark.parametrize(
-    "damage", ["not_parquet", "bad_pages", "foreign", "seq_as_text", "other_seqs", "row_dropped"]
-)
+@pytest.mark.parametrize("damage", ["not_parquet", "bad_pages", "foreign", "seq_as_text", "other_seqs", "row_dropped"])
 def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage, named):
     """A part named with a checksum fails it; one named without (written before checksums)
     is still checked: its footer, and the pages DuckDB's scan decodes."""
@@ -438,8 +496,10 @@ def test_runs_replayed_side_by_side_each_give_their_own_result_in_run_order(runs
     order = ["rounds", "forged", "async"]
 
     def results(workers):
-        return [(r.run_id, r.decisions, r.trees, [(d.kind, d.subject, d.problem) for d in r.differences])
-                for r in replay_runs(data, order, workers=workers)]  # fmt: skip
+        return [
+            (r.run_id, r.decisions, r.trees, [(d.kind, d.subject, d.problem) for d in r.differences])
+            for r in replay_runs(data, order, workers=workers)
+        ]
 
     alone, side_by_side = results(1), results(2)
     assert [r[0] for r in side_by_side] == order

@@ -32,8 +32,11 @@ def invoke(data: Path, *args: str):
 
 def hashes(root: Path) -> dict[str, str]:
     """Every file under ``root`` by its SHA-256 (a file added or removed shows too)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 VIEW_ROWS = re.compile(r"derived/[^/]+/[^/]+/[^/]+/views/[a-z_0-9]+\.parquet")
@@ -49,12 +52,15 @@ def unchanged(before: dict[str, str], after: dict[str, str]) -> bool:
 
 def answers(runs) -> dict[str, list]:
     """What later queries answer: the ones a changed view, table or variable would alter."""
-    return {q: runs.query(q) for q in (
-        "select count(*) as n from trees",
-        "select * from tool_calls order by all",
-        "select run_id, tree_id, kept_edges, selected, top_path_score from trees order by all",
-        "select run_id, count(*) as n from edges group by all order by all",
-    )}  # fmt: skip
+    return {
+        q: runs.query(q)
+        for q in (
+            "select count(*) as n from trees",
+            "select * from tool_calls order by all",
+            "select run_id, tree_id, kept_edges, selected, top_path_score from trees order by all",
+            "select run_id, count(*) as n from edges group by all order by all",
+        )
+    }
 
 
 @pytest.fixture
@@ -95,11 +101,13 @@ def test_the_notebook_session_cannot_be_changed_by_a_query(data):
     """Finding 2: a fake trees view, tool_calls emptied, the watermark changed: later answers stay right."""
     runs = open_runs(data)
     before = answers(runs)
-    for statement in ("explain analyze create or replace view trees as select 1 as n",
-                      "explain analyze delete from run_1.main.tool_calls",
-                      "explain analyze drop table run_2.main.trees",
-                      "explain analyze update run_1.main.trees set kept_edges = 0",
-                      "explain analyze set variable watermark = 0"):  # fmt: skip
+    for statement in (
+        "explain analyze create or replace view trees as select 1 as n",
+        "explain analyze delete from run_1.main.tool_calls",
+        "explain analyze drop table run_2.main.trees",
+        "explain analyze update run_1.main.trees set kept_edges = 0",
+        "explain analyze set variable watermark = 0",
+    ):
         with pytest.raises(ProjectError, match="only EXPLAIN of a SELECT"):
             runs.sql(statement)
         assert answers(runs) == before, statement
@@ -112,9 +120,11 @@ def test_the_notebook_session_cannot_be_changed_by_a_query(data):
 def test_the_working_directorys_tmp_is_neither_readable_nor_writable(data, tmp_path):
     """Finding 3: DuckDB adds its temp directory (<cwd>/.tmp) to the allowed directories."""
     runs = open_runs(data)
-    for statement in ("select * from read_csv('.tmp/secret.csv')",
-                      f"select * from read_parquet('{tmp_path}/.tmp/secret.parquet')",
-                      "select * from glob('.tmp/*')"):  # fmt: skip
+    for statement in (
+        "select * from read_csv('.tmp/secret.csv')",
+        f"select * from read_parquet('{tmp_path}/.tmp/secret.parquet')",
+        "select * from glob('.tmp/*')",
+    ):
         with pytest.raises(ProjectError, match="Cannot access file"):
             runs.sql(statement)
     assert runs.query("select current_setting('temp_directory') as t") == [{"t": ""}]
@@ -166,9 +176,13 @@ def test_report_and_export_refuse_an_output_inside_the_data_directory(data):
     """The same class as finding 5: `report --out <a part>` replaced the part with HTML."""
     part = a_part(data)
     before = hashes(data)
-    for command in (["report", "--out", str(part)], ["report", "--out", str(data / "runs" / "r.html")],
-                    ["export", "rounds", "--out", str(data / "runs" / "train")],
-                    ["export", "rounds", "--out", str(part.parent)], ["export", "rounds", "--out", str(data)]):
+    for command in (
+        ["report", "--out", str(part)],
+        ["report", "--out", str(data / "runs" / "r.html")],
+        ["export", "rounds", "--out", str(data / "runs" / "train")],
+        ["export", "rounds", "--out", str(part.parent)],
+        ["export", "rounds", "--out", str(data)],
+    ):
         r = invoke(data, *command)
         assert r.exit_code == 1 and "holds the runs of the data directory" in r.stderr, (command, r.output)
     assert hashes(data) == before

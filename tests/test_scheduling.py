@@ -21,8 +21,17 @@ DEADLINE_S = 120
 
 
 def request(edge: str, turn: int) -> TurnRequest:
-    return TurnRequest(tree_id="T1", edge_id=edge, parent_id="T1", turn=turn, slot=1, attempt=1,
-                       start_state={}, fork=turn == 1, direction="maximize")  # fmt: skip
+    return TurnRequest(
+        tree_id="T1",
+        edge_id=edge,
+        parent_id="T1",
+        turn=turn,
+        slot=1,
+        attempt=1,
+        start_state={},
+        fork=turn == 1,
+        direction="maximize",
+    )
 
 
 class Gate:
@@ -117,14 +126,22 @@ def in_flight_at_each_start(data: Path, run_id: str) -> list[int]:
 @pytest.mark.parametrize("ahead", [0, 2])
 def test_async_lookahead_starts_edges_beyond_the_slots_but_never_runs_more_turns(tmp_path, ahead):
     parallel = 3
-    config = RunConfig(task="t", parallel=parallel, lookahead=ahead, schedule="async", seed=3,
-                       tree=TreeConfig(target_good_leaves=3), backend_options={"latency_s": 0.02})  # fmt: skip
+    config = RunConfig(
+        task="t",
+        parallel=parallel,
+        lookahead=ahead,
+        schedule="async",
+        seed=3,
+        tree=TreeConfig(target_good_leaves=3),
+        backend_options={"latency_s": 0.02},
+    )
     teacher = Counting(config.seed, config.backend_options)
     roots = [RootAdded(tree_id=f"T{i}", task="t", snapshot=f"s{i}", path="/x", score=float(i)) for i in (1, 2)]
     with LogWriter.create(tmp_path, "ahead") as writer:
         catalog = Catalog.empty(threads=1)
-        catalog.insert(writer.stage([RunStarted(command="explore", task="t", config=config.model_dump(mode="json")),
-                                     *roots]))  # fmt: skip
+        catalog.insert(
+            writer.stage([RunStarted(command="explore", task="t", config=config.model_dump(mode="json")), *roots])
+        )
         writer.flush()
         Explorer(writer, catalog, config, teacher).run()
     flights = in_flight_at_each_start(tmp_path, "ahead")

@@ -96,8 +96,7 @@ def malformed_dir(root: Path) -> dict[str, str]:
 def test_every_malformed_folder_is_recorded_with_its_reason(tmp_path, data_dir):
     root = tmp_path / "all_snapshots"
     expected = malformed_dir(root)
-    r = invoke(data_dir, "select-snapshots", root, tmp_path / "out", "--task", "t",
-               "--run-id", "m1", "--json")  # fmt: skip
+    r = invoke(data_dir, "select-snapshots", root, tmp_path / "out", "--task", "t", "--run-id", "m1", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     skipped = {s["snapshot"]: s["skip_reason"] for s in out["skipped"]}
@@ -148,12 +147,11 @@ def test_attempt_problems_keep_the_candidate_without_score(tmp_path, data_dir, a
 def test_attempt_lookup_by_field_and_unique_prefix(tmp_path, data_dir):
     root = tmp_path / "all_snapshots"
     commit = "1234567890abcdef" * 2 + "12345678"
-    by_field = make_snapshot(root, 1, commit=commit, attempt_name="renamed.json",
-                             attempt={"commit_hash": commit, "score": 7.0})  # fmt: skip
-    by_prefix = make_snapshot(root, 2, commit="abcdef1" + "0" * 33, attempt_name="abcdef1.json",
-                              attempt={"score": 8.0})  # fmt: skip
-    too_short = make_snapshot(root, 3, commit="abcdef" + "1" * 34, attempt_name="abcdef.json",
-                              attempt={"score": 9.0})  # fmt: skip
+    by_field = make_snapshot(
+        root, 1, commit=commit, attempt_name="renamed.json", attempt={"commit_hash": commit, "score": 7.0}
+    )
+    by_prefix = make_snapshot(root, 2, commit="abcdef1" + "0" * 33, attempt_name="abcdef1.json", attempt={"score": 8.0})
+    too_short = make_snapshot(root, 3, commit="abcdef" + "1" * 34, attempt_name="abcdef.json", attempt={"score": 9.0})
     r = invoke(data_dir, "select-snapshots", root, tmp_path / "o", "--task", "t", "--run-id", "p")
     assert r.exit_code == 0, r.output
     rows = Catalog.for_log(EventLog(data_dir, "p")).query(
@@ -168,8 +166,7 @@ def test_attempt_lookup_by_field_and_unique_prefix(tmp_path, data_dir):
 def test_input_is_untouched_and_copies_carry_selection_fields(tmp_path, data_dir, snapshots):
     before = tree_digest(snapshots)
     out = tmp_path / "roots"
-    r = invoke(data_dir, "select-snapshots", snapshots, out, "--task", "t", "--num-roots", "6",
-               "--json")  # fmt: skip
+    r = invoke(data_dir, "select-snapshots", snapshots, out, "--task", "t", "--num-roots", "6", "--json")
     assert r.exit_code == 0, r.output
     assert tree_digest(snapshots) == before
     result = json.loads(r.stdout)
@@ -236,11 +233,24 @@ def test_a_copy_the_os_refuses_is_a_clean_error_and_leaves_no_output(tmp_path, d
 
     for target in (out, previous):  # replacing an earlier output, and a new one
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "cli.py"), "--data", str(data_dir), "select-snapshots",
-             str(snapshots), str(target), "--task", "t", "--overwrite"],
-            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-            preexec_fn=limited, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "--data",
+                str(data_dir),
+                "select-snapshots",
+                str(snapshots),
+                str(target),
+                "--task",
+                "t",
+                "--overwrite",
+            ],
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+            preexec_fn=limited,
+            timeout=120,
+        )
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.startswith(f"Error: {target}: cannot copy the picked snapshots (")
         assert "weights.bin: File too large); nothing was written there" in proc.stderr
@@ -263,8 +273,7 @@ def test_not_a_snapshot_run_is_a_clean_error(tmp_path, data_dir):
     assert r.exit_code == 1 and "caf\ufffd: the path is not UTF-8" in r.stderr
     assert "Traceback" not in r.output and not (tmp_path / "o").exists()
     latin1_data = tmp_path / os.fsdecode(b"d\xe9")  # DuckDB could not read a log there
-    r = invoke(latin1_data, "select-snapshots", make_snapshot(tmp_path / "s", 1).parent, tmp_path / "o",
-               "--task", "t")  # fmt: skip
+    r = invoke(latin1_data, "select-snapshots", make_snapshot(tmp_path / "s", 1).parent, tmp_path / "o", "--task", "t")
     assert r.exit_code == 1 and "d\ufffd: the data directory's path is not UTF-8" in r.stderr
     assert not latin1_data.exists() and not (tmp_path / "o").exists()
 
@@ -281,8 +290,18 @@ def test_no_numeric_score_is_a_clean_error(tmp_path, data_dir):
 
 
 def test_a_number_of_roots_beyond_a_64_bit_integer_is_a_usage_error(tmp_path, data_dir, snapshots):
-    r = invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t", "--run-id", "z",
-               "--num-roots", str(2**70))  # fmt: skip
+    r = invoke(
+        data_dir,
+        "select-snapshots",
+        snapshots,
+        tmp_path / "o",
+        "--task",
+        "t",
+        "--run-id",
+        "z",
+        "--num-roots",
+        str(2**70),
+    )
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert "Invalid value for '--num-roots'" in r.stderr and "1<=x<=9223372036854775807" in r.stderr
     assert not EventLog(data_dir, "z").exists()
@@ -310,8 +329,9 @@ def test_any_task_name_gives_a_valid_default_run_id(tmp_path, data_dir, snapshot
 
 
 def test_path_commands_on_a_selection_run_say_it_has_no_trees(tmp_path, data_dir, snapshots):
-    assert invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t",
-                  "--run-id", "s1").exit_code == 0  # fmt: skip
+    assert (
+        invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t", "--run-id", "s1").exit_code == 0
+    )
     for command in ("paths", "reselect"):
         r = invoke(data_dir, command, "s1")
         assert r.exit_code == 1 and "run 's1' has no trees" in r.stderr, command
@@ -328,14 +348,14 @@ def test_direction_comes_from_the_snapshots_coral_config(tmp_path, data_dir):
     r = invoke(data_dir, "select-snapshots", root, tmp_path / "o", "--task", "t", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["direction"] == "minimize"
-    r = invoke(data_dir, "select-snapshots", root, tmp_path / "o2", "--task", "t",
-               "--direction", "maximize", "--json")  # fmt: skip
+    r = invoke(data_dir, "select-snapshots", root, tmp_path / "o2", "--task", "t", "--direction", "maximize", "--json")
     assert json.loads(r.stdout)["direction"] == "maximize"
 
 
 def test_the_decision_is_recorded_with_its_watermark(tmp_path, data_dir, snapshots):
-    r = invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t",
-               "--run-id", "d1", "--num-roots", "4")  # fmt: skip
+    r = invoke(
+        data_dir, "select-snapshots", snapshots, tmp_path / "o", "--task", "t", "--run-id", "d1", "--num-roots", "4"
+    )
     assert r.exit_code == 0, r.output
     catalog = Catalog.for_log(EventLog(data_dir, "d1"))
     decision = catalog.query("select * from stg_snapshots_picked")[0]
@@ -343,11 +363,9 @@ def test_the_decision_is_recorded_with_its_watermark(tmp_path, data_dir, snapsho
     assert decision["seq"] == 14
     detail = json.loads(decision["detail"])
     assert [d["snapshot"] for d in detail if d["selected"]] == [
-        row["snapshot"]
-        for row in catalog.query("select snapshot from snapshots where selected order by global_index")
+        row["snapshot"] for row in catalog.query("select snapshot from snapshots where selected order by global_index")
     ]
-    r = invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o2", "--task", "t",
-               "--run-id", "d1")  # fmt: skip
+    r = invoke(data_dir, "select-snapshots", snapshots, tmp_path / "o2", "--task", "t", "--run-id", "d1")
     assert r.exit_code == 1 and "already exists" in r.stderr
 
 
@@ -358,8 +376,14 @@ def test_human_summary_lists_stages_and_skips(tmp_path, data_dir):
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[1].split() == [
-        "stage", "candidates", "eligible", "quota", "picked_quota", "fills", "picked",
-    ]  # fmt: skip
+        "stage",
+        "candidates",
+        "eligible",
+        "quota",
+        "picked_quota",
+        "fills",
+        "picked",
+    ]
     assert [line.split()[0] for line in lines[2:5]] == ["early", "middle", "late"]
     assert "skipped 14 folders:" in r.stdout
     assert "  README.txt: not a directory" in r.stdout

@@ -12,8 +12,14 @@ from ingest.events import SnapshotSeen
 def seen(i: int, score: float | None, eval_ok: bool | None = True, **kw) -> SnapshotSeen:
     name = f"eval-{i:06d}-agent-{i % 3 + 1}-{i:012x}"
     return SnapshotSeen(
-        task="t", snapshot=name, path=f"/x/{name}", global_index=i, agent_id=f"agent-{i % 3 + 1}",
-        eval_ok=eval_ok, score=score, **kw,
+        task="t",
+        snapshot=name,
+        path=f"/x/{name}",
+        global_index=i,
+        agent_id=f"agent-{i % 3 + 1}",
+        eval_ok=eval_ok,
+        score=score,
+        **kw,
     )
 
 
@@ -80,9 +86,17 @@ def test_missing_scores_borrow_previous_then_following():
 
 @pytest.mark.parametrize(
     ("r", "quotas"),
-    [(30, (5, 15, 10)), (1, (0, 1, 0)), (2, (0, 1, 1)), (6, (1, 3, 2)), (7, (1, 4, 2)),
-     (9, (2, 5, 2)), (12, (2, 6, 4)), (100, (17, 50, 33))],
-)  # fmt: skip
+    [
+        (30, (5, 15, 10)),
+        (1, (0, 1, 0)),
+        (2, (0, 1, 1)),
+        (6, (1, 3, 2)),
+        (7, (1, 4, 2)),
+        (9, (2, 5, 2)),
+        (12, (2, 6, 4)),
+        (100, (17, 50, 33)),
+    ],
+)
 def test_quotas(r, quotas):
     catalog = run_views([1.0], num_roots=r)
     got = catalog.query("select stage, quota from int_snapshots__quotas order by stage_order")
@@ -91,8 +105,7 @@ def test_quotas(r, quotas):
 
 def picked(catalog):
     rows = catalog.query(
-        "select global_index - 1 as i, selection_reason from snapshots where selected "
-        "order by global_index"
+        "select global_index - 1 as i, selection_reason from snapshots where selected order by global_index"
     )
     return {r["i"]: r["selection_reason"] for r in rows}
 
@@ -121,9 +134,15 @@ def test_starved_middle_is_filled_by_late_then_early():
     got = picked(catalog)
     # early quota: ((2j+1)*10)//10 = 1,3,5,7,9; unpicked 0,2,4,6,8 -> fill ((2j+1)*5)//6 = 0,2,4.
     assert {i: r for i, r in got.items() if i < 10} == {
-        1: "quota", 3: "quota", 5: "quota", 7: "quota", 9: "quota",
-        0: "fill", 4: "fill", 8: "fill",
-    }  # fmt: skip
+        1: "quota",
+        3: "quota",
+        5: "quota",
+        7: "quota",
+        9: "quota",
+        0: "fill",
+        4: "fill",
+        8: "fill",
+    }
     assert {i for i in got if 10 <= i < 50} == set(range(10, 20))
     # late quota 10 of 12: ((2j+1)*12)//20 = 0,1,3,4,5,6,7,9,10,11; fills: positions 2, 8.
     late = {i - 50: r for i, r in got.items() if i >= 50}
@@ -131,8 +150,10 @@ def test_starved_middle_is_filled_by_late_then_early():
     assert len(got) == 30
     summary = catalog.query("select * from snapshot_stages order by stage_order")
     assert [(s["stage"], s["picked_quota"], s["fills"]) for s in summary] == [
-        ("early", 5, 3), ("middle", 10, 0), ("late", 10, 2),
-    ]  # fmt: skip
+        ("early", 5, 3),
+        ("middle", 10, 0),
+        ("late", 10, 2),
+    ]
 
 
 def test_starved_early_is_filled_by_middle_before_late():
@@ -142,8 +163,10 @@ def test_starved_early_is_filled_by_middle_before_late():
     catalog = run_views([2.0] * 100, eval_ok=eval_ok)
     summary = catalog.query("select stage, fills, picked from snapshot_stages order by stage_order")
     assert [(s["stage"], s["fills"], s["picked"]) for s in summary] == [
-        ("early", 0, 2), ("middle", 3, 18), ("late", 0, 10),
-    ]  # fmt: skip
+        ("early", 0, 2),
+        ("middle", 3, 18),
+        ("late", 0, 10),
+    ]
 
 
 def test_fewer_eligible_than_roots_takes_all():
@@ -164,9 +187,10 @@ def test_failed_snapshot_with_score_shapes_stages_but_is_never_picked():
 
 def test_skipped_folders_are_listed_without_stage():
     events = [
-        seen(1, 1.0), seen(2, 2.0),
+        seen(1, 1.0),
+        seen(2, 2.0),
         SnapshotSeen(task="t", snapshot="junk", path="/x/junk", skip_reason="unparseable folder name"),
-    ]  # fmt: skip
+    ]
     catalog = catalog_of(events, RunConfig(task="t"))
     rows = {r["snapshot"]: r for r in catalog.query("select * from snapshots")}
     assert rows["junk"]["stage"] is None and rows["junk"]["selected"] is False

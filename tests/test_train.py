@@ -37,8 +37,9 @@ def export_dir(tmp_path_factory, runs) -> Path:
     data = work / "data"
     hand_run.write(data)
     copy_run(runs, "rounds", data)
-    done = CliRunner().invoke(cli, ["--data", str(data), "export", "hand", "rounds", "--out",
-                                    str(data / "out" / "train")])  # fmt: skip
+    done = CliRunner().invoke(
+        cli, ["--data", str(data), "export", "hand", "rounds", "--out", str(data / "out" / "train")]
+    )
     assert done.exit_code == 0, done.output
     return work
 
@@ -60,13 +61,15 @@ def test_the_readme_training_code_trains_on_the_export(export_dir, monkeypatch):
 
     # The masked tokens are exactly the assistant's: decode them on a sample with
     # reasoning, tool calls and their results.
-    i = next(i for i, s in enumerate(train) if any(m.get("tool_calls") and m.get("reasoning_content")
-                                                   for m in s["messages"]))  # fmt: skip
+    i = next(
+        i for i, s in enumerate(train) if any(m.get("tool_calls") and m.get("reasoning_content") for m in s["messages"])
+    )
     sample = train[i]
     tools = json.loads(sample["tools"])
     rendered = tokenizer.apply_chat_template(sample["messages"], tools=tools, tokenize=False)
-    enc = tokenizer.apply_chat_template(sample["messages"], tools=tools, return_dict=True,
-                                        return_assistant_tokens_mask=True)  # fmt: skip
+    enc = tokenizer.apply_chat_template(
+        sample["messages"], tools=tools, return_dict=True, return_assistant_tokens_mask=True
+    )
     ids, mask = enc["input_ids"], enc["assistant_masks"]
     assert trainer.train_dataset[i]["input_ids"] == ids  # what the trainer trained on, and its labels:
     assert [label != -100 for label in trainer.train_dataset[i]["labels"]] == [bool(m) for m in mask]
@@ -100,20 +103,27 @@ def test_every_sample_renders_with_apply_chat_template_and_the_manifest_counts_t
     texts = [line for f in (export_dir / "data" / "out" / "train").glob("*.chat.jsonl") for line in f.open()]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=500, special_tokens=SPECIAL_TOKENS,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, pad_token=PAD,
-                                        chat_template=CHAT_TEMPLATE)  # fmt: skip
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=500, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, pad_token=PAD, chat_template=CHAT_TEMPLATE)
     saved = tmp_path / "tokenizer"
     tokenizer.save_pretrained(saved)
     data = export_dir / "data"
     out = tmp_path / "counted"
-    done = CliRunner().invoke(cli, ["--data", str(data), "export", "hand", "rounds", "--out", str(out),
-                                    "--tokenizer", str(saved)])  # fmt: skip
+    done = CliRunner().invoke(
+        cli, ["--data", str(data), "export", "hand", "rounds", "--out", str(out), "--tokenizer", str(saved)]
+    )
     assert done.exit_code == 0, done.output
     manifest = json.loads((out / "manifest.json").read_text())
-    rows = [json.loads(line) for f in ("hand.chat.jsonl", "rounds.chat.jsonl")
-            for line in (out / f).read_text().splitlines()]  # fmt: skip
+    rows = [
+        json.loads(line)
+        for f in ("hand.chat.jsonl", "rounds.chat.jsonl")
+        for line in (out / f).read_text().splitlines()
+    ]
     assert len(rows) == len(manifest["lengths"]) == manifest["samples"]
     for row, length in zip(rows, manifest["lengths"], strict=True):
         with pytest.raises(Exception):  # noqa: B017 - the JSON string itself is no tool list

@@ -41,8 +41,11 @@ def test_layer2_is_exempt_and_turn2_is_not_skipped():
     cat = catalog(events)
     e = rows(cat, "edges")["T1.1/e1-1"]
     assert (e["layer"], e["skip_turn2"], e["verdict"], e["child_id"]) == (
-        2, False, "kept_exempt", "T1.1.1",
-    )  # fmt: skip
+        2,
+        False,
+        "kept_exempt",
+        "T1.1.1",
+    )
     node = rows(cat, "nodes", "node_id")["T1.1.1"]
     assert node["score"] is None and node["depth"] == 2
     # A skip is decided only for edges that can no longer be kept: here turn 2 is owed.
@@ -87,9 +90,12 @@ def test_cleanliness_at_rates_0_01_03_031():
         edge("T1.1.1/e1-1", "T1.1.1", 1.9, 2.0, calls=10, errors=0),
         edge("T1.1.1/e2-1", "T1.1.1", 1.9, 2.0, calls=10, errors=1),
         edge("T1.1.1/e3-1", "T1.1.1", 1.9, 2.0, calls=10, errors=3),
-        [st("T1.1.1/e4-1", "T1.1.1"), *tn("T1.1.1/e4-1", 1, 1.9, calls=50, errors=16),
-         *tn("T1.1.1/e4-1", 2, 2.0, calls=50, errors=15)],
-    )  # fmt: skip
+        [
+            st("T1.1.1/e4-1", "T1.1.1"),
+            *tn("T1.1.1/e4-1", 1, 1.9, calls=50, errors=16),
+            *tn("T1.1.1/e4-1", 2, 2.0, calls=50, errors=15),
+        ],
+    )
     e = rows(catalog(events), "edges")
     got = [round(e[f"T1.1.1/e{i}-1"]["tool_error_rate"], 6) for i in range(1, 5)]
     assert got == [0.0, 0.1, 0.3, 0.31]
@@ -106,8 +112,11 @@ def test_knowledge_four_cases_and_soft():
     events += edge("T1.1/e3-1", "T1.1", 1.5, 1.55, knowledge=True)  # not improved, knowledge
     events += edge("T1.1/e4-1", "T1.1", 1.5, 1.6)  # 1.6 is not > 1.6: not improved
     e = rows(catalog(events), "edges")
-    got = {k: (v["improved"], v["has_knowledge"], v["knowledge"], v["outcome"],
-               v["regression_stability"]) for k, v in e.items() if k.startswith("T1.1/")}  # fmt: skip
+    got = {
+        k: (v["improved"], v["has_knowledge"], v["knowledge"], v["outcome"], v["regression_stability"])
+        for k, v in e.items()
+        if k.startswith("T1.1/")
+    }
     assert got == {
         "T1.1/e1-1": (True, True, 1.0, 1.0, 1.0),
         "T1.1/e2-1": (True, False, 0.8, 1.0, 0.5),
@@ -115,12 +124,14 @@ def test_knowledge_four_cases_and_soft():
         "T1.1/e4-1": (False, False, 0.4, 0.7, 0.5),
     }
     soft = {k: e[k]["soft"] for k in got}
-    assert soft == pytest.approx({
-        "T1.1/e1-1": 0.3 * 1.0 + 0.2 * 1.0 + 0.2 * 1.0 + 0.3 * 1.0,
-        "T1.1/e2-1": 0.3 * 1.0 + 0.2 * 1.0 + 0.2 * 0.8 + 0.3 * 0.5,
-        "T1.1/e3-1": 0.3 * 0.7 + 0.2 * 1.0 + 0.2 * 0.6 + 0.3 * 0.5,
-        "T1.1/e4-1": 0.3 * 0.7 + 0.2 * 1.0 + 0.2 * 0.4 + 0.3 * 0.5,
-    })  # fmt: skip
+    assert soft == pytest.approx(
+        {
+            "T1.1/e1-1": 0.3 * 1.0 + 0.2 * 1.0 + 0.2 * 1.0 + 0.3 * 1.0,
+            "T1.1/e2-1": 0.3 * 1.0 + 0.2 * 1.0 + 0.2 * 0.8 + 0.3 * 0.5,
+            "T1.1/e3-1": 0.3 * 0.7 + 0.2 * 1.0 + 0.2 * 0.6 + 0.3 * 0.5,
+            "T1.1/e4-1": 0.3 * 0.7 + 0.2 * 1.0 + 0.2 * 0.4 + 0.3 * 0.5,
+        }
+    )
 
 
 def test_knowledge_needs_an_action_in_both_turns():
@@ -170,12 +181,8 @@ def test_pct_with_ties_and_q_and_select_order():
     events += fanout(scores=((1.5, 1.6), (1.2, 1.3), (1.4, 1.6)))
     cat = catalog(events)
     n = rows(cat, "nodes", "node_id")
-    assert [n[k]["score_rank"] for k in ("T1", "T1.1", "T1.2", "T1.3")] == pytest.approx(
-        [0.0, 2.5 / 3, 1 / 3, 2.5 / 3]
-    )
-    assert [n[k]["best_rank"] for k in ("T1", "T1.1", "T1.2", "T1.3")] == pytest.approx(
-        [0.0, 2.5 / 3, 1 / 3, 2.5 / 3]
-    )
+    assert [n[k]["score_rank"] for k in ("T1", "T1.1", "T1.2", "T1.3")] == pytest.approx([0.0, 2.5 / 3, 1 / 3, 2.5 / 3])
+    assert [n[k]["best_rank"] for k in ("T1", "T1.1", "T1.2", "T1.3")] == pytest.approx([0.0, 2.5 / 3, 1 / 3, 2.5 / 3])
     soft = 0.3 * 1.0 + 0.2 * 1.0 + 0.2 * 0.8 + 0.3 * 1.0  # improved, clean, no knowledge
     assert n["T1.1"]["process"] == pytest.approx(soft) and n["T1"]["process"] == 0.0
     q11 = 0.4 * 2.5 / 3 + 0.3 * 2.5 / 3 + 0.3 * soft
@@ -282,12 +289,12 @@ def test_next_work_fans_out_then_retries_then_selects():
     cat = catalog([root()])
     work = cat.query("select * from int_next_work order by pick")
     assert [(w["pick"], w["kind"], w["edge_id"]) for w in work] == [
-        (1, "fanout", "T1/e1-1"), (2, "fanout", "T1/e2-1"), (3, "fanout", "T1/e3-1"),
-    ]  # fmt: skip
-    events = [root(), start("T1/e1-1", "T1", 1), start("T1/e2-1", "T1", 2)]
-    assert catalog(events).query("select edge_id, pick from int_next_work") == [
-        {"edge_id": "T1/e3-1", "pick": 1}
+        (1, "fanout", "T1/e1-1"),
+        (2, "fanout", "T1/e2-1"),
+        (3, "fanout", "T1/e3-1"),
     ]
+    events = [root(), start("T1/e1-1", "T1", 1), start("T1/e2-1", "T1", 2)]
+    assert catalog(events).query("select edge_id, pick from int_next_work") == [{"edge_id": "T1/e3-1", "pick": 1}]
     events = [root(), *edge("T1/e1-1", "T1", None, None, slot=1, skip2=True)]
     events += edge("T1/e2-1", "T1", 1.5, 1.6, slot=2) + edge("T1/e3-1", "T1", 1.5, 1.6, slot=3)
     work = catalog(events).query("select * from int_next_work order by pick")

@@ -61,15 +61,16 @@ def test_views_command_lists_every_view_with_its_header():
     for view in VIEWS.values():
         assert f"{view.name}\n    {view.summary}\n    grain: {', '.join(view.grain)}" in r.stdout
     # A summary that runs over two header lines is printed whole (it was cut at its first).
-    assert ("audit_tree_stopped\n    Recorded tree stops the prefix they saw does not imply, edges started "
-            "after a stop, and finished runs with a done tree never stopped (empty when healthy).\n") in r.stdout
+    assert (
+        "audit_tree_stopped\n    Recorded tree stops the prefix they saw does not imply, edges started "
+        "after a stop, and finished runs with a done tree never stopped (empty when healthy).\n"
+    ) in r.stdout
 
 
 SPEC_COLUMNS = {
     "snapshots": "task, snapshot, global_index, agent_id, commit_hash, eval_ok, score, "
     "score_for_stage, smooth, gain, stage, selected, selection_reason, skip_reason",
-    "trees": "tree_id, task, snapshot, stage, root_score, stop_reason, kept_edges, good_leaves, "
-    "final_leaves",
+    "trees": "tree_id, task, snapshot, stage, root_score, stop_reason, kept_edges, good_leaves, final_leaves",
     "turns": "tree_id, edge_id, turn, session_id, score, eval_status, tool_calls, tool_errors, "
     "knowledge_actions, steps, context_tokens, skipped",
     "edges": "tree_id, edge_id, parent_id, child_id, layer, attempt, s1, s2, eval_ok, edge_score, "
@@ -110,8 +111,7 @@ def sim_run(sim_log):
 
 def comparable(rows: list[dict]) -> list[str]:
     """Rows in a fixed order, floats to 9 digits (summation order may differ in the last bit)."""
-    return sorted(repr({k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()})
-                  for r in rows)  # fmt: skip
+    return sorted(repr({k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()}) for r in rows)
 
 
 def test_tables_refreshed_tree_by_tree_equal_a_full_rebuild(sim_log):
@@ -169,9 +169,13 @@ def test_run_progress_counts_the_edges_and_trees_of_the_run(sim_log):
     edges = catalog.query("select verdict, count(*) as n from edges group by all")
     by_verdict = {e["verdict"]: e["n"] for e in edges}
     assert sum(by_verdict.values()) > 10
-    for verdicts, column in ((("kept", "kept_exempt"), "kept_edges"), (("kept_exempt",), "kept_exempt_edges"),
-                             (("pruned",), "pruned_edges"), (("retry",), "retried_edges"),
-                             ((None,), "in_flight_edges")):  # fmt: skip
+    for verdicts, column in (
+        (("kept", "kept_exempt"), "kept_edges"),
+        (("kept_exempt",), "kept_exempt_edges"),
+        (("pruned",), "pruned_edges"),
+        (("retry",), "retried_edges"),
+        ((None,), "in_flight_edges"),
+    ):
         assert row[column] == sum(by_verdict.get(v, 0) for v in verdicts), column
     statuses = [t["status"] for t in catalog.query("select status from trees")]
     assert (row["trees"], row["trees_done"]) == (len(statuses), statuses.count("done"))
@@ -205,9 +209,7 @@ def test_an_edge_starting_makes_only_the_as_of_tables_stale(sim_log):
 def test_grain_is_unique_on_a_real_run(sim_run, name):
     grain = ", ".join(VIEWS[name].grain)
     rows = sim_run.query(f"select count(*) as n from {name}")[0]["n"]
-    dupes = sim_run.query(
-        f"select {grain}, count(*) as n from {name} group by all having count(*) > 1 limit 3"
-    )
+    dupes = sim_run.query(f"select {grain}, count(*) as n from {name} group by all having count(*) > 1 limit 3")
     assert dupes == [], f"{name}: grain ({grain}) repeats"
     if name.startswith("audit_"):
         assert rows == 0, sim_run.query(f"select * from {name} limit 3")

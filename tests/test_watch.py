@@ -28,10 +28,26 @@ def start_explore(data: Path, run_id: str, latency: float = 0.2) -> subprocess.P
     config = data.parent / f"{run_id}.toml"
     config.write_text(f"parallel = 3\n[tree]\ntarget_good_leaves = 4\n[backend_options]\nlatency_s = {latency}\n")
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS), "--select",
-         "--task", "kernel-speedup", "--num-roots", "3", "--run-id", run_id, "--config", str(config)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(SNAPSHOTS),
+            "--select",
+            "--task",
+            "kernel-speedup",
+            "--num-roots",
+            "3",
+            "--run-id",
+            run_id,
+            "--config",
+            str(config),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_for_log(log: EventLog, proc: subprocess.Popen, deadline: float = 120) -> None:
@@ -117,8 +133,10 @@ def test_watch_in_a_terminal_shows_the_live_view_and_ends_with_the_run(tmp_path)
     try:
         wait_for_log(EventLog(data, "term"), proc)
         # COLUMNS and LINES (pytest exports them) would make rich ignore the terminal's size.
-        command = (f"env -u COLUMNS -u LINES {sys.executable} {ROOT / 'cli.py'} --data {data} watch term --period 0.5; "
-                   f"echo $? > {done}; sleep 600")  # fmt: skip
+        command = (
+            f"env -u COLUMNS -u LINES {sys.executable} {ROOT / 'cli.py'} --data {data} watch term --period 0.5; "
+            f"echo $? > {done}; sleep 600"
+        )
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "150", "-y", "40", command], check=True)
         seen_running, screens = False, []
         deadline = time.monotonic() + 300
@@ -142,19 +160,37 @@ def start_endless(data: Path, run_id: str) -> subprocess.Popen:
     config = data.parent / f"{run_id}.toml"
     config.write_text(ENDLESS)
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS), "--select",
-         "--task", "kernel-speedup", "--num-roots", "3", "--run-id", run_id, "--config", str(config)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "cli.py"),
+            "--data",
+            str(data),
+            "explore",
+            str(SNAPSHOTS),
+            "--select",
+            "--task",
+            "kernel-speedup",
+            "--num-roots",
+            "3",
+            "--run-id",
+            run_id,
+            "--config",
+            str(config),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def start_watch(data: Path, run_id: str) -> subprocess.Popen:
     """`watch` on a pipe, with SIGINT as on a terminal (a background job may have started us ignoring it)."""
     return subprocess.Popen(
         [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "watch", run_id, "--period", "0.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
 
 
 def first_line(proc: subprocess.Popen, deadline: float = 120) -> str:
@@ -184,14 +220,17 @@ def test_watch_ends_when_the_writer_dies(tmp_path):
     finally:
         watch.kill()
     assert watch.returncode == 1, err
-    assert err == (f"Error: run 'dies' is not finished and no process writes it any more (none holds "
-                   f"{data / 'runs' / 'dies' / 'writer.lock'}): its writer died - continue it with: "
-                   f"python cli.py --data {data} explore --resume dies\n")  # fmt: skip
+    assert err == (
+        f"Error: run 'dies' is not finished and no process writes it any more (none holds "
+        f"{data / 'runs' / 'dies' / 'writer.lock'}): its writer died - continue it with: "
+        f"python cli.py --data {data} explore --resume dies\n"
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "code", "message"), [(signal.SIGINT, 130, "Interrupted."),
-                                                      (signal.SIGTERM, 143, "Terminated by SIGTERM.")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("sig", "code", "message"), [(signal.SIGINT, 130, "Interrupted."), (signal.SIGTERM, 143, "Terminated by SIGTERM.")]
+)
 def test_watch_stopped_by_a_signal_exits_with_its_code(tmp_path, sig, code, message):
     """watchfiles ended its loop quietly on Ctrl-C or SIGTERM: watch exited 0, as if the run had finished."""
     data = tmp_path / "data"

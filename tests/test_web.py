@@ -54,8 +54,12 @@ def serving(data: Path, tmp: Path, host: str = "127.0.0.1"):
     port = _free_port()
     err = tmp / f"serve-{port}.err"
     with open(err, "w") as fh:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "serve",
-                                 "--port", str(port), "--host", host], stdout=fh, stderr=fh, cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "serve", "--port", str(port), "--host", host],
+            stdout=fh,
+            stderr=fh,
+            cwd=ROOT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -122,10 +126,18 @@ def sample_messages(sample: dict) -> list[dict]:
         content = m.get("content")
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content)
-        out.append({"role": m["role"], "content": content or "", "reasoning": m.get("reasoning_content") or None,
-                    "tool_call_id": m.get("tool_call_id"),
-                    "calls": [[c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])]
-                              for c in m.get("tool_calls") or []]})  # fmt: skip
+        out.append(
+            {
+                "role": m["role"],
+                "content": content or "",
+                "reasoning": m.get("reasoning_content") or None,
+                "tool_call_id": m.get("tool_call_id"),
+                "calls": [
+                    [c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])]
+                    for c in m.get("tool_calls") or []
+                ],
+            }
+        )
     return out
 
 
@@ -186,10 +198,28 @@ def test_a_run_written_while_the_page_is_open_updates_it_until_it_ends(tmp_path,
             const live = document.getElementById('live');
             new MutationObserver(() => { const s = live.querySelector('.live-section');
                 if (s) window.__seqs.push(s.dataset.seq); }).observe(live, {childList: true}); }""")
-        writer = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore",
-                                   str(SNAPSHOTS), "--select", "--task", "kernel-speedup", "--num-roots", "2",
-                                   "--run-id", "live", "--config", str(config)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)  # fmt: skip
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "cli.py"),
+                "--data",
+                str(data),
+                "explore",
+                str(SNAPSHOTS),
+                "--select",
+                "--task",
+                "kernel-speedup",
+                "--num-roots",
+                "2",
+                "--run-id",
+                "live",
+                "--config",
+                str(config),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
         try:
             page.wait_for_selector('.live-section[data-finished="false"] table.tree-table', timeout=240_000)
             shot(page, "run-live")
@@ -220,8 +250,9 @@ def _hand_run_with(data: Path, payload: str) -> str:
 
     def patched(event):
         if isinstance(event, ConversationRecorded):
-            messages = [m | {"content": payload} if m.get("content") == "Tiles of 64 were best." else m
-                        for m in event.messages]  # fmt: skip
+            messages = [
+                m | {"content": payload} if m.get("content") == "Tiles of 64 were best." else m for m in event.messages
+            ]
             return event.model_copy(update={"messages": messages})
         return event
 
@@ -317,5 +348,7 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
 def test_serve_refuses_a_missing_data_directory(tmp_path):
     r = CliRunner().invoke(cli, ["--data", str(tmp_path / "nowhere"), "serve", "--port", "0"])
     assert r.exit_code == 1
-    assert r.stderr == f"Error: {tmp_path / 'nowhere'}: no such directory - give --data the directory that holds " \
-                       "(or will hold) runs/\n"
+    assert (
+        r.stderr == f"Error: {tmp_path / 'nowhere'}: no such directory - give --data the directory that holds "
+        "(or will hold) runs/\n"
+    )

@@ -44,6 +44,7 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
 
+
 __all__ = ["KIND_COLUMNS", "LOG_RELATIONS", "Catalog", "QueryError", "ViewDef", "read_views", "view_sources"]
 
 
@@ -118,7 +119,7 @@ class Catalog:
         """
         template = _template(con, views_dir)
         cursor = con.cursor()
-        cursor.execute(f'attach \':memory:\' as "{database}"')
+        cursor.execute(f"attach ':memory:' as \"{database}\"")
         cursor.execute(f'copy from database "{template}" to "{database}"')
         cursor.execute(f'use "{database}"')
         return cls(cursor, views_dir, created=True)

@@ -95,9 +95,16 @@ def parse_view(path: Path, text: str) -> ViewDef:
             raise ViewBuildError(f"{path}: 'variables' lists 'name = column' pairs, got {item!r}")
         defaults[var] = column
     return ViewDef(
-        path.stem, path, " ".join(summary), _split(fields["grain"]), _split(fields["sources"]),
-        "\n".join(notes), text, "materialized" in fields, defaults,
-    )  # fmt: skip
+        path.stem,
+        path,
+        " ".join(summary),
+        _split(fields["grain"]),
+        _split(fields["sources"]),
+        "\n".join(notes),
+        text,
+        "materialized" in fields,
+        defaults,
+    )
 
 
 def read_views(views_dir: Path = VIEWS_DIR) -> dict[str, ViewDef]:
@@ -190,8 +197,7 @@ class ViewGraph:
     they are exactly what its SQL reads; parsing every view costs 0.2 s).
     """
 
-    def __init__(self, views: dict[str, ViewDef],
-                 macros: tuple[Path, str, dict[str, set[str]]] | None = None) -> None:  # fmt: skip
+    def __init__(self, views: dict[str, ViewDef], macros: tuple[Path, str, dict[str, set[str]]] | None = None) -> None:
         self.views = views
         self.macros_path, self.macros_sql, self.macros = macros or (Path(MACROS_FILE), "", {})
         self.reads = {n: set(v.sources) for n, v in views.items()}

@@ -61,8 +61,7 @@ class RefreshPlan:
         self.tables = graph.tables
         self._check_whole_run_tables()
         self.kinds = {n: fact_kinds(graph, n) for n in self.tables}
-        upstream = {n: {t for t in self.tables if t != n and t in graph.reached(graph.reads[n])}
-                    for n in self.tables}  # fmt: skip
+        upstream = {n: {t for t in self.tables if t != n and t in graph.reached(graph.reads[n])} for n in self.tables}
         self.downstream = {n: {d for d in self.tables if n in upstream[d]} for n in self.tables}
         self._whole: set[str] = set()  # tables to recompute whole (all trees)
         self._stale: dict[str, set[str]] = {n: set() for n in self.tables}  # table -> trees
@@ -151,9 +150,7 @@ class RefreshPlan:
             return
         listed = ", ".join("'" + t.replace("'", "''") + "'" for t in sorted(trees))
         self._execute(view.path, f"delete from {view.name} where tree_id in ({listed})")
-        self._execute(
-            view.path, f"insert into {view.name} select * from ({view.sql}) where tree_id in ({listed})"
-        )
+        self._execute(view.path, f"insert into {view.name} select * from ({view.sql}) where tree_id in ({listed})")
         for down in self.downstream[view.name]:
             self._stale[down] |= trees
         self._stale[view.name] = set()

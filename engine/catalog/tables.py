@@ -78,8 +78,9 @@ class LogTables:
         self.con.execute("update log_tail set seq = greatest(seq, ?)", [pc.max(incoming.column("seq")).as_py()])
         return arrivals
 
-    def load(self, log: EventLog, scoped: Callable, after: int = 0, upto: int | None = None,
-             attempts: int = 50) -> Arrivals:  # fmt: skip
+    def load(
+        self, log: EventLog, scoped: Callable, after: int = 0, upto: int | None = None, attempts: int = 50
+    ) -> Arrivals:
         """Insert the published events of ``log`` after seq ``after`` (up to ``upto``: all when None),
         read by DuckDB from its parts.
 
@@ -111,8 +112,10 @@ class LogTables:
         raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
 
     def _load_files(self, present: set[str]) -> Arrivals:
-        source = ("(select * from read_parquet(getvariable('load_files'), union_by_name = true) "
-                  "where seq > getvariable('load_after') and seq <= getvariable('load_upto'))")  # fmt: skip
+        source = (
+            "(select * from read_parquet(getvariable('load_files'), union_by_name = true) "
+            "where seq > getvariable('load_after') and seq <= getvariable('load_upto'))"
+        )
         # Rows of a log table have no order (every view orders by seq where order
         # matters), so the parts may be copied in parallel (measured: load -20%).
         self.con.execute("set preserve_insertion_order = false")
@@ -137,8 +140,9 @@ class LogTables:
             if small:
                 light = ", ".join(f'"{c}"' for c in LIGHT_SCHEMA.names if c in present)
                 kinds = ", ".join("'" + k.replace("'", "''") + "'" for k in sorted(small))
-                self.con.execute(f"create or replace temp table log_incoming as select {light} from {source} "
-                                 f"where kind in ({kinds})")  # fmt: skip
+                self.con.execute(
+                    f"create or replace temp table log_incoming as select {light} from {source} where kind in ({kinds})"
+                )
                 self._insert_kinds("log_incoming", small, present)
                 self.con.execute("drop table log_incoming")
             self.con.execute("update log_tail set seq = greatest(seq, ?)", [tail])

@@ -30,8 +30,9 @@ _UNSET = object()
 class Variables:
     """The session variables of one catalog connection."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, graph: ViewGraph,
-                 invalidate: Callable[[set[str]], None]) -> None:  # fmt: skip
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, graph: ViewGraph, invalidate: Callable[[set[str]], None]
+    ) -> None:
         self.con = con
         self._invalidate = invalidate
         self.affects: dict[str, set[str]] = graph.variable_tables  # variable -> the tables it makes stale

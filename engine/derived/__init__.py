@@ -111,8 +111,11 @@ class Derived:
                 pass
         except OSError as err:
             fallback = Path(tempfile.mkdtemp(prefix="teacher-mcts-derived-"))
-            print(f"note: cannot keep derived state in {self.root} ({err.strerror or err}): it is kept in "
-                  f"{fallback} for this process only, and every process derives it again", file=sys.stderr)  # fmt: skip
+            print(
+                f"note: cannot keep derived state in {self.root} ({err.strerror or err}): it is kept in "
+                f"{fallback} for this process only, and every process derives it again",
+                file=sys.stderr,
+            )
             self.root = fallback
         self._checked_root = True
         return self.root
@@ -228,12 +231,14 @@ class Derived:
             same = path.parent.parent == flavour
             if not same and held.get("digest") != self.digest:
                 continue
-            candidates.append((same, src.entries, State(src.run_id, path.parent, src, held["values"],
-                                                        set(held["explicit"]))))  # fmt: skip
+            candidates.append(
+                (same, src.entries, State(src.run_id, path.parent, src, held["values"], set(held["explicit"])))
+            )
         return max(candidates, key=lambda c: (c[0], c[1]))[2] if candidates else None
 
-    def _build(self, log: EventLog, source: Source, flavour: Path, variables: dict[str, Any],
-               base: State | None) -> State:  # fmt: skip
+    def _build(
+        self, log: EventLog, source: Source, flavour: Path, variables: dict[str, Any], base: State | None
+    ) -> State:
         flavour.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=flavour))
         try:
@@ -244,8 +249,9 @@ class Derived:
             cursor = self.con.cursor()
             opened: list[duckdb.DuckDBPyConnection] = []
             try:
-                values, explicit, how = self._derive(cursor, db, catalog_file, log, source, flavour, variables,
-                                                     base, opened)  # fmt: skip
+                values, explicit, how = self._derive(
+                    cursor, db, catalog_file, log, source, flavour, variables, base, opened
+                )
             finally:
                 for other in opened:
                     other.close()
@@ -255,8 +261,13 @@ class Derived:
                     with contextlib.suppress(duckdb.Error):
                         cursor.execute(f'detach database if exists "{name}"')
                 cursor.close()
-            state_json = {"source": source.as_json(), "digest": self.digest, "variables": variables,
-                          "values": values, "explicit": sorted(explicit)}  # fmt: skip
+            state_json = {
+                "source": source.as_json(),
+                "digest": self.digest,
+                "variables": variables,
+                "values": values,
+                "explicit": sorted(explicit),
+            }
             (tmp / "views").mkdir()
             (tmp / "state.json").write_text(json.dumps(state_json, indent=1, default=str) + "\n")
             for path in (catalog_file, tmp / "state.json"):
@@ -280,9 +291,18 @@ class Derived:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    def _derive(self, cursor: duckdb.DuckDBPyConnection, db: str, catalog_file: Path, log: EventLog, source: Source,
-                flavour: Path, variables: dict[str, Any], base: State | None,
-                opened: list[duckdb.DuckDBPyConnection]) -> tuple[dict, set, str]:  # fmt: skip
+    def _derive(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        db: str,
+        catalog_file: Path,
+        log: EventLog,
+        source: Source,
+        flavour: Path,
+        variables: dict[str, Any],
+        base: State | None,
+        opened: list[duckdb.DuckDBPyConnection],
+    ) -> tuple[dict, set, str]:
         """Fill ``catalog_file`` with the refreshed catalog of ``log`` (from ``base`` when given)."""
         if base is None:
             with self._lock:  # the instance's template of the views, made once (not by two threads at once)
@@ -368,7 +388,7 @@ class Derived:
             db = f"open_{self._n}"
         if writable:
             cursor.execute(f"attach '{_quoted(state.catalog_file)}' as \"{db}_file\" (read_only)")
-            cursor.execute(f'attach \':memory:\' as "{db}"')
+            cursor.execute(f"attach ':memory:' as \"{db}\"")
             cursor.execute(f'copy from database "{db}_file" to "{db}"')
             cursor.execute(f'detach "{db}_file"')
         else:
@@ -400,8 +420,9 @@ class Derived:
                 run = "" if "run_id" in names else f"'{state.run_id}' as run_id, "
                 # Parquet has no 128-bit integer: a sum DuckDB types HUGEINT would come back a
                 # DOUBLE (1714.0). Stored as BIGINT, it reads back the integer it is.
-                cols = ", ".join(f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"'
-                                 for n, t, *_ in described)  # fmt: skip
+                cols = ", ".join(
+                    f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"' for n, t, *_ in described
+                )
                 copy = f"copy (select {run}{cols} from {view}) to '{{}}' (format parquet)"
                 write_atomically(path, lambda tmp: cursor.execute(copy.format(_quoted(tmp))), f"the rows of {view}")
             finally:

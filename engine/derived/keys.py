@@ -94,8 +94,14 @@ class Source:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def as_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "identity": self.identity, "entries": self.entries,
-                "last_sha": self.last_sha, "tail": self.tail, "parts": [list(p) for p in self.parts]}  # fmt: skip
+        return {
+            "run_id": self.run_id,
+            "identity": self.identity,
+            "entries": self.entries,
+            "last_sha": self.last_sha,
+            "tail": self.tail,
+            "parts": [list(p) for p in self.parts],
+        }
 
 
 @dataclass
@@ -125,8 +131,10 @@ def record_stat(log_dir: Path) -> tuple[int, int, int] | None:
 
 
 def source_from(held: dict[str, Any]) -> Source:
-    return Source(**{k: held[k] for k in ("run_id", "identity", "entries", "last_sha", "tail")},
-                  parts=tuple(tuple(p) for p in held["parts"]))  # fmt: skip
+    return Source(
+        **{k: held[k] for k in ("run_id", "identity", "entries", "last_sha", "tail")},
+        parts=tuple(tuple(p) for p in held["parts"]),
+    )
 
 
 def file_stat(path: Path) -> tuple[int, int]:

@@ -44,10 +44,28 @@ from ingest.paths import outside_data
 FORMATS = ("chat", "atif")
 INVALID_CALLS = ("keep", "drop")
 DEFAULT_WORKSPACE = "/workspace"
-PATH_FIELDS = ("rank", "path_score", "max_score", "max_score_rank", "avg_score", "avg_score_rank",
-               "avg_cleanliness", "avg_knowledge")  # fmt: skip
-TURN_FIELDS = ("node_id", "edge_id", "turn", "score", "eval_status", "outcome", "steps", "tool_calls",
-               "tool_errors", "context_tokens")  # fmt: skip
+PATH_FIELDS = (
+    "rank",
+    "path_score",
+    "max_score",
+    "max_score_rank",
+    "avg_score",
+    "avg_score_rank",
+    "avg_cleanliness",
+    "avg_knowledge",
+)
+TURN_FIELDS = (
+    "node_id",
+    "edge_id",
+    "turn",
+    "score",
+    "eval_status",
+    "outcome",
+    "steps",
+    "tool_calls",
+    "tool_errors",
+    "context_tokens",
+)
 
 
 @dataclass
@@ -101,15 +119,16 @@ def export_runs(
         def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport:
             return _prepare_run(log, derived.open(log.run_id), selection, fmt, task, stage, workspace)
 
-        records = [_write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
-                   for run in over_runs(data_dir, runs, prepare)]  # fmt: skip
+        records = [
+            _write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
+            for run in over_runs(data_dir, runs, prepare)
+        ]
         if not any(r["samples"] for r in records):
             wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
             dropped = sum(r["invalid_call_samples"] for r in records)
             left = f" ({dropped} with invalid calls left out: --invalid-calls drop)" if dropped else ""
             raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}{left}")
-        manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning, invalid,
-                             lengths)  # fmt: skip
+        manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning, invalid, lengths)
         return ExportResult(target.commit(manifest), manifest, damaged)
     except OSError as err:
         target.abandon()
@@ -146,31 +165,47 @@ class _RunExport:
         walk = self.walks[(path["tree_id"], path["leaf_id"])]
         turns = [self.conversations.parsed(path["tree_id"], (t["edge_id"], t["turn"])) for t in walk if t["turn"]]
         conv = join_turns(turns, self.contents)  # the workspaces already replaced in each turn's messages
-        metadata = _metadata(self.run_id, self.chosen["selection_id"], path, walk, conv.interrupted,
-                             invalid_calls(conv), workspace)  # fmt: skip
+        metadata = _metadata(
+            self.run_id, self.chosen["selection_id"], path, walk, conv.interrupted, invalid_calls(conv), workspace
+        )
         return conv, metadata
 
 
-def path_sample(data_dir: Path, run_id: str, tree_id: str, leaf_id: str, selection: str | None = None,
-                workspace: str = DEFAULT_WORKSPACE, reasoning: bool = True) -> tuple[dict[str, Any], PathConversation]:
+def path_sample(
+    data_dir: Path,
+    run_id: str,
+    tree_id: str,
+    leaf_id: str,
+    selection: str | None = None,
+    workspace: str = DEFAULT_WORKSPACE,
+    reasoning: bool = True,
+) -> tuple[dict[str, Any], PathConversation]:
     """The ``chat`` sample ``export`` writes for one path of a run's selection (default: the run's
     default one), and the path's conversation (which turn each message belongs to).
 
     InputError when the selection has no path of that tree to that leaf.
     """
     log = EventLog(data_dir, run_id).require()
-    run = _prepare_run(log, Derived(data_dir).open(run_id), selection, "chat", None, None, workspace,
-                       leaf=(tree_id, leaf_id))  # fmt: skip
+    run = _prepare_run(
+        log, Derived(data_dir).open(run_id), selection, "chat", None, None, workspace, leaf=(tree_id, leaf_id)
+    )
     if not run.paths:
-        msg = (f"run {run_id!r}: selection {run.chosen['selection_id']!r} has no path of tree {tree_id!r} "
-               f"to {leaf_id!r}")  # fmt: skip
+        msg = f"run {run_id!r}: selection {run.chosen['selection_id']!r} has no path of tree {tree_id!r} to {leaf_id!r}"
         raise InputError(msg)
     conv, metadata = run.conversation(run.paths[0], workspace)
     return chat_sample(conv, metadata, reasoning), conv
 
 
-def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: str, task: str | None,
-                 stage: str | None, workspace: str, leaf: tuple[str, str] | None = None) -> _RunExport:  # fmt: skip
+def _prepare_run(
+    log: EventLog,
+    catalog: Catalog,
+    selection: str | None,
+    fmt: str,
+    task: str | None,
+    stage: str | None,
+    workspace: str,
+    leaf: tuple[str, str] | None = None,
+) -> _RunExport:
     """Read what one run's samples are made of (``catalog``: its state, from :mod:`engine.derived`);
     ``leaf``: only the path of that (tree id, leaf id)."""
     run_id = log.run_id
@@ -180,7 +215,7 @@ def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: st
         "select * from int_paths__recorded where selection_id = ? and (? is null or task = ?) "
         "and (? is null or stage = ?) order by tree_id, rank, leaf_id",
         [chosen["selection_id"], task, task, stage, stage],
-    )  # fmt: skip
+    )
     if leaf is not None:
         paths = [p for p in paths if (p["tree_id"], p["leaf_id"]) == leaf]
     walks = _walks(catalog, chosen["selection_id"], run_id, {(p["tree_id"], p["leaf_id"]) for p in paths})
@@ -188,7 +223,7 @@ def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: st
     placeholder = Placeholder(
         [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")],
         workspace,
-    )  # fmt: skip
+    )
     conversations = TurnConversations.read(log, tail, needed, placeholder)
     ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
     contents = Contents.read(log, tail, ids, placeholder)
@@ -196,8 +231,9 @@ def _prepare_run(log: EventLog, catalog: Catalog, selection: str | None, fmt: st
     return _RunExport(run_id, chosen, tail, paths, walks, conversations, contents, extras, _agent(catalog, log))
 
 
-def _write_run(target: ExportDir, run: _RunExport, fmt: str, workspace: str, reasoning: bool, invalid: str,
-               lengths: Lengths) -> dict[str, Any]:  # fmt: skip
+def _write_run(
+    target: ExportDir, run: _RunExport, fmt: str, workspace: str, reasoning: bool, invalid: str, lengths: Lengths
+) -> dict[str, Any]:
     """Write one run's samples; return what the manifest says of it."""
     run_id, chosen = run.run_id, run.chosen
     name = f"{run_id}.{fmt}.jsonl"
@@ -215,22 +251,35 @@ def _write_run(target: ExportDir, run: _RunExport, fmt: str, workspace: str, rea
             target.write(chat_sample(conv, metadata, reasoning))
         else:
             steps, calls = run.extras
-            evals = {(t["edge_id"], t["turn"]): {k: t[k] for k in ("score", "eval_status", "outcome")}
-                     for t in run.walks[(path["tree_id"], path["leaf_id"])] if t["turn"]}  # fmt: skip
+            evals = {
+                (t["edge_id"], t["turn"]): {k: t[k] for k in ("score", "eval_status", "outcome")}
+                for t in run.walks[(path["tree_id"], path["leaf_id"])]
+                if t["turn"]
+            }
             target.write(atif_trajectory(conv, metadata, reasoning, run.agent, steps, calls, evals))
         counts[(path["task"] or "", path["stage"] or "")] += 1
     target.end()
-    return {"run_id": run_id, "log_tail": run.tail, "selection_id": chosen["selection_id"],
-            "weights": chosen["weights"], "top_k": chosen["top_k"], "file": name,
-            "samples": sum(counts.values()), "invalid_call_samples": with_invalid, "counts": counts}  # fmt: skip
+    return {
+        "run_id": run_id,
+        "log_tail": run.tail,
+        "selection_id": chosen["selection_id"],
+        "weights": chosen["weights"],
+        "top_k": chosen["top_k"],
+        "file": name,
+        "samples": sum(counts.values()),
+        "invalid_call_samples": with_invalid,
+        "counts": counts,
+    }
 
 
-def _walks(catalog: Catalog, selection_id: str, run_id: str,
-           wanted: set[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:  # fmt: skip
+def _walks(
+    catalog: Catalog, selection_id: str, run_id: str, wanted: set[tuple[str, str]]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Each wanted path's rows of ``int_path_turns``, root to leaf; every turn must have a conversation."""
     walks: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    rows = catalog.query("select * from int_path_turns where selection_id = ? order by tree_id, leaf_id, depth, turn",
-                         [selection_id])  # fmt: skip
+    rows = catalog.query(
+        "select * from int_path_turns where selection_id = ? order by tree_id, leaf_id, depth, turn", [selection_id]
+    )
     for row in rows:
         key = (row["tree_id"], row["leaf_id"])
         if key not in wanted:
@@ -252,20 +301,23 @@ def _turn_facts(catalog: Catalog, selection_id: str, placeholder: Placeholder) -
 
     A tool error names the worktree as the call's result does: it gets the placeholder too.
     """
-    turns = ("(edge_id, turn) in (select (edge_id, turn) from int_path_turns "
-             "where selection_id = ? and turn > 0)")  # fmt: skip
+    turns = "(edge_id, turn) in (select (edge_id, turn) from int_path_turns where selection_id = ? and turn > 0)"
     steps = {
         (r["edge_id"], r["turn"], r["step"]): r
         for r in catalog.query(
             "select edge_id, turn, step, tokens_input, tokens_output, tokens_reasoning, tokens_cache_read, cost "
-            f"from stg_step_finished where {turns} order by seq", [selection_id],
+            f"from stg_step_finished where {turns} order by seq",
+            [selection_id],
         )
-    }  # fmt: skip
+    }
     calls = {  # only the failed ones are reported
         (r["edge_id"], r["turn"], r["call_id"]): r | {"error": r["error"] and placeholder.text(r["error"])}
-        for r in catalog.query(f"select edge_id, turn, call_id, status, error from stg_tool_called "
-                               f"where status = 'error' and {turns} order by seq", [selection_id])
-    }  # fmt: skip
+        for r in catalog.query(
+            f"select edge_id, turn, call_id, status, error from stg_tool_called "
+            f"where status = 'error' and {turns} order by seq",
+            [selection_id],
+        )
+    }
     return steps, calls
 
 
@@ -277,32 +329,65 @@ def _agent(catalog: Catalog, log: EventLog) -> dict[str, Any]:
     return {"name": f"teacher-mcts {config.backend}", "version": version or "unknown", "model_name": model}
 
 
-def _metadata(run_id: str, selection_id: str, path: dict[str, Any], walk: list[dict[str, Any]],
-              interrupted: list[str], invalid: list[str], workspace: str) -> dict[str, Any]:  # fmt: skip
+def _metadata(
+    run_id: str,
+    selection_id: str,
+    path: dict[str, Any],
+    walk: list[dict[str, Any]],
+    interrupted: list[str],
+    invalid: list[str],
+    workspace: str,
+) -> dict[str, Any]:
     nodes: dict[str, dict[str, Any]] = {}
     for t in walk:
-        nodes.setdefault(t["node_id"], {"node_id": t["node_id"], "depth": t["depth"],
-                                        "score": t["node_score"], "tok": t["node_tok"]})  # fmt: skip
+        nodes.setdefault(
+            t["node_id"], {"node_id": t["node_id"], "depth": t["depth"], "score": t["node_score"], "tok": t["node_tok"]}
+        )
     return {
-        "run_id": run_id, "selection_id": selection_id, "task": path["task"], "stage": path["stage"],
-        "snapshot": path["snapshot"], "tree_id": path["tree_id"], "leaf_id": path["leaf_id"],
-        "node_ids": path["node_ids"], **{k: path[k] for k in PATH_FIELDS},
+        "run_id": run_id,
+        "selection_id": selection_id,
+        "task": path["task"],
+        "stage": path["stage"],
+        "snapshot": path["snapshot"],
+        "tree_id": path["tree_id"],
+        "leaf_id": path["leaf_id"],
+        "node_ids": path["node_ids"],
+        **{k: path[k] for k in PATH_FIELDS},
         "nodes": list(nodes.values()),
         "turns": [{k: t[k] for k in TURN_FIELDS} for t in walk if t["turn"]],
-        "interrupted_calls": interrupted, "invalid_calls": invalid, "workspace": workspace,
-    }  # fmt: skip
+        "interrupted_calls": interrupted,
+        "invalid_calls": invalid,
+        "workspace": workspace,
+    }
 
 
-def _manifest(records: list[dict[str, Any]], files: dict[str, dict[str, Any]], fmt: str, selection: str | None,
-              task: str | None, stage: str | None, workspace: str, reasoning: bool, invalid: str,
-              lengths: Lengths) -> dict[str, Any]:  # fmt: skip
+def _manifest(
+    records: list[dict[str, Any]],
+    files: dict[str, dict[str, Any]],
+    fmt: str,
+    selection: str | None,
+    task: str | None,
+    stage: str | None,
+    workspace: str,
+    reasoning: bool,
+    invalid: str,
+    lengths: Lengths,
+) -> dict[str, Any]:
     counts: dict[str, dict[str, int]] = {}
     for record in records:
         for (t, s), n in sorted(record.pop("counts").items()):
             counts.setdefault(t, {})[s] = counts.get(t, {}).get(s, 0) + n
     return {
-        "made_by": MADE_BY, "format": fmt, "selection": selection or "default",
-        "filters": {"task": task, "stage": stage}, "workspace": workspace, "reasoning": reasoning,
-        "invalid_calls": invalid, "runs": records, "counts": counts, "samples": sum(r["samples"] for r in records),
-        "files": files, **lengths.manifest(),
-    }  # fmt: skip
+        "made_by": MADE_BY,
+        "format": fmt,
+        "selection": selection or "default",
+        "filters": {"task": task, "stage": stage},
+        "workspace": workspace,
+        "reasoning": reasoning,
+        "invalid_calls": invalid,
+        "runs": records,
+        "counts": counts,
+        "samples": sum(r["samples"] for r in records),
+        "files": files,
+        **lengths.manifest(),
+    }

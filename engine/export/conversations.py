@@ -66,8 +66,9 @@ class TurnConversations(dict[TurnKey, tuple[TurnConversation, str]]):
         return self._parsed[key]
 
     @classmethod
-    def read(cls, log: EventLog, upto: int, turns: set[TurnKey],
-             placeholder: Placeholder | None = None) -> TurnConversations:  # fmt: skip
+    def read(
+        cls, log: EventLog, upto: int, turns: set[TurnKey], placeholder: Placeholder | None = None
+    ) -> TurnConversations:
         """The conversations of ``turns`` in the log prefix ``1..upto`` (the last one of a turn wins)."""
         found = cls(placeholder)
         columns = ["edge_id", "turn", "system_id", "tools_id", "base", "turn_start", "messages"]
@@ -75,10 +76,18 @@ class TurnConversations(dict[TurnKey, tuple[TurnConversation, str]]):
             for row in batch.to_pylist():
                 key = (row["edge_id"], row["turn"])
                 if key in turns:
-                    found[key] = (TurnConversation(
-                        row["edge_id"], row["turn"], row["system_id"], row["tools_id"], row["base"] or 0,
-                        row["turn_start"] or 0, [],
-                    ), row["messages"] or "[]")  # fmt: skip
+                    found[key] = (
+                        TurnConversation(
+                            row["edge_id"],
+                            row["turn"],
+                            row["system_id"],
+                            row["tools_id"],
+                            row["base"] or 0,
+                            row["turn_start"] or 0,
+                            [],
+                        ),
+                        row["messages"] or "[]",
+                    )
         return found
 
 
@@ -156,8 +165,13 @@ def invalid_calls(conv: PathConversation) -> list[str]:
     the model received, but no call the model made.
     """
     offered = {(t.get("function") or {}).get("name") for t in conv.tools} - {REPAIRED}
-    return [c.get("id") for m in conv.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []
-            if (c.get("function") or {}).get("name") not in offered]  # fmt: skip
+    return [
+        c.get("id")
+        for m in conv.messages
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+        if (c.get("function") or {}).get("name") not in offered
+    ]
 
 
 class Placeholder:
@@ -174,7 +188,7 @@ class Placeholder:
         self._prefix = ""
         if found:
             prefix = self._prefix = os.path.commonprefix(found)
-            rest = "|".join(re.escape(w[len(prefix):]) for w in found)
+            rest = "|".join(re.escape(w[len(prefix) :]) for w in found)
             # A workspace ends where a path component ends (.../wt, not .../wt2).
             self._pattern = re.compile(re.escape(prefix) + f"(?:{rest})" + r"(?![A-Za-z0-9_.\-])")
 

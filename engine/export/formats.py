@@ -70,7 +70,7 @@ def atif_trajectory(
                 {"tool_call_id": c["tool_call_id"], "function_name": c["function_name"], "error": fact.get("error")}
                 for c in step.get("tool_calls", [])
                 if (fact := calls.get((edge_id, turn, c["tool_call_id"]))) and fact["status"] == "error"
-            ]  # fmt: skip
+            ]
             if errors:
                 step["extra"]["tool_errors"] = errors
             last_step_of[owner] = step
@@ -102,10 +102,13 @@ def _agent_step(message: dict[str, Any], reasoning: bool) -> dict[str, Any]:
     if reasoning and message.get("reasoning_content"):
         step["reasoning_content"] = message["reasoning_content"]
     calls = [
-        {"tool_call_id": c.get("id"), "function_name": (c.get("function") or {}).get("name"),
-         "arguments": _arguments((c.get("function") or {}).get("arguments"))}
+        {
+            "tool_call_id": c.get("id"),
+            "function_name": (c.get("function") or {}).get("name"),
+            "arguments": _arguments((c.get("function") or {}).get("arguments")),
+        }
         for c in message.get("tool_calls") or []
-    ]  # fmt: skip
+    ]
     if calls:
         step["tool_calls"] = calls
     return step
@@ -126,8 +129,9 @@ def _observe(steps: list[dict[str, Any]], message: dict[str, Any]) -> None:
     """A tool message becomes a result of the agent step that made the call."""
     result = {"source_call_id": message.get("tool_call_id"), "content": _text(message.get("content"))}
     for step in reversed(steps):
-        if step["source"] == "agent" and any(c["tool_call_id"] == result["source_call_id"]
-                                             for c in step.get("tool_calls", [])):  # fmt: skip
+        if step["source"] == "agent" and any(
+            c["tool_call_id"] == result["source_call_id"] for c in step.get("tool_calls", [])
+        ):
             step.setdefault("observation", {"results": []})["results"].append(result)
             return
     steps.append({"source": "system", "message": "", "observation": {"results": [result]}})
@@ -179,8 +183,12 @@ class Lengths:
         self.name = tokenizer
 
     def add(self, file: str, path: dict[str, Any], conv: PathConversation, reasoning: bool) -> None:
-        row = {"file": file, "tree_id": path["tree_id"], "leaf_id": path["leaf_id"],
-               "chars": _sample_text(conv, reasoning)}  # fmt: skip
+        row = {
+            "file": file,
+            "tree_id": path["tree_id"],
+            "leaf_id": path["leaf_id"],
+            "chars": _sample_text(conv, reasoning),
+        }
         if self.tokenizer is not None:
             messages = [*conv.system, *conv.messages]
             if not reasoning:
@@ -188,8 +196,10 @@ class Lengths:
             try:
                 ids = self.tokenizer.apply_chat_template(messages, tools=conv.tools, tokenize=True)
             except Exception as err:  # noqa: BLE001 - a template error names the sample, not a traceback
-                raise InputError(f"--tokenizer {self.name}: its chat template cannot render the sample of "
-                                 f"{path['tree_id']} {path['leaf_id']} ({err})") from err  # fmt: skip
+                raise InputError(
+                    f"--tokenizer {self.name}: its chat template cannot render the sample of "
+                    f"{path['tree_id']} {path['leaf_id']} ({err})"
+                ) from err
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             row["tokens"] = len(ids)
@@ -197,8 +207,11 @@ class Lengths:
 
     def manifest(self) -> dict[str, Any]:
         """``lengths`` (one row per sample, in file order) and their maxima."""
-        out: dict[str, Any] = {"lengths": self.rows, "tokenizer": self.name,
-                               "max_chars": max((r["chars"] for r in self.rows), default=0)}  # fmt: skip
+        out: dict[str, Any] = {
+            "lengths": self.rows,
+            "tokenizer": self.name,
+            "max_chars": max((r["chars"] for r in self.rows), default=0),
+        }
         if self.tokenizer is not None:
             out["max_tokens"] = max((r["tokens"] for r in self.rows), default=0)
         return out

@@ -58,9 +58,14 @@ class TurnWorker:
 
         self.node = ray.get_runtime_context().get_node_id()
         self.run_dir = Path(run_dir)
-        self.problem = None if self.run_dir.is_dir() else (
-            f"{run_dir}: the run directory is not on the node at {ray.util.get_node_ip_address()} - "
-            "put --data on storage every node mounts at the same path")  # fmt: skip
+        self.problem = (
+            None
+            if self.run_dir.is_dir()
+            else (
+                f"{run_dir}: the run directory is not on the node at {ray.util.get_node_ip_address()} - "
+                "put --data on storage every node mounts at the same path"
+            )
+        )
         self.teacher = None if self.problem else make_teacher(config, self.run_dir, self.node)
         self.cancel = threading.Event()
 
@@ -100,8 +105,13 @@ class RayExecutor:
             if address:
                 ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level="warning")
             else:  # a cluster of this machine alone, for as long as the run
-                ray.init(resources={RESOURCE: config.parallel}, runtime_env=env, include_dashboard=False,
-                         log_to_driver=False, logging_level="warning")  # fmt: skip
+                ray.init(
+                    resources={RESOURCE: config.parallel},
+                    runtime_env=env,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="warning",
+                )
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise InputError(f"cannot connect to the Ray cluster at {address or 'a new local cluster'}: {err}") from err
         finally:
@@ -115,9 +125,10 @@ class RayExecutor:
                     f"the Ray cluster at {self.address} offers {offered} teacher slot(s) (resource {RESOURCE!r}) "
                     f"and the run needs parallel = {config.parallel}: start its nodes with "
                     f"`ray start ... --resources '{{\"{RESOURCE}\": N}}'` or lower parallel"
-                )  # fmt: skip
+                )
             actor = ray.remote(TurnWorker).options(
-                num_cpus=0, resources={RESOURCE: 1}, max_restarts=-1, max_task_retries=0, max_concurrency=2)
+                num_cpus=0, resources={RESOURCE: 1}, max_restarts=-1, max_task_retries=0, max_concurrency=2
+            )
             self.workers = [actor.remote(config, str(run_dir)) for _ in range(config.parallel)]
             self.nodes: list[str] = []
             for node, problem in ray.get([w.ready.remote() for w in self.workers]):
@@ -142,8 +153,13 @@ class RayExecutor:
     def _run_on(self, worker: Any, request: TurnRequest, cancel: threading.Event) -> list[Event]:
         ray = self._ray
         errors = ray.exceptions
-        lost = (errors.RayActorError, errors.WorkerCrashedError, errors.NodeDiedError, errors.ObjectLostError,
-                errors.OutOfMemoryError)  # fmt: skip
+        lost = (
+            errors.RayActorError,
+            errors.WorkerCrashedError,
+            errors.NodeDiedError,
+            errors.ObjectLostError,
+            errors.OutOfMemoryError,
+        )
         where = f"{request.edge_id} turn {request.turn}"
         for _ in range(LOSSES):
             ref = worker.run_turn.remote(request)
@@ -173,8 +189,10 @@ class RayExecutor:
                 continue
             except ray.exceptions.RayActorError:
                 time.sleep(POLL_S)
-        raise TeacherFailedError(f"{where}: its Ray worker was lost and not back within {RESTART_S:.0f} s "
-                                 "(is a node with a free teacher_slot left?)")  # fmt: skip
+        raise TeacherFailedError(
+            f"{where}: its Ray worker was lost and not back within {RESTART_S:.0f} s "
+            "(is a node with a free teacher_slot left?)"
+        )
 
     def _stop(self, worker: Any, ref: Any) -> None:
         """Stop a cancelled turn: ask, give it STOP_GRACE_S, then kill its worker (its processes die with it)."""

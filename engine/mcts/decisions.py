@@ -29,10 +29,10 @@ def stops(rows: list[Row]) -> list[TreeStopped]:
 def skips(open_edges: list[Row], watermark: int) -> list[TurnSkipped]:
     """The turn-2 skips due among ``int_edges__open`` rows."""
     return [
-        TurnSkipped(watermark=watermark, tree_id=r["tree_id"], edge_id=r["edge_id"], turn=2,
-                    reason=SKIP_REASON)
-        for r in open_edges if r["next_step"] == "skip_turn_2"
-    ]  # fmt: skip
+        TurnSkipped(watermark=watermark, tree_id=r["tree_id"], edge_id=r["edge_id"], turn=2, reason=SKIP_REASON)
+        for r in open_edges
+        if r["next_step"] == "skip_turn_2"
+    ]
 
 
 def verdicts(open_edges: list[Row], watermark: int) -> list[EdgeJudged]:
@@ -42,21 +42,40 @@ def verdicts(open_edges: list[Row], watermark: int) -> list[EdgeJudged]:
         if r["verdict"] is None:
             raise JudgedTooEarlyError(f"{r['edge_id']}: due for a verdict the facts do not give")
     return [
-        EdgeJudged(watermark=watermark, tree_id=r["tree_id"], edge_id=r["edge_id"],
-                   verdict=r["verdict"], child_id=r["child_id"])
+        EdgeJudged(
+            watermark=watermark,
+            tree_id=r["tree_id"],
+            edge_id=r["edge_id"],
+            verdict=r["verdict"],
+            child_id=r["child_id"],
+        )
         for r in due
-    ]  # fmt: skip
+    ]
 
 
 def start(work: Row) -> list[Event]:
     """The events of starting an ``int_next_work`` row: its selection (if any), then the edge."""
     events: list[Event] = []
     if work["kind"] == "select":
-        events.append(NodeSelected(watermark=work["asof_seq"], tree_id=work["tree_id"],
-                                   node_id=work["parent_id"], select_score=work["select_score"],
-                                   q=work["q"], t=work["t"]))  # fmt: skip
-    events.append(EdgeStarted(tree_id=work["tree_id"], edge_id=work["edge_id"],
-                              parent_id=work["parent_id"], slot=work["slot"], attempt=work["attempt"]))  # fmt: skip
+        events.append(
+            NodeSelected(
+                watermark=work["asof_seq"],
+                tree_id=work["tree_id"],
+                node_id=work["parent_id"],
+                select_score=work["select_score"],
+                q=work["q"],
+                t=work["t"],
+            )
+        )
+    events.append(
+        EdgeStarted(
+            tree_id=work["tree_id"],
+            edge_id=work["edge_id"],
+            parent_id=work["parent_id"],
+            slot=work["slot"],
+            attempt=work["attempt"],
+        )
+    )
     return events
 
 

@@ -326,12 +326,12 @@ class Explorer:
                 "Is --coral-dir the Student run of this task? Start a new run with the right one; or fix the "
                 f"grader and continue with 'explore --resume {run_id}'; or skip the check with "
                 "--no-grader-check (backend_options.grader_check = false)"
-            )  # fmt: skip
+            )
         raise RunStoppedError(
             f"{error} - the grader cannot grade this task's code (another task's grader? one missing "
             f"something?); the run stopped, its turns recorded: fix the cause and continue with "
             f"'explore --resume {run_id}'"
-        )  # fmt: skip
+        )
 
     # ----------------------------------------------------------------- views
 
@@ -346,8 +346,10 @@ class Explorer:
         if trees is None:
             rows = self._query("select * from int_next_work order by tree_id, pick")
         else:
-            rows = self._query("select * from int_next_work where tree_id in (select unnest(?)) "
-                               "order by tree_id, pick", [sorted(trees)])  # fmt: skip
+            rows = self._query(
+                "select * from int_next_work where tree_id in (select unnest(?)) order by tree_id, pick",
+                [sorted(trees)],
+            )
         work: dict[str, list[Row]] = {}
         for row in rows:
             work.setdefault(row["tree_id"], []).append(row)
@@ -365,10 +367,17 @@ class Explorer:
         else:
             start = json.loads(edge["parent_state"]) if edge["parent_state"] else {}
         return TurnRequest(
-            tree_id=edge["tree_id"], edge_id=edge["edge_id"], parent_id=edge["parent_id"], turn=turn,
-            slot=edge["slot"], attempt=edge["attempt"], start_state=start, fork=turn == 1,
-            direction=self.direction, timeout_s=self.config.backend_options.get("turn_timeout_s"),
-        )  # fmt: skip
+            tree_id=edge["tree_id"],
+            edge_id=edge["edge_id"],
+            parent_id=edge["parent_id"],
+            turn=turn,
+            slot=edge["slot"],
+            attempt=edge["attempt"],
+            start_state=start,
+            fork=turn == 1,
+            direction=self.direction,
+            timeout_s=self.config.backend_options.get("turn_timeout_s"),
+        )
 
     def _root_state(self, tree_id: str) -> dict[str, Any]:
         if tree_id not in self._root_states:
@@ -385,9 +394,17 @@ class Explorer:
         (or an earlier fact here) holds already is left out (the turns of an edge share
         their system prompt, and every turn of a run its tool list)."""
         ids = sorted({f.content_id for f in facts if isinstance(f, ContentRecorded)})
-        seen = {r["content_id"] for r in self._query(
-            "select content_id from stg_content_recorded where content_id in (select unnest(?))", [ids],
-        )} if ids else set()  # fmt: skip
+        seen = (
+            {
+                r["content_id"]
+                for r in self._query(
+                    "select content_id from stg_content_recorded where content_id in (select unnest(?))",
+                    [ids],
+                )
+            }
+            if ids
+            else set()
+        )
         kept = []
         for fact in facts:
             if isinstance(fact, ContentRecorded):

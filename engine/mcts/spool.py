@@ -87,8 +87,11 @@ class Spool:
             if isinstance(reason, list):
                 return reason
             path.unlink(missing_ok=True)  # the turn runs again
-            self.dropped.append(SpoolEntryDropped(tree_id=tree_id or edge_id.split("/")[0].split(".")[0],
-                                                  edge_id=edge_id, turn=turn, reason=reason))  # fmt: skip
+            self.dropped.append(
+                SpoolEntryDropped(
+                    tree_id=tree_id or edge_id.split("/")[0].split(".")[0], edge_id=edge_id, turn=turn, reason=reason
+                )
+            )
         return None
 
     def _problem(self, path: Path, start: str) -> list[Event] | str:

@@ -56,8 +56,7 @@ def moving_average(average: float | None, value: float, weight: float = 0.1) -> 
 class TurnPool:
     """Runs turns concurrently in ``slots`` threads; ``spool`` (rounds mode) keeps finished ones on disk."""
 
-    def __init__(self, teacher: Teacher, slots: int, spool: Spool | None = None,
-                 runner: Runner | None = None) -> None:  # fmt: skip
+    def __init__(self, teacher: Teacher, slots: int, spool: Spool | None = None, runner: Runner | None = None) -> None:
         self.teacher = teacher
         self.spool = spool
         self.runner = runner or teacher.run_turn
@@ -102,16 +101,20 @@ class TurnPool:
         """
         pending: list[list[Event] | Future] = []
         for request in requests:
-            spooled = (self.spool.take(request.edge_id, request.turn, start_key(request), request.tree_id)
-                       if self.spool else None)  # fmt: skip
+            spooled = (
+                self.spool.take(request.edge_id, request.turn, start_key(request), request.tree_id)
+                if self.spool
+                else None
+            )
             pending.append(spooled if spooled is not None else self._enqueue(request))
         for item in pending:
             yield item if isinstance(item, list) else self._result(item)
 
     def _enqueue(self, request: TurnRequest) -> Future:
         if not self._threads:
-            self._threads = [threading.Thread(target=self._slot, name=f"teacher-{i}", daemon=True)
-                             for i in range(self.slots)]  # fmt: skip
+            self._threads = [
+                threading.Thread(target=self._slot, name=f"teacher-{i}", daemon=True) for i in range(self.slots)
+            ]
             for thread in self._threads:
                 thread.start()
         future: Future = Future()

@@ -56,7 +56,7 @@ CODE_FILES = ["solution.py", "bench.py", "tests/test_solution.py", "README.md"]
 NOTE_NAMES = ["tiling.md", "grader-noise.md", "vector-path.md", "dead-ends.md"]
 SYSTEM = (
     "You are a simulated coding agent improving a repository. Use the tools to read, edit "
-    "and test the code; finish each attempt by running `coral eval -m \"<summary>\"`.\n"
+    'and test the code; finish each attempt by running `coral eval -m "<summary>"`.\n'
     "<env>\n  Working directory: {workspace}\n  Is directory a git repo: yes\n</env>"
 )
 
@@ -64,9 +64,19 @@ SYSTEM = (
 def _tool(tool: str, description: str, **properties: str) -> dict[str, Any]:
     """An OpenAI function definition whose parameters are required strings."""
     props = {key: {"type": "string", "description": text} for key, text in properties.items()}
-    return {"type": "function", "function": {"name": tool, "description": description, "parameters": {
-        "type": "object", "properties": props, "required": sorted(props), "additionalProperties": False,
-    }}}  # fmt: skip
+    return {
+        "type": "function",
+        "function": {
+            "name": tool,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": props,
+                "required": sorted(props),
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
 TOOLS = [
@@ -168,22 +178,33 @@ class SimTeacher:
         score, status, new_quality = self._eval(rng, traits, quality, request.direction)
         facts.append(
             EvalFinished(
-                tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
-                score=score, eval_status=status, commit_hash=_commit(request), source="sim",
+                tree_id=request.tree_id,
+                edge_id=request.edge_id,
+                turn=request.turn,
+                score=score,
+                eval_status=status,
+                commit_hash=_commit(request),
+                source="sim",
                 feedback=None if score is None else f"sim score {score}",
             )
-        )  # fmt: skip
+        )
         facts.append(
             TurnFinished(
-                tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
-                session_id=parser.summary.session_id, context_tokens=parser.summary.context_tokens,
-                state={"quality": new_quality, "ctx": parser.summary.context_tokens,
-                       "session": parser.summary.session_id,
-                       "messages": inherited + len(conversation[-1].messages)},
+                tree_id=request.tree_id,
+                edge_id=request.edge_id,
+                turn=request.turn,
+                session_id=parser.summary.session_id,
+                context_tokens=parser.summary.context_tokens,
+                state={
+                    "quality": new_quality,
+                    "ctx": parser.summary.context_tokens,
+                    "session": parser.summary.session_id,
+                    "messages": inherited + len(conversation[-1].messages),
+                },
                 prompt=prompt,
                 transcript="\n".join(lines) + "\n",
             )
-        )  # fmt: skip
+        )
         return facts
 
     # -- the simulation
@@ -241,8 +262,11 @@ class SimTeacher:
         def emit(kind: str, part: dict[str, Any]) -> None:
             nonlocal clock
             clock += rng.randint(50, 4000)
-            lines.append(json.dumps({"type": kind, "timestamp": clock, "sessionID": session,
-                                     "part": part}, separators=(",", ":")))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {"type": kind, "timestamp": clock, "sessionID": session, "part": part}, separators=(",", ":")
+                )
+            )
 
         for step in range(1, n_steps + 1):
             emit("step_start", {"type": "step-start"})
@@ -260,32 +284,49 @@ class SimTeacher:
                 failed = not last and rng.random() < traits["err_p"]
                 state: dict[str, Any] = {"status": "error" if failed else "completed", "input": inputs}
                 if failed:
-                    state["error"] = rng.choice([
-                        "File not found: " + str(inputs.get("filePath", inputs.get("command"))),
-                        "Could not find oldString in the file.",
-                        "The read tool was called with invalid arguments.",
-                    ])  # fmt: skip
+                    state["error"] = rng.choice(
+                        [
+                            "File not found: " + str(inputs.get("filePath", inputs.get("command"))),
+                            "Could not find oldString in the file.",
+                            "The read tool was called with invalid arguments.",
+                        ]
+                    )
                 else:
                     state["output"] = "ok"
-                emit("tool_use", {"type": "tool", "tool": tool, "state": state,
-                                  "callID": f"call_{request.edge_id}_{request.turn}_{call_no}"})  # fmt: skip
+                emit(
+                    "tool_use",
+                    {
+                        "type": "tool",
+                        "tool": tool,
+                        "state": state,
+                        "callID": f"call_{request.edge_id}_{request.turn}_{call_no}",
+                    },
+                )
             if last:
                 emit("text", {"type": "text", "text": "Submitted the change with coral eval."})
             share = growth // n_steps if not last else growth - (growth // n_steps) * (n_steps - 1)
             output = rng.randint(100, 900)
             ctx += share
-            emit("step_finish", {
-                "type": "step-finish", "reason": "stop" if last else "tool-calls",
-                "tokens": {"total": ctx, "input": ctx - output, "output": output, "reasoning": 0,
-                           "cache": {"read": 0, "write": 0}},
-                "cost": 0,
-            })  # fmt: skip
+            emit(
+                "step_finish",
+                {
+                    "type": "step-finish",
+                    "reason": "stop" if last else "tool-calls",
+                    "tokens": {
+                        "total": ctx,
+                        "input": ctx - output,
+                        "output": output,
+                        "reasoning": 0,
+                        "cache": {"read": 0, "write": 0},
+                    },
+                    "cost": 0,
+                },
+            )
         return lines
 
     @staticmethod
     def _work_call(rng: random.Random) -> tuple[str, dict[str, Any]]:
-        tool = rng.choices(["read", "edit", "bash", "grep", "glob", "write"],
-                           weights=[30, 20, 25, 10, 5, 10])[0]  # fmt: skip
+        tool = rng.choices(["read", "edit", "bash", "grep", "glob", "write"], weights=[30, 20, 25, 10, 5, 10])[0]
         path = rng.choice(CODE_FILES)
         if tool == "bash":
             return tool, {"command": rng.choice(["python bench.py", "pytest -q", "git diff --stat"])}
@@ -298,14 +339,16 @@ class SimTeacher:
     @staticmethod
     def _knowledge_call(rng: random.Random) -> tuple[str, dict[str, Any]]:
         note = rng.choice(NOTE_NAMES)
-        return rng.choice([
-            ("read", {"filePath": f".opencode/notes/{note}"}),
-            ("write", {"filePath": f".opencode/notes/{note}", "content": "finding"}),
-            ("bash", {"command": "coral notes"}),
-            ("bash", {"command": "coral log --search tile"}),
-            ("skill", {"name": "profile-kernel"}),
-            ("grep", {"pattern": "TILE", "path": ".opencode/skills"}),
-        ])  # fmt: skip
+        return rng.choice(
+            [
+                ("read", {"filePath": f".opencode/notes/{note}"}),
+                ("write", {"filePath": f".opencode/notes/{note}", "content": "finding"}),
+                ("bash", {"command": "coral notes"}),
+                ("bash", {"command": "coral log --search tile"}),
+                ("skill", {"name": "profile-kernel"}),
+                ("grep", {"pattern": "TILE", "path": ".opencode/skills"}),
+            ]
+        )
 
 
 def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited: int) -> list[Event]:
@@ -314,8 +357,9 @@ def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited
     Each step is one model call: an assistant message (its text, its tool calls in
     stream order), then one tool message per call with its output or error.
     """
-    workspace = "/sim/worktrees/{}/{}/wt".format(*(re.sub(r"[^A-Za-z0-9_.-]", "_", x)
-                                                   for x in (request.tree_id, request.edge_id)))  # fmt: skip
+    workspace = "/sim/worktrees/{}/{}/wt".format(
+        *(re.sub(r"[^A-Za-z0-9_.-]", "_", x) for x in (request.tree_id, request.edge_id))
+    )
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -326,10 +370,16 @@ def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited
         part = event["part"]
         if event["type"] == "tool_use":
             state = part["state"]
-            calls.append({"id": part["callID"], "type": "function", "function": {
-                "name": part["tool"], "arguments": canonical_json(state["input"])}})  # fmt: skip
-            results.append({"role": "tool", "tool_call_id": part["callID"],
-                            "content": state.get("output", state.get("error", ""))})  # fmt: skip
+            calls.append(
+                {
+                    "id": part["callID"],
+                    "type": "function",
+                    "function": {"name": part["tool"], "arguments": canonical_json(state["input"])},
+                }
+            )
+            results.append(
+                {"role": "tool", "tool_call_id": part["callID"], "content": state.get("output", state.get("error", ""))}
+            )
         elif event["type"] == "text":
             text += part["text"]
         elif event["type"] == "step_finish":
@@ -341,11 +391,23 @@ def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited
             calls, results, text = [], [], ""
     system = content_fact("system", [{"role": "system", "content": SYSTEM.format(workspace=workspace)}])
     tools = TOOLS_FACT
-    return [system, tools, ConversationRecorded(
-        tree_id=request.tree_id, edge_id=request.edge_id, turn=request.turn,
-        system_id=system.content_id, tools_id=tools.content_id, base=inherited, turn_start=inherited,
-        model_calls=steps, workspace=workspace, recorder="sim", messages=messages,
-    )]  # fmt: skip
+    return [
+        system,
+        tools,
+        ConversationRecorded(
+            tree_id=request.tree_id,
+            edge_id=request.edge_id,
+            turn=request.turn,
+            system_id=system.content_id,
+            tools_id=tools.content_id,
+            base=inherited,
+            turn_start=inherited,
+            model_calls=steps,
+            workspace=workspace,
+            recorder="sim",
+            messages=messages,
+        ),
+    ]
 
 
 def _commit(request: TurnRequest) -> str:

@@ -32,6 +32,9 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
     address = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     print(f"serving {data_dir} at {address}", file=sys.stderr, flush=True)
     if token:
-        print("  (every request needs that token: open the address above once, it sets a cookie)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "  (every request needs that token: open the address above once, it sets a cookie)",
+            file=sys.stderr,
+            flush=True,
+        )
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)

@@ -46,10 +46,10 @@ FOLD_CHARS, FOLD_LINES = 1200, 20  # longer outputs are folded
 HEADERS = {
     # Defence in depth: content is escaped, and even a tag that slipped through could run no script.
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-                               "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
+    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
-}  # fmt: skip
+}
 
 
 def _num(value: Any, digits: int = 4) -> str:
@@ -92,8 +92,9 @@ def _content(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-TEMPLATES = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True,
-                        lstrip_blocks=True)  # fmt: skip
+TEMPLATES = Environment(
+    loader=FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True
+)
 
 
 def _href(pattern: str, row: dict[str, Any]) -> str:
@@ -128,8 +129,7 @@ def collection(request: Request) -> HTMLResponse:
             tables = data.collection_page(runs)
             damaged = [d.message() for d in runs.damaged]
     except ProjectError as err:
-        return _page(request, "collection.html", tables=None, damaged=[], message=str(err),
-                     data_dir=source.data_dir)  # fmt: skip
+        return _page(request, "collection.html", tables=None, damaged=[], message=str(err), data_dir=source.data_dir)
     return _page(request, "collection.html", tables=tables, damaged=damaged, message=None, data_dir=source.data_dir)
 
 
@@ -187,8 +187,15 @@ def tree(request: Request) -> HTMLResponse:
         for node_id in p["node_ids"]:
             through.setdefault(node_id, []).append(p)
     page |= {"turns": turns, "calls": calls, "through": through}
-    return _page(request, "tree.html", run_id=run_id, tree_id=tree_id, drawing=Markup(drawings[0][1]) if drawings
-                 else None, legend=Markup(LEGEND), **page)  # fmt: skip
+    return _page(
+        request,
+        "tree.html",
+        run_id=run_id,
+        tree_id=tree_id,
+        drawing=Markup(drawings[0][1]) if drawings else None,
+        legend=Markup(LEGEND),
+        **page,
+    )
 
 
 def path(request: Request) -> HTMLResponse:
@@ -214,13 +221,31 @@ def path(request: Request) -> HTMLResponse:
     for i, message in enumerate(sample["messages"]):
         before, owner, after = owners[i : i + 3]
         ends = owner is not None and after != owner
-        items.append({"message": message, "owner": owner, "index": i, "eval": turns.get(owner) if ends else None,
-                      "feedback": feedback.get(owner) if ends else None,
-                      "starts": owner is not None and before != owner})  # fmt: skip
-    names = {c["id"]: (c.get("function") or {}).get("name") for m in sample["messages"]
-             for c in m.get("tool_calls") or []}  # fmt: skip
-    return _page(request, "path.html", run_id=run_id, tree_id=tree_id, leaf_id=leaf_id, items=items, meta=meta,
-                 tools=json.loads(sample["tools"]), call_names=names, **rows)  # fmt: skip
+        items.append(
+            {
+                "message": message,
+                "owner": owner,
+                "index": i,
+                "eval": turns.get(owner) if ends else None,
+                "feedback": feedback.get(owner) if ends else None,
+                "starts": owner is not None and before != owner,
+            }
+        )
+    names = {
+        c["id"]: (c.get("function") or {}).get("name") for m in sample["messages"] for c in m.get("tool_calls") or []
+    }
+    return _page(
+        request,
+        "path.html",
+        run_id=run_id,
+        tree_id=tree_id,
+        leaf_id=leaf_id,
+        items=items,
+        meta=meta,
+        tools=json.loads(sample["tools"]),
+        call_names=names,
+        **rows,
+    )
 
 
 def sql(request: Request) -> Response:
@@ -237,11 +262,23 @@ def sql(request: Request) -> Response:
         except (RefusedQueryError, QueryLimitError, ProjectError) as err:
             error = str(err)
     if as_csv and rows is not None:
-        return Response(_csv(rows), media_type="text/csv; charset=utf-8",
-                        headers={**HEADERS, "Content-Disposition": 'attachment; filename="query.csv"'})  # fmt: skip
+        return Response(
+            _csv(rows),
+            media_type="text/csv; charset=utf-8",
+            headers={**HEADERS, "Content-Disposition": 'attachment; filename="query.csv"'},
+        )
     columns = list(rows[0]) if rows else []
-    return _page(request, "sql.html", status=400 if error else 200, query=query, rows=rows, columns=columns,
-                 shown=SHOWN_ROWS, error=error, views=views)  # fmt: skip
+    return _page(
+        request,
+        "sql.html",
+        status=400 if error else 200,
+        query=query,
+        rows=rows,
+        columns=columns,
+        shown=SHOWN_ROWS,
+        error=error,
+        views=views,
+    )
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
@@ -288,8 +325,9 @@ class TokenGate:
             await self.app(scope, receive, send)
             return
         else:
-            response = PlainTextResponse("403: this server needs its token - open the address it printed when it "
-                                         "started (.../?token=...)\n", 403)  # fmt: skip
+            response = PlainTextResponse(
+                "403: this server needs its token - open the address it printed when it started (.../?token=...)\n", 403
+            )
         await response(scope, receive, send)
 
 

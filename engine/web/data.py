@@ -106,8 +106,9 @@ def collection_page(runs: Collection) -> dict[str, Rows]:
         "tool_errors": q("select * from tool_error_rates where dimension = 'tool' order by run_id, calls desc, key"),
         "tool_messages": q("select * from tool_error_messages order by errors desc, run_id, message limit 10"),
         "knowledge": q("select * from knowledge_usage where dimension = 'all' order by run_id, area, access"),
-        "knowledge_improvement": q("select * from knowledge_improvement order by run_id, task, measure, "
-                                   "with_knowledge desc"),  # fmt: skip
+        "knowledge_improvement": q(
+            "select * from knowledge_improvement order by run_id, task, measure, with_knowledge desc"
+        ),
     }
 
 
@@ -122,14 +123,19 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
         "config": q(f"select task, backend, direction, seed, num_roots, top_k from run_config where run_id = {run}")[0],
         "progress": q(f"select * from run_progress where run_id = {run}")[0],
         "pace": q(f"select * from run_pace where run_id = {run}")[0],
-        "stops": q(f"select stop_reason, count(*) as trees from int_trees__summarized where run_id = {run} "
-                   "and stop_reason is not null group by all order by 1"),  # fmt: skip
+        "stops": q(
+            f"select stop_reason, count(*) as trees from int_trees__summarized where run_id = {run} "
+            "and stop_reason is not null group by all order by 1"
+        ),
         "trees": q(f"select * from trees where run_id = {run} order by status = 'done', tree_id"),
         "paths": q(f"select * from top_paths where run_id = {run} order by tree_id, rank, leaf_id"),
         "seq": q(f"select asof_seq from stg_log_tail where run_id = {run}")[0]["asof_seq"],
     }
-    page["in_flight"] = [] if page["pace"]["finished"] else q(
-        f"select * from turns_in_flight where run_id = {run} order by since, tree_id, edge_id")
+    page["in_flight"] = (
+        []
+        if page["pace"]["finished"]
+        else q(f"select * from turns_in_flight where run_id = {run} order by since, tree_id, edge_id")
+    )
     return page
 
 
@@ -146,22 +152,31 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
         "e.tool_calls, e.tool_errors, e.steps, e.s1, e.s2 "
         f"from nodes as n left join edges as e using (run_id, tree_id, edge_id) where {scope} "
         "order by node_key(n.node_id)"
-    )  # fmt: skip
+    )
     failed = q(f"select * from edges where {scope} and child_id is null order by started_seq")
     turns = q(f"select * from turns where {scope} order by edge_id, turn")
-    calls = q(f"select edge_id, turn, step, call_id, tool, status, target, error from tool_calls where {scope} "
-              "order by seq")  # fmt: skip
+    calls = q(
+        f"select edge_id, turn, step, call_id, tool, status, target, error from tool_calls where {scope} order by seq"
+    )
     paths = q(f"select * from paths where {scope} order by rank nulls last, leaf_id")
-    return {"tree": trees[0] if trees else None, "nodes": nodes, "failed": failed, "turns": turns, "calls": calls,
-            "paths": paths}  # fmt: skip
+    return {
+        "tree": trees[0] if trees else None,
+        "nodes": nodes,
+        "failed": failed,
+        "turns": turns,
+        "calls": calls,
+        "paths": paths,
+    }
 
 
 def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict[str, Any]:
     """A path's row of ``paths`` and the run's PathScore weights."""
     scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)} and leaf_id = {quoted(leaf_id)}"
     found = runs.query(f"select * from paths where {scope}", run_id)
-    weights = runs.query(f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config "
-                         f"where run_id = {quoted(run_id)}", run_id)  # fmt: skip
+    weights = runs.query(
+        f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config where run_id = {quoted(run_id)}",
+        run_id,
+    )
     return {"path": found[0] if found else None, "weights": weights[0] if weights else {}}
 
 

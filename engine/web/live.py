@@ -89,8 +89,12 @@ async def _frames(data_dir, run_id: str) -> AsyncIterator[str]:
 async def run_events(request: Request) -> StreamingResponse:
     run_id = request.path_params["run_id"]
     if not RUN_ID_RE.match(run_id):
-        return StreamingResponse(iter([_event("problem", {"message": "no such run id"})]),
-                                 media_type="text/event-stream")  # fmt: skip
+        return StreamingResponse(
+            iter([_event("problem", {"message": "no such run id"})]), media_type="text/event-stream"
+        )
     data_dir = request.app.state.source.data_dir
-    return StreamingResponse(_frames(data_dir, run_id), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+    return StreamingResponse(
+        _frames(data_dir, run_id),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

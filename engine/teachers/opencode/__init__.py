@@ -67,15 +67,15 @@ from ingest.events import EvalFinished, Event, GraderChecked, StepFinished, Turn
 from ingest.opencode_stream import StreamParser
 
 TURN1 = (
-    "You are improving this repository for the task \"{task}\". Shared knowledge from earlier "
+    'You are improving this repository for the task "{task}". Shared knowledge from earlier '
     "attempts by other agents is in `.opencode/` (notes/, skills/, attempts/): read what helps, "
     "and write a note about what you learn. Make one focused improvement, check it locally, then "
-    "finish this attempt by running `{eval_command} \"<one-line summary of the change>\"`.\n"
+    'finish this attempt by running `{eval_command} "<one-line summary of the change>"`.\n'
     "[edge {edge_id} turn {turn}]"
 )
 TURN2 = (
     "Read the eval result of your last attempt and make a further improvement, then finish "
-    "again by running `{eval_command} \"<one-line summary of the change>\"`.\n"
+    'again by running `{eval_command} "<one-line summary of the change>"`.\n'
     "[edge {edge_id} turn {turn}]"
 )
 
@@ -112,8 +112,10 @@ class OpenCodeOptions(BaseModel):
     coral_dir: str | None = Field(None, description="the Student run's .coral: grade in a CORAL run per edge")
     coral_agent_id: str = Field("teacher", pattern=r"^[A-Za-z0-9_.-]+$")
     coral_python: str | None = Field(None, description="the Python CORAL is installed in (default: coral's)")
-    node_store: str | None = Field(None, description="cluster nodes: where each keeps OpenCode's store "
-                                   "(a local disk; default: the temporary directory)")
+    node_store: str | None = Field(
+        None,
+        description="cluster nodes: where each keeps OpenCode's store (a local disk; default: the temporary directory)",
+    )
     grader_check: bool = Field(True, description="with coral_dir: grade a root's own code before the first turn")
     grader_check_tolerance: GraderTolerance = GraderTolerance()
 
@@ -134,8 +136,12 @@ def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
         opts = opts.model_copy(update={"worktree_root": str(Path(opts.worktree_root).resolve())})
     if opts.coral_dir is not None:  # recorded absolute, with the Python its daemon runs in
         check_eval_command(opts.eval_command)
-        opts = opts.model_copy(update={"coral_dir": str(student_coral_dir(opts.coral_dir)),
-                                       "coral_python": coral_python(opts.eval_command, opts.coral_python)})  # fmt: skip
+        opts = opts.model_copy(
+            update={
+                "coral_dir": str(student_coral_dir(opts.coral_dir)),
+                "coral_python": coral_python(opts.eval_command, opts.coral_python),
+            }
+        )
     return opts.model_dump()
 
 
@@ -171,12 +177,13 @@ class OpenCodeTeacher:
         self.node = node
         check_eval_command(self.opts.eval_command)  # before anything is created
         self.run_store = Environment(run_dir, self.opts)
-        self.environment = Environment(run_dir, self.opts, node_store(self.opts.node_store, run_dir, node)) \
-            if node else self.run_store  # fmt: skip
+        self.environment = (
+            Environment(run_dir, self.opts, node_store(self.opts.node_store, run_dir, node)) if node else self.run_store
+        )
         self.worktrees = Worktrees(
             Path(self.opts.worktree_root) if self.opts.worktree_root else self.environment.run_dir / "worktrees",
             self.opts.shared_dir,
-        )  # fmt: skip
+        )
         self.processes = Supervisor()
         # Sessions a killed process of this run left running (kill -9 skips every
         # cleanup) would go on writing into worktrees its turns are re-run in. Only
@@ -188,8 +195,9 @@ class OpenCodeTeacher:
         self.coral = None
         if self.opts.coral_dir:
             check_daemon(self.opts.coral_python, self.environment.env)
-            self.coral = CoralLayout(Path(self.opts.coral_dir), self.environment.run_dir, self.opts.coral_python,
-                                     self.opts.coral_agent_id)  # fmt: skip
+            self.coral = CoralLayout(
+                Path(self.opts.coral_dir), self.environment.run_dir, self.opts.coral_python, self.opts.coral_agent_id
+            )
         self.recorder = Recorder(self.opts.endpoint, self.opts.turn_timeout_s) if self.opts.endpoint else None
 
     # -- Teacher interface
@@ -226,8 +234,11 @@ class OpenCodeTeacher:
             self._bring_session(source, start.get("session_file"), worktree, edge_dir)
         before = git("rev-parse", "HEAD", cwd=worktree)
         prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
-            task=self.task, edge_id=request.edge_id, turn=request.turn, eval_command=self.opts.eval_command,
-        )  # fmt: skip
+            task=self.task,
+            edge_id=request.edge_id,
+            turn=request.turn,
+            eval_command=self.opts.eval_command,
+        )
         companions: tuple[Companion, ...] = ()
         grader_log = edge_dir / f"grader-t{request.turn}.log"
         if self.coral:
@@ -237,8 +248,9 @@ class OpenCodeTeacher:
         t0 = time.monotonic()
         token = self.recorder.open() if self.recorder else None
         try:
-            parser, lines, facts, outcome, error = self._run(request, edge_dir, worktree, source, prompt, cancel,
-                                                             companions, token)  # fmt: skip
+            parser, lines, facts, outcome, error = self._run(
+                request, edge_dir, worktree, source, prompt, cancel, companions, token
+            )
         finally:
             if self.coral:
                 self.coral.finish(edge_dir, worktree, shared, request.turn)
@@ -255,8 +267,9 @@ class OpenCodeTeacher:
         conversation = start.get("conversation")
         context_tokens = parser.summary.context_tokens
         if exchanges is not None:
-            recorded, conversation = conversation_facts(exchanges, ids, conversation, str(worktree),
-                                                        parser.summary.results)  # fmt: skip
+            recorded, conversation = conversation_facts(
+                exchanges, ids, conversation, str(worktree), parser.summary.results
+            )
             facts += recorded
             # A model call whose tokens the stream never printed (killed during its tool
             # calls): the endpoint's usage stands in, and the last call's is the context.
@@ -265,26 +278,48 @@ class OpenCodeTeacher:
             facts += unreported
             if unreported and unreported[-1].step > max(reported, default=0):
                 context_tokens = unreported[-1].tokens_total
-        facts.append(EvalFinished(**ids, score=result.score, eval_status=result.status, commit_hash=after,
-                                  source=result.source, feedback=result.feedback,
-                                  error=result.error if outcome == "completed" else None,
-                                  grader_log=_tail(grader_log) if self.coral else None))  # fmt: skip
-        state = {"repo": str(repo), "worktree": str(worktree), "commit": after,
-                 "session": parser.summary.session_id or source, "shared": str(snapshot),
-                 "conversation": conversation}  # fmt: skip
+        facts.append(
+            EvalFinished(
+                **ids,
+                score=result.score,
+                eval_status=result.status,
+                commit_hash=after,
+                source=result.source,
+                feedback=result.feedback,
+                error=result.error if outcome == "completed" else None,
+                grader_log=_tail(grader_log) if self.coral else None,
+            )
+        )
+        state = {
+            "repo": str(repo),
+            "worktree": str(worktree),
+            "commit": after,
+            "session": parser.summary.session_id or source,
+            "shared": str(snapshot),
+            "conversation": conversation,
+        }
         if self.node:  # where it ran, and its session for the other nodes
             state["node"] = self.node
             state["session_file"] = start.get("session_file")
             if parser.summary.session_id:
                 state["session_file"] = str(edge_dir / f"session-t{request.turn}.json")
-                export_session(self.environment.bin, self.environment.env, parser.summary.session_id,
-                               Path(state["session_file"]))  # fmt: skip
-        facts.append(TurnFinished(
-            **ids, session_id=parser.summary.session_id, context_tokens=context_tokens,
-            outcome=outcome, error=error, state=state,
-            started_at=started_at.isoformat(), wall_seconds=round(wall, 3),
-            prompt=prompt, transcript="".join(lines),
-        ))  # fmt: skip
+                export_session(
+                    self.environment.bin, self.environment.env, parser.summary.session_id, Path(state["session_file"])
+                )
+        facts.append(
+            TurnFinished(
+                **ids,
+                session_id=parser.summary.session_id,
+                context_tokens=context_tokens,
+                outcome=outcome,
+                error=error,
+                state=state,
+                started_at=started_at.isoformat(),
+                wall_seconds=round(wall, 3),
+                prompt=prompt,
+                transcript="".join(lines),
+            )
+        )
         return facts
 
     def check_grader(self, root: RootInfo, start: dict[str, Any]) -> GraderChecked | None:
@@ -312,18 +347,28 @@ class OpenCodeTeacher:
             finished, output = self._grade(attempt, daemon, edge_dir, root.tree_id)
             result = coral_eval.from_attempt(attempt)
             if result is None or result.status == "pending":
-                why = (f"the grader did not grade the root within {self.opts.turn_timeout_s:.0f} s"
-                       if finished.outcome == "timeout" else
-                       f"CORAL's grader daemon exited with {finished.returncode} before grading the root")  # fmt: skip
-                result = coral_eval.EvalResult(None, "timeout" if finished.outcome == "timeout" else "crashed",
-                                               why, "none")  # fmt: skip
+                why = (
+                    f"the grader did not grade the root within {self.opts.turn_timeout_s:.0f} s"
+                    if finished.outcome == "timeout"
+                    else f"CORAL's grader daemon exited with {finished.returncode} before grading the root"
+                )
+                result = coral_eval.EvalResult(
+                    None, "timeout" if finished.outcome == "timeout" else "crashed", why, "none"
+                )
         finally:
             self.coral.finish(edge_dir, worktree, shared, 0)
             self.worktrees.discard(repo, worktree)
-        return GraderChecked(tree_id=root.tree_id, commit_hash=commit, score=result.score,
-                             recorded_score=root.score, eval_status=result.status, error=result.error,
-                             wall_seconds=round(time.monotonic() - t0, 3), feedback=result.feedback,
-                             grader_log=output)  # fmt: skip
+        return GraderChecked(
+            tree_id=root.tree_id,
+            commit_hash=commit,
+            score=result.score,
+            recorded_score=root.score,
+            eval_status=result.status,
+            error=result.error,
+            wall_seconds=round(time.monotonic() - t0, 3),
+            feedback=result.feedback,
+            grader_log=output,
+        )
 
     def _grade(self, attempt: Path, daemon: Companion, edge_dir: Path, tree_id: str):
         """Run the grader daemon until ``attempt`` is no longer pending (or the deadline); its output."""
@@ -341,10 +386,17 @@ class OpenCodeTeacher:
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         try:
-            finished = self.processes.run(daemon.args, label=f"{tree_id}#grader-check", cwd=daemon.cwd,
-                                          env=daemon.env or self.environment.env, stdin=stdin, stderr=daemon.output,
-                                          on_line=lines.append, timeout_s=self.opts.turn_timeout_s,
-                                          cancel=graded)  # fmt: skip
+            finished = self.processes.run(
+                daemon.args,
+                label=f"{tree_id}#grader-check",
+                cwd=daemon.cwd,
+                env=daemon.env or self.environment.env,
+                stdin=stdin,
+                stderr=daemon.output,
+                on_line=lines.append,
+                timeout_s=self.opts.turn_timeout_s,
+                cancel=graded,
+            )
         finally:
             graded.set()
             watcher.join(timeout=10)
@@ -367,11 +419,18 @@ class OpenCodeTeacher:
             export_session(self.run_store.bin, self.run_store.env, source, Path(file))
         import_session(env.bin, env.env, Path(file), worktree)
 
-    def _run(self, request: TurnRequest, edge_dir: Path, worktree: Path, source: str | None,
-             prompt: str, cancel: threading.Event, companions: tuple[Companion, ...],
-             token: str | None):  # fmt: skip
-        args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model,
-                "--dir", str(worktree)]  # fmt: skip
+    def _run(
+        self,
+        request: TurnRequest,
+        edge_dir: Path,
+        worktree: Path,
+        source: str | None,
+        prompt: str,
+        cancel: threading.Event,
+        companions: tuple[Companion, ...],
+        token: str | None,
+    ):
+        args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model, "--dir", str(worktree)]
         args += ["--session", source, "--fork"] if source else ["--title", f"{request.edge_id} turn {request.turn}"]
         parser = StreamParser(request.tree_id, request.edge_id, request.turn)
         lines: list[str] = []
@@ -387,15 +446,28 @@ class OpenCodeTeacher:
         timeout = request.timeout_s or self.opts.turn_timeout_s
         for attempt in range(1, LOCKED_ATTEMPTS + 1):
             finished = self.processes.run(
-                args, label=f"{request.edge_id}#{request.turn}", cwd=worktree,
-                env=dict(self.environment.through(self.recorder.url(token)) if token else self.environment.env,
-                         PWD=str(worktree)), stdin=prompt_file, stderr=stderr,
-                on_line=on_line, timeout_s=timeout, cancel=cancel, companions=companions,
-            )  # fmt: skip
+                args,
+                label=f"{request.edge_id}#{request.turn}",
+                cwd=worktree,
+                env=dict(
+                    self.environment.through(self.recorder.url(token)) if token else self.environment.env,
+                    PWD=str(worktree),
+                ),
+                stdin=prompt_file,
+                stderr=stderr,
+                on_line=on_line,
+                timeout_s=timeout,
+                cancel=cancel,
+                companions=companions,
+            )
             # Sessions starting together in one store can find its SQLite database locked:
             # OpenCode then exits before its first line, nothing done, and the turn starts again.
-            locked = (finished.outcome == "completed" and finished.returncode != 0 and not lines
-                      and "database is locked" in stderr.read_text(errors="replace"))  # fmt: skip
+            locked = (
+                finished.outcome == "completed"
+                and finished.returncode != 0
+                and not lines
+                and "database is locked" in stderr.read_text(errors="replace")
+            )
             if not locked or attempt == LOCKED_ATTEMPTS:
                 break
             if cancel.wait(0.5 * attempt):

@@ -51,8 +51,11 @@ def student_coral_dir(path: str | Path) -> Path:
     coral = given / ".coral" if (given / ".coral" / "config.yaml").is_file() else given
     if not coral.is_dir():
         raise InputError(f"--coral-dir {path}: no such directory")
-    missing = [name for name, ok in (("config.yaml", (coral / "config.yaml").is_file()),
-                                     ("private/", (coral / "private").is_dir())) if not ok]  # fmt: skip
+    missing = [
+        name
+        for name, ok in (("config.yaml", (coral / "config.yaml").is_file()), ("private/", (coral / "private").is_dir()))
+        if not ok
+    ]
     if missing:
         raise InputError(f"--coral-dir {coral}: not a CORAL run's .coral directory (no {' or '.join(missing)})")
     return coral
@@ -77,8 +80,9 @@ def coral_python(eval_command: str, configured: str | None, search_path: str | N
     python = None if script is None else _script_interpreter(Path(script), search_path)
     if python is None:
         problem = problem or f"({script}) does not name its Python in its first line"
-        raise InputError(f"cannot tell which Python CORAL is installed in: {word!r} {problem} - "
-                         "set backend_options.coral_python")  # fmt: skip
+        raise InputError(
+            f"cannot tell which Python CORAL is installed in: {word!r} {problem} - set backend_options.coral_python"
+        )
     return python
 
 
@@ -104,12 +108,20 @@ def _script_interpreter(script: Path, search_path: str | None) -> str | None:
 
 def check_daemon(python: str, env: dict[str, str]) -> None:
     """Refuse a run whose CORAL has no grader daemon to start (before anything runs)."""
-    done = subprocess.run([python, "-c", "import coral.grader.daemon"], env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    done = subprocess.run(
+        [python, "-c", "import coral.grader.daemon"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     if done.returncode != 0:
         detail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise InputError(f"{python} cannot import CORAL's grader daemon (coral.grader.daemon: {detail[0]}) - "
-                         "install CORAL there or set backend_options.coral_python")  # fmt: skip
+        raise InputError(
+            f"{python} cannot import CORAL's grader daemon (coral.grader.daemon: {detail[0]}) - "
+            "install CORAL there or set backend_options.coral_python"
+        )
 
 
 class CoralLayout:
@@ -128,6 +140,7 @@ class CoralLayout:
             tmp = dest.with_name(f"{dest.name}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.parent.mkdir(parents=True, exist_ok=True)
+
             def checkouts(folder: str, _names: list[str]) -> list[str]:  # the Student's own grader checkouts
                 return ["grader_checkouts"] if Path(folder) == src else []
 
@@ -175,9 +188,16 @@ class CoralLayout:
         root's own commit this way: the daemon grades it in a checkout of the edge's
         repository with the task's grader, as it grades every turn's commit.
         """
-        attempt = {"commit_hash": commit, "agent_id": self.agent_id, "title": "teacher-mcts: grader check",
-                   "score": None, "status": "pending", "parent_hash": None,
-                   "timestamp": datetime.now(UTC).isoformat(), "feedback": ""}  # fmt: skip
+        attempt = {
+            "commit_hash": commit,
+            "agent_id": self.agent_id,
+            "title": "teacher-mcts: grader check",
+            "score": None,
+            "status": "pending",
+            "parent_hash": None,
+            "timestamp": datetime.now(UTC).isoformat(),
+            "feedback": "",
+        }
         folder = shared / "attempts"
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{commit}.json.tmp"
@@ -187,8 +207,12 @@ class CoralLayout:
 
     def daemon(self, coral: Path, env: dict[str, str], output: Path) -> Companion:
         """CORAL's grader daemon for ``coral``, to run beside the turn."""
-        return Companion(args=[self.python, "-c", DAEMON_SCRIPT, str(coral)], cwd=coral, output=output,
-                         env=dict(env, PYTHONDONTWRITEBYTECODE="1"))  # fmt: skip
+        return Companion(
+            args=[self.python, "-c", DAEMON_SCRIPT, str(coral)],
+            cwd=coral,
+            output=output,
+            env=dict(env, PYTHONDONTWRITEBYTECODE="1"),
+        )
 
     def finish(self, edge_dir: Path, worktree: Path, shared: Path, turn: int) -> None:
         """After the turn (its daemon stopped): the held attempts back, the daemon's leftovers gone."""

@@ -30,9 +30,14 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 def find_binary(configured: str | None) -> str:
     """The opencode executable: the configured one, else the repository's npm install, else PATH."""
-    candidates = [configured] if configured else [
-        str(REPO_ROOT / "node_modules" / ".bin" / "opencode"), shutil.which("opencode"),
-    ]  # fmt: skip
+    candidates = (
+        [configured]
+        if configured
+        else [
+            str(REPO_ROOT / "node_modules" / ".bin" / "opencode"),
+            shutil.which("opencode"),
+        ]
+    )
     for c in candidates:
         if c and Path(c).exists():
             return str(Path(c).resolve())
@@ -50,16 +55,23 @@ def opencode_config(opts: Any, base_url: str | None = None) -> dict[str, Any]:
     provider, model = opts.model.split("/", 1)
     config: dict[str, Any] = {
         "$schema": "https://opencode.ai/config.json",
-        "model": opts.model, "small_model": opts.model, "autoupdate": False, "share": "disabled",
-    }  # fmt: skip
+        "model": opts.model,
+        "small_model": opts.model,
+        "autoupdate": False,
+        "share": "disabled",
+    }
     if opts.endpoint:
         key = os.environ.get(opts.api_key_env or "", "") or "none"
-        config["provider"] = {provider: {
-            "npm": "@ai-sdk/openai-compatible", "name": provider,
-            "options": {"baseURL": base_url or opts.endpoint, "apiKey": key},
-            "models": {model: {"name": model, "limit": {
-                "context": opts.context_limit, "output": opts.output_limit}}},
-        }}  # fmt: skip
+        config["provider"] = {
+            provider: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": provider,
+                "options": {"baseURL": base_url or opts.endpoint, "apiKey": key},
+                "models": {
+                    model: {"name": model, "limit": {"context": opts.context_limit, "output": opts.output_limit}}
+                },
+            }
+        }
     config.update(opts.opencode_config)
     return config
 
@@ -87,13 +99,16 @@ class Environment:
         # (``coral eval`` runs a plain ``git commit``) take this identity unless one is set.
         self.env = {**GIT_IDENTITY, **os.environ}
         self.env.update(
-            HOME=str(self.home), XDG_DATA_HOME=str(self.home / "data"),
-            XDG_CONFIG_HOME=str(self.home / "config"), XDG_CACHE_HOME=str(self.home / "cache"),
+            HOME=str(self.home),
+            XDG_DATA_HOME=str(self.home / "data"),
+            XDG_CONFIG_HOME=str(self.home / "config"),
+            XDG_CACHE_HOME=str(self.home / "cache"),
             XDG_STATE_HOME=str(self.home / "state"),
             OPENCODE_CONFIG_CONTENT=json.dumps(opencode_config(opts)),
-            OPENCODE_DISABLE_MODELS_FETCH="1", OPENCODE_PERMISSION=json.dumps({"question": "deny"}),
+            OPENCODE_DISABLE_MODELS_FETCH="1",
+            OPENCODE_PERMISSION=json.dumps({"question": "deny"}),
             **{RUN_ENV: str(self.run_dir)},
-        )  # fmt: skip
+        )
 
     def through(self, base_url: str) -> dict[str, str]:
         """The variables of a turn whose requests go to ``base_url`` (the recorder) instead."""
@@ -110,8 +125,14 @@ class Environment:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.database.exists():
                 return
-            done = subprocess.run([self.bin, "session", "list"], env=self.env, cwd=self.home,
-                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=120)  # fmt: skip
+            done = subprocess.run(
+                [self.bin, "session", "list"],
+                env=self.env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=120,
+            )
         if done.returncode != 0:
             msg = done.stderr.decode(errors="replace").strip()[-500:]
             raise ProjectError(f"{self.bin} could not start: {msg}")

@@ -88,9 +88,13 @@ class Supervisor:
         """Start the watchdog (once) before the first process it guards."""
         with self._lock:
             if self._watchdog is None:
-                self._watchdog = subprocess.Popen([sys.executable, __file__, self.owner], stdin=subprocess.PIPE,
-                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                                  start_new_session=True)  # fmt: skip
+                self._watchdog = subprocess.Popen(
+                    [sys.executable, __file__, self.owner],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
 
     def run(
         self,
@@ -121,13 +125,27 @@ class Supervisor:
         try:
             for c in companions:
                 with open(c.output, "wb") as out:
-                    started.append(subprocess.Popen(c.args, cwd=c.cwd, env=dict(c.env or env, **marks),
-                                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                                    start_new_session=True))  # fmt: skip
+                    started.append(
+                        subprocess.Popen(
+                            c.args,
+                            cwd=c.cwd,
+                            env=dict(c.env or env, **marks),
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
             with open(stdin, "rb") as fin, open(stderr, "wb") as ferr:
-                proc = subprocess.Popen(args, cwd=cwd, env=dict(env, **marks),
-                                        stdin=fin, stdout=subprocess.PIPE, stderr=ferr,
-                                        start_new_session=True)  # fmt: skip
+                proc = subprocess.Popen(
+                    args,
+                    cwd=cwd,
+                    env=dict(env, **marks),
+                    stdin=fin,
+                    stdout=subprocess.PIPE,
+                    stderr=ferr,
+                    start_new_session=True,
+                )
                 reader = threading.Thread(target=self._read, args=(proc, on_line), daemon=True)
                 reader.start()
                 finished = self._wait(proc, marker, time.monotonic() + timeout_s, cancel)

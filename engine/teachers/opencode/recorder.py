@@ -38,8 +38,18 @@ RECORDER = "opencode-proxy"
 # What OpenCode sends the model for a tool call that a killed turn never finished
 # (measured on 1.18.33: a forked session's first request), in place of its result.
 INTERRUPTED = "[Tool execution was interrupted]"
-HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding",
-               "proxy-connection", "te", "trailer", "upgrade"}  # fmt: skip
+HOP_HEADERS = {
+    "host",
+    "content-length",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "accept-encoding",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+}
 PATH_RE = re.compile(r"^/turn/([0-9a-f]+)(/.*)$")
 
 
@@ -130,8 +140,9 @@ class Recorder:
     def _connect(self, token: str) -> http.client.HTTPConnection:
         port = self.endpoint.port
         if self.endpoint.scheme == "https":
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(self.endpoint.hostname, port,
-                                                                           timeout=self.timeout_s)  # fmt: skip
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self.endpoint.hostname, port, timeout=self.timeout_s
+            )
         else:
             conn = http.client.HTTPConnection(self.endpoint.hostname, port, timeout=self.timeout_s)
         with self._lock:
@@ -225,8 +236,12 @@ def _chunks(raw: bytes) -> list[dict[str, Any]]:
             body = json.loads(text)
             choice = (body.get("choices") or [{}])[0]
             delta = choice.get("message") or {}
-            chunks = [{"choices": [{"delta": delta, "finish_reason": choice.get("finish_reason")}],
-                       "usage": body.get("usage")}]  # fmt: skip
+            chunks = [
+                {
+                    "choices": [{"delta": delta, "finish_reason": choice.get("finish_reason")}],
+                    "usage": body.get("usage"),
+                }
+            ]
     for line in text.splitlines():
         if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
             with contextlib.suppress(ValueError):
@@ -270,8 +285,10 @@ def parse_answer(raw: bytes) -> dict[str, Any] | None:
     if "".join(reasoning):
         message["reasoning_content"] = "".join(reasoning)
     if calls:
-        message["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
-            "name": c["name"], "arguments": _compact(c["arguments"])}} for _, c in sorted(calls.items())]  # fmt: skip
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": _compact(c["arguments"])}}
+            for _, c in sorted(calls.items())
+        ]
     return message
 
 
@@ -288,9 +305,13 @@ def digest(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha256(canonical_json(messages).encode()).hexdigest()[:32]
 
 
-def conversation_facts(exchanges: list[Exchange], ids: dict[str, Any], inherited: dict[str, Any] | None,
-                       workspace: str, results: dict[str, str] | None = None,
-                       ) -> tuple[list[Event], dict[str, Any]]:  # fmt: skip
+def conversation_facts(
+    exchanges: list[Exchange],
+    ids: dict[str, Any],
+    inherited: dict[str, Any] | None,
+    workspace: str,
+    results: dict[str, str] | None = None,
+) -> tuple[list[Event], dict[str, Any]]:
     """A turn's ContentRecorded and ConversationRecorded facts, and its conversation's checkpoint.
 
     ``results`` are the outputs of the tool calls the turn's stream showed finished, by
@@ -302,28 +323,41 @@ def conversation_facts(exchanges: list[Exchange], ids: dict[str, Any], inherited
     inherited = inherited or {}
     length = int(inherited.get("messages") or 0)
     if not agent:  # no model call: the conversation is the inherited one
-        return [ConversationRecorded(**ids, base=length, turn_start=length, workspace=workspace,
-                                     recorder=RECORDER)], dict(inherited)  # fmt: skip
+        return [
+            ConversationRecorded(**ids, base=length, turn_start=length, workspace=workspace, recorder=RECORDER)
+        ], dict(inherited)
     first, last = agent[0].request["messages"], agent[-1].request["messages"]
     lead = next((i for i, m in enumerate(last) if m.get("role") != "system"), len(last))
     system, rest = last[:lead], last[lead:]
-    first_rest = first[next((i for i, m in enumerate(first) if m.get("role") != "system"), len(first)):]
+    first_rest = first[next((i for i, m in enumerate(first) if m.get("role") != "system"), len(first)) :]
     answer = agent[-1].answer
     conversation = rest + ([answer] if answer else []) + _continuation(answer, results or {})
     base = length if length and len(rest) >= length and digest(rest[:length]) == inherited.get("sha") else 0
     system_fact, tools_fact = content_fact("system", system), content_fact("tools", agent[-1].request["tools"])
     recorded = ConversationRecorded(
-        **ids, system_id=system_fact.content_id, tools_id=tools_fact.content_id, base=base,
-        turn_start=max(len(first_rest) - 1, 0), model_calls=len(agent), workspace=workspace,
-        recorder=RECORDER, messages=conversation[base:],
-    )  # fmt: skip
+        **ids,
+        system_id=system_fact.content_id,
+        tools_id=tools_fact.content_id,
+        base=base,
+        turn_start=max(len(first_rest) - 1, 0),
+        model_calls=len(agent),
+        workspace=workspace,
+        recorder=RECORDER,
+        messages=conversation[base:],
+    )
     return [system_fact, tools_fact, recorded], {"messages": len(conversation), "sha": digest(conversation)}
 
 
 def agent_exchanges(exchanges: list[Exchange]) -> list[Exchange]:
     """The requests of the turn's own session that the model received (see the module docstring)."""
-    agent = [x for x in exchanges if x.request and x.request.get("tools")
-             and isinstance(x.request.get("messages"), list) and (x.status or 0) < 400]  # fmt: skip
+    agent = [
+        x
+        for x in exchanges
+        if x.request
+        and x.request.get("tools")
+        and isinstance(x.request.get("messages"), list)
+        and (x.status or 0) < 400
+    ]
     return [x for x in agent if x.session == agent[0].session] if agent else []
 
 
@@ -351,11 +385,18 @@ def unreported_steps(exchanges: list[Exchange], ids: dict[str, Any], reported: s
         cached = _count((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
         reasoning = _count((usage.get("completion_tokens_details") or {}).get("reasoning_tokens"))
         total = _count(usage.get("total_tokens")) or prompt + completion
-        facts.append(StepFinished(
-            **ids, step=step, reason="unreported", tokens_input=max(prompt - cached, 0),
-            tokens_output=max(completion - reasoning, 0), tokens_reasoning=reasoning, tokens_cache_read=cached,
-            tokens_total=total,
-        ))  # fmt: skip
+        facts.append(
+            StepFinished(
+                **ids,
+                step=step,
+                reason="unreported",
+                tokens_input=max(prompt - cached, 0),
+                tokens_output=max(completion - reasoning, 0),
+                tokens_reasoning=reasoning,
+                tokens_cache_read=cached,
+                tokens_total=total,
+            )
+        )
     return facts
 
 

@@ -27,8 +27,9 @@ def move_session(database: Path, session: str, directory: Path) -> None:
     if not database.exists():
         raise ProjectError(f"{database}: OpenCode's database is missing (session {session})")
     with sqlite3.connect(database, timeout=30) as con:
-        updated = con.execute("update session set directory = ? where id = ?",
-                              (str(Path(directory).resolve()), session)).rowcount  # fmt: skip
+        updated = con.execute(
+            "update session set directory = ? where id = ?", (str(Path(directory).resolve()), session)
+        ).rowcount
     if updated != 1:
         raise ProjectError(f"OpenCode session {session} not found in {database}")
 
@@ -45,8 +46,15 @@ def export_session(binary: str, env: dict[str, str], session: str, dest: Path) -
     """Write ``session`` as ``opencode export`` prints it to ``dest`` (atomically)."""
     partial = dest.with_name(dest.name + ".partial")
     with open(partial, "wb") as out:
-        done = subprocess.run([binary, "export", session], env=env, cwd=dest.parent, stdin=subprocess.DEVNULL,
-                              stdout=out, stderr=subprocess.PIPE, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
+        done = subprocess.run(
+            [binary, "export", session],
+            env=env,
+            cwd=dest.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            timeout=COMMAND_TIMEOUT_S,
+        )
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         msg = done.stderr.decode(errors="replace").strip()[-300:]
@@ -56,8 +64,14 @@ def export_session(binary: str, env: dict[str, str], session: str, dest: Path) -
 
 def import_session(binary: str, env: dict[str, str], file: Path, worktree: Path) -> None:
     """Bring the session exported to ``file`` into the store of ``env``, bound to ``worktree``."""
-    done = subprocess.run([binary, "import", str(file)], env=dict(env, PWD=str(worktree)), cwd=worktree,
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=COMMAND_TIMEOUT_S)  # fmt: skip
+    done = subprocess.run(
+        [binary, "import", str(file)],
+        env=dict(env, PWD=str(worktree)),
+        cwd=worktree,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
     if done.returncode != 0:
         msg = done.stderr.decode(errors="replace").strip()[-300:]
         raise ProjectError(f"opencode could not import the session in {file}: {msg}")

@@ -19,14 +19,17 @@ from ingest.errors import InputError, ProjectError
 
 NOT_SHARED = frozenset({".git", "node_modules"})  # never copied from a shared dir (copy_dir)
 CORAL_BREADCRUMBS = ("/.coral_dir", "/.coral_agent_id")  # how `coral eval` finds its run (coral.py)
-GIT_IDENTITY = {"GIT_AUTHOR_NAME": "teacher-mcts", "GIT_AUTHOR_EMAIL": "teacher@localhost",
-                "GIT_COMMITTER_NAME": "teacher-mcts", "GIT_COMMITTER_EMAIL": "teacher@localhost"}  # fmt: skip
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "teacher-mcts",
+    "GIT_AUTHOR_EMAIL": "teacher@localhost",
+    "GIT_COMMITTER_NAME": "teacher-mcts",
+    "GIT_COMMITTER_EMAIL": "teacher@localhost",
+}
 
 
 def git(*args: str, cwd: Path) -> str:
     """Run git in ``cwd``; ProjectError with git's message when it fails."""
-    done = subprocess.run(["git", *args], cwd=cwd, env=dict(os.environ, **GIT_IDENTITY),
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(["git", *args], cwd=cwd, env=dict(os.environ, **GIT_IDENTITY), capture_output=True, text=True)
     if done.returncode != 0:
         raise ProjectError(f"git {' '.join(args)} in {cwd}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -124,7 +127,6 @@ class Worktrees:
     @staticmethod
     def _remove(repo: Path, worktree: Path) -> None:
         if worktree.exists():
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=repo,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=repo, capture_output=True)
             shutil.rmtree(worktree, ignore_errors=True)
         subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True)
