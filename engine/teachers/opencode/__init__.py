@@ -33,7 +33,6 @@ and a turn whose source session another node made imports it first.
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -41,17 +40,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from engine.config import problems
 from engine.teachers import RootInfo, TurnCancelled, TurnRequest
 from engine.teachers.opencode.coral import (
     CoralLayout,
     check_daemon,
-    coral_python,
-    student_coral_dir,
 )
 from engine.teachers.opencode.environment import Environment, node_store
+from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
+    TURN1,
+    TURN2,
+    GraderTolerance,
+    OpenCodeOptions,
+    check_eval_command,
+    resolve_options,
+)
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
 from engine.teachers.opencode.recorder import Recorder, conversation_facts, unreported_steps
 from engine.teachers.opencode.sessions import (
@@ -62,108 +64,8 @@ from engine.teachers.opencode.sessions import (
 )
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
-from ingest.errors import InputError
 from ingest.events import EvalFinished, Event, GraderChecked, StepFinished, TurnFinished
 from ingest.opencode_stream import StreamParser
-
-TURN1 = (
-    'You are improving this repository for the task "{task}". Shared knowledge from earlier '
-    "attempts by other agents is in `.opencode/` (notes/, skills/, attempts/): read what helps, "
-    "and write a note about what you learn. Make one focused improvement, check it locally, then "
-    'finish this attempt by running `{eval_command} "<one-line summary of the change>"`.\n'
-    "[edge {edge_id} turn {turn}]"
-)
-TURN2 = (
-    "Read the eval result of your last attempt and make a further improvement, then finish "
-    'again by running `{eval_command} "<one-line summary of the change>"`.\n'
-    "[edge {edge_id} turn {turn}]"
-)
-
-
-class GraderTolerance(BaseModel):
-    """How far the grader's score of a root may be from the recorded one:
-    ``absolute + relative * |recorded|`` (a timing grader varies by a few percent)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    relative: float = Field(0.05, ge=0, allow_inf_nan=False)
-    absolute: float = Field(1e-6, ge=0, allow_inf_nan=False)
-
-
-class OpenCodeOptions(BaseModel):
-    """``backend_options`` of an ``opencode`` run (TOML ``[backend_options]``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(pattern=r"^[^/\s]+/\S+$", description="provider/model")
-    endpoint: str | None = Field(None, description="OpenAI-compatible base URL (…/v1)")
-    api_key_env: str | None = Field(None, description="environment variable holding the key")
-    context_limit: int = 200_000
-    output_limit: int = 8_192
-    opencode_bin: str | None = None
-    opencode_config: dict[str, Any] = Field(default_factory=dict)
-    eval_command: str = "coral eval -m"
-    turn_timeout_s: float = Field(1800.0, gt=0)
-    prompt_turn1: str = TURN1
-    prompt_turn2: str = TURN2
-    worktree_root: str | None = None
-    shared_dir: str = ".opencode"
-    attempts_subdir: str = "attempts"
-    coral_dir: str | None = Field(None, description="the Student run's .coral: grade in a CORAL run per edge")
-    coral_agent_id: str = Field("teacher", pattern=r"^[A-Za-z0-9_.-]+$")
-    coral_python: str | None = Field(None, description="the Python CORAL is installed in (default: coral's)")
-    node_store: str | None = Field(
-        None,
-        description="cluster nodes: where each keeps OpenCode's store (a local disk; default: the temporary directory)",
-    )
-    grader_check: bool = Field(True, description="with coral_dir: grade a root's own code before the first turn")
-    grader_check_tolerance: GraderTolerance = GraderTolerance()
-
-
-def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Validated backend options with defaults, safe to record (no secret values)."""
-    for key in ("api_key", "apiKey"):
-        if key in options:
-            raise InputError(
-                f"backend_options.{key}: do not put the key in the config; "
-                "put it in an environment variable and set api_key_env"
-            )
-    try:
-        opts = OpenCodeOptions.model_validate(options)
-    except ValidationError as err:
-        raise InputError(f"opencode backend options: {problems(err)}") from err
-    if opts.worktree_root is not None:  # recorded absolute: a resume may start elsewhere
-        opts = opts.model_copy(update={"worktree_root": str(Path(opts.worktree_root).resolve())})
-    if opts.coral_dir is not None:  # recorded absolute, with the Python its daemon runs in
-        check_eval_command(opts.eval_command)
-        opts = opts.model_copy(
-            update={
-                "coral_dir": str(student_coral_dir(opts.coral_dir)),
-                "coral_python": coral_python(opts.eval_command, opts.coral_python),
-            }
-        )
-    return opts.model_dump()
-
-
-def check_eval_command(command: str) -> None:
-    """Refuse a run whose turns could not run the eval command at all (not on PATH).
-
-    A command given as a path relative to the worktree cannot be checked here.
-    """
-    words = command.split()
-    if not words:
-        raise InputError("--eval-command is empty")
-    word = words[0]
-    if "/" in word:
-        if Path(word).is_absolute() and not os.access(word, os.X_OK):
-            raise InputError(f"the eval command {command!r} cannot run: {word} is not an executable file")
-        return
-    if shutil.which(word) is None:
-        msg = (
-            f"the eval command {command!r} cannot run: {word!r} is not on PATH - install "
-            "CORAL (or the grader's command line) there, or set --eval-command"
-        )
-        raise InputError(msg)
 
 
 class OpenCodeTeacher:
