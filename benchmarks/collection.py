@@ -85,8 +85,8 @@ MADE_BY = "benchmarks/collection.py v2"  # v2: part names carry checksums
 COMMANDS = ("replay", "audit", "export")
 SQL = {
     "sql": "select count(*) as trees from trees",
-    "sql-coverage": "select task, stage, sum(selected_paths) as paths, sum(n_eff) as n_eff from coverage "
-    "where stratum = 'stage' group by all order by all",
+    "sql-coverage": "select stratum_key as stage, sum(selected_paths) as paths, sum(n_eff) as n_eff "
+    "from coverage where stratum = 'stage' group by all order by all",
 }
 READS = ("sql", "sql-coverage", "audit", "report")  # measured warm
 COLD = ("sql", "audit")  # measured cold too: nothing derived (now; at every decision)
