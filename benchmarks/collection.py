@@ -89,6 +89,12 @@ SQL = {
     "from coverage where stratum = 'stage' group by all order by all",
 }
 READS = ("sql", "sql-coverage", "audit", "report")  # measured warm
+CLI_ARGS = {
+    "sql": lambda out: ["sql", SQL["sql"], "--json"],
+    "sql-coverage": lambda out: ["sql", SQL["sql-coverage"], "--json"],
+    "audit": lambda out: ["audit", "--json"],
+    "report": lambda out: ["report", "--out", str(out) + ".html"],
+}
 COLD = ("sql", "audit")  # measured cold too: nothing derived (now; at every decision)
 EXPORT_COLUMNS = ["messages", "body"]  # what export reads beside the light columns
 
@@ -156,15 +162,6 @@ def child(command: str, data: Path, out: Path) -> None:
         }
         print(json.dumps({"seconds": seconds, **found}))
         return
-    if command == "floor":
-        import duckdb
-
-        start = time.perf_counter()
-        files = part_files(data)
-        sql = "select " + ", ".join(f'max("{c}")' for c in light_columns(files[:1])) + " from read_parquet(?)"
-        duckdb.connect().execute(sql, [files]).fetchall()
-        print(json.dumps({"seconds": time.perf_counter() - start}))
-        return
     from cli import cli
 
     args = {
@@ -207,15 +204,41 @@ def summary(command: str, output: dict) -> dict:
     return {"samples": output["samples"]}
 
 
-def measure(command: str, data: Path, out: Path) -> dict:
-    """One child process: the command's time and findings, and the child's peak RSS (bytes)."""
+# The floor process: what a new Python process needs to scan the light columns of a
+# collection's parts, DuckDB alone (argv: the data directory, the columns as JSON).
+FLOOR = """
+import glob, json, sys, time
+import duckdb
+start = time.perf_counter()
+files = sorted(glob.glob(sys.argv[1] + "/runs/*/log/part-*.parquet"))
+columns = json.loads(sys.argv[2])
+sql = "select " + ", ".join(f'max("{c}")' for c in columns) + " from read_parquet(?, union_by_name=true)"
+duckdb.connect().execute(sql, [files]).fetchall()
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+
+def measure(command: str, data: Path, out: Path, as_user: bool = False) -> dict:
+    """One child process: the command's time and findings, and the child's peak RSS (bytes).
+
+    ``wall``: the process's time end to end, Python's start included. ``as_user``: a read
+    command (READS) run as a user runs it, ``python cli.py ...`` (``seconds`` is then the
+    wall time too); the floor runs FLOOR; the rest run in this script's child mode, which
+    times the command from parsing its arguments on.
+    """
+    if command == "floor":
+        argv = [sys.executable, "-c", FLOOR, str(data), Path(str(out) + ".columns").read_text()]
+    elif as_user:
+        argv = [sys.executable, str(ROOT / "cli.py"), "--data", str(data), *CLI_ARGS[command](out)]
+    else:
+        argv = [sys.executable, __file__, "--child", command, "--data", str(data), "--out", str(out)]
     with (
         open(out.with_name(out.name + ".stdout"), "w+b") as stdout,
         open(out.with_name(out.name + ".stderr"), "w+b") as stderr,
     ):
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--child", command, "--data", str(data), "--out", str(out)],
+            argv,
             stdout=stdout,
             stderr=stderr,
             cwd=ROOT,
@@ -229,7 +252,8 @@ def measure(command: str, data: Path, out: Path) -> dict:
     Path(stderr.name).unlink()
     if os.waitstatus_to_exitcode(status):
         sys.exit(f"{command} on {data} failed:\n{problems[-3000:]}")
-    return {**json.loads(printed.strip().splitlines()[-1]), "rss": usage.ru_maxrss * 1024, "wall": wall}
+    found = {"seconds": wall} if as_user else json.loads(printed.strip().splitlines()[-1])
+    return {**found, "rss": usage.ru_maxrss * 1024, "wall": wall}
 
 
 # ------------------------------------------------------------ the report
@@ -252,7 +276,7 @@ def main() -> None:
     parser.add_argument(
         "--reads-only", action="store_true", help="only the reads of derived state (cold, warm, after growth)"
     )
-    parser.add_argument("--child", choices=[*COMMANDS, *READS, "baseline", "floor"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=[*COMMANDS, "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -316,14 +340,16 @@ def measure_reads(data: Path, out: Path, repeat: int) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for command in COLD:
         shutil.rmtree(data / "derived", ignore_errors=True)
-        found[command] = {"cold": measure(command, data, out)}
+        found[command] = {"cold": measure(command, data, out, as_user=True)}
     for command in READS:
-        warm = [measure(command, data, out) for _ in range(repeat)]
+        warm = [measure(command, data, out, as_user=True) for _ in range(repeat)]
         found.setdefault(command, {})["warm"] = {k: median_of(warm, k) for k in ("seconds", "wall")}
         found[command]["rss"] = max(
             r["rss"] for r in [*warm, *([found[command]["cold"]] if "cold" in found[command] else [])]
         )
+    Path(str(out) + ".columns").write_text(json.dumps(light_columns(part_files(data))))
     floors = [measure("floor", data, out) for _ in range(repeat)]
+    Path(str(out) + ".columns").unlink()
     found["floor"] = {k: median_of(floors, k) for k in ("seconds", "wall")}
     Path(str(out) + ".html").unlink(missing_ok=True)
     return found
@@ -353,13 +379,13 @@ def measure_growth(root: Path, size: str, repeat: int) -> dict[str, float]:
     calls = calls.filter(pc.equal(calls.column("kind"), "tool_called")).slice(0, 100).to_pylist()
     turn = [from_row({k: v for k, v in row.items() if k not in ("seq", "recorded_at")}) for row in calls]
     out = root / f"grow-{size}.out"
-    measure("sql", data, out)  # the states, derived
+    measure("sql", data, out, as_user=True)  # the states, derived
     plain, after = [], []
     for _ in range(repeat):
-        plain.append(measure("sql", data, out)["wall"])
+        plain.append(measure("sql", data, out, as_user=True)["wall"])
         with LogWriter.open(data, grown) as writer:
             writer.append(turn)
-        after.append(measure("sql", data, out)["wall"])
+        after.append(measure("sql", data, out, as_user=True)["wall"])
     shutil.rmtree(data, ignore_errors=True)
     return {"plain": statistics.median(plain), "grown": statistics.median(after), "events": len(turn)}
 
