@@ -126,7 +126,8 @@ def test_every_reader_sees_a_consistent_prefix_while_explore_writes(tmp_path):
         finish(proc, stop=True)
     for name in ("replay", "sql", "verify"):  # what each saw grew as the run went on
         assert seen[name] == sorted(seen[name]) and seen[name][0] < seen[name][-1], (name, seen[name])
-    assert invoke(data, "replay", "live").exit_code == 0 and verify_log(log).ok
+    r = invoke(data, "replay", "live")
+    assert r.exit_code == 0 and verify_log(log).ok, r.output
 
 
 def test_catalog_loads_and_verify_see_whole_prefixes_while_parts_merge(data_dir):
@@ -179,7 +180,8 @@ def test_a_second_writer_is_refused_while_a_run_is_written(tmp_path):
         wait_for(lambda: log.tail_seq() > before, "the writer appending on")
     finally:
         finish(proc, stop=True)
-    assert invoke(data, "replay", "live").exit_code == 0 and verify_log(log).ok
+    r = invoke(data, "replay", "live")
+    assert r.exit_code == 0 and verify_log(log).ok, r.output
 
 
 def test_two_runs_written_at_once_do_not_interfere(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, SNAPSHOTS
+from conftest import ROOT, SNAPSHOTS, copy_run
 from fake_model import FakeModel
 from playwright.sync_api import sync_playwright
 from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, student  # noqa: F401 - fixtures
@@ -156,8 +156,19 @@ def _path_of(url: str) -> tuple[str, str]:
     return query["tree"][0], query["leaf"][0]
 
 
+@pytest.fixture
+def two_runs(runs, tmp_path) -> Path:
+    """The session's runs ``rounds`` and ``async`` alone, in a data dir of their own (other tests may
+    add runs to the session's)."""
+    data = tmp_path / "two"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+    return data
+
+
 @pytest.mark.slow
-def test_navigate_collection_run_tree_path_shows_the_exported_sample(runs, tmp_path, page):
+def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, tmp_path, page):
+    runs = two_runs
     samples = exported(runs, "rounds", tmp_path / "out")
     with serving(runs, tmp_path) as (base, _token):
         page.goto(base + "/")
@@ -280,7 +291,8 @@ def test_html_in_a_tool_result_is_shown_as_text(tmp_path, page):
 
 
 @pytest.mark.slow
-def test_a_non_local_bind_refuses_requests_without_its_token(runs, tmp_path, page):
+def test_a_non_local_bind_refuses_requests_without_its_token(two_runs, tmp_path, page):
+    runs = two_runs
     with serving(runs, tmp_path, host="0.0.0.0") as (base, token):
         assert token, "the server printed no token"
         for path in ("/", "/sql?q=select+1", "/run/rounds", "/run/rounds/events", "/static/app.css"):
@@ -298,7 +310,8 @@ def test_a_non_local_bind_refuses_requests_without_its_token(runs, tmp_path, pag
 
 
 @pytest.mark.slow
-def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(runs, tmp_path, page):
+def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(two_runs, tmp_path, page):
+    runs = two_runs
     from engine.collection import RefusedQueryError, open_runs, read_only
 
     with pytest.raises(RefusedQueryError) as refused:
