@@ -442,6 +442,71 @@ def _start(
         ) from err
 
 
+@cli.command()
+@click.argument("campaign_file", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--name", default=None, callback=_run_id_option, help="Name of the campaign (default: the file's stem).")
+@click.option("--resume", "resume_name", default=None, metavar="NAME", help="Continue an interrupted campaign.")
+@click.option(
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    callback=_parallel_option,
+    help="Teacher slots shared by every task's run (default: the file's parallel).",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where turns run: this machine, or the workers of a Ray cluster.",
+)
+@click.option("--ray-address", default=None, help="With --executor ray: the cluster to join (default: a local one).")
+@json_option
+def campaign(
+    campaign_file: Path | None,
+    name: str | None,
+    resume_name: str | None,
+    parallel: int | None,
+    executor: str,
+    ray_address: str | None,
+    as_json: bool,
+) -> None:
+    """Explore many tasks under one budget (docs/CAMPAIGNS.md).
+
+    CAMPAIGN_FILE (TOML) lists the tasks (each a run of its own, <name>-<task>),
+    the budget and the policy: fixed grows every tree by its task's rules; coverage
+    gives every root a first block, then each next block to the trees whose N_eff
+    per token it raises most. Progress goes to stderr, the summary to stdout.
+
+    \b
+    Example:
+        python cli.py campaign campaign.toml
+        python cli.py campaign --resume campaign
+        python cli.py audit campaign
+    """
+    from engine import outputs
+    from engine.campaign import new_campaign, resume_campaign
+    from ingest.paths import command_line
+
+    if ray_address and executor != "ray":
+        raise click.UsageError("--ray-address needs --executor ray")
+
+    def report(line: str) -> None:
+        click.echo(f"campaign {resume_name or name or campaign_file.stem}: {line}", err=True)  # type: ignore[union-attr]
+
+    if resume_name:
+        if campaign_file is not None or name:
+            raise click.UsageError("--resume takes no CAMPAIGN_FILE or --name")
+        result = resume_campaign(_data_dir(), resume_name, parallel, executor, ray_address, report)
+    else:
+        if campaign_file is None:
+            raise click.UsageError("CAMPAIGN_FILE is required (or --resume NAME)")
+        hint = command_line(_data_dir(), "campaign", "--resume", name or campaign_file.stem)
+        click.echo(f"campaign {name or campaign_file.stem}: running (interrupt and continue with: {hint})", err=True)
+        result = new_campaign(_data_dir(), campaign_file, name, parallel, executor, ray_address, report)
+    _show(outputs.campaign(result, _data_dir()), _format(as_json))
+
+
 # ------------------------------------------------------------ replay, paths
 
 

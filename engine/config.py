@@ -165,6 +165,15 @@ def regex_problem(pattern: str) -> str | None:
     return None
 
 
+class GrantsConfig(_Strict):
+    """A run of a campaign's ``coverage`` policy: its trees grow only as far as the campaign grants
+    (``BlockGranted``), and ``views/campaign_gains.sql`` values its trees' next blocks with these."""
+
+    campaign: str  # the campaign's name (campaign --resume continues the run)
+    block_edges: int = Field(4, ge=1, le=10_000)  # valid edges in a block of budget
+    flagged_weight: float = Field(0.25, ge=0, le=1)  # a root outside the learnability band weighs this
+
+
 class RunConfig(_Strict):
     """Everything a run is configured with; recorded in its first event."""
 
@@ -192,6 +201,8 @@ class RunConfig(_Strict):
     paths: PathWeights = PathWeights()
     knowledge: KnowledgeConfig = KnowledgeConfig()
     backend_options: dict[str, Any] = Field(default_factory=dict)
+    # None: every tree grows by the tree rules alone (explore; a campaign's fixed policy).
+    grants: GrantsConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

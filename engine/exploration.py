@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,51 @@ def _roots_from_selection(
     return roots, written_to
 
 
+@dataclass
+class PlannedRun:
+    """A new exploration run, planned and checked, nothing written yet (:func:`plan_run`)."""
+
+    run_id: str
+    source: Path
+    config: RunConfig
+    roots: list[RootAdded]
+    selection: Selection | None = None
+    picks: list[dict[str, Any]] = field(default_factory=list)
+    written_to: Path | None = None  # where the picks of a CORAL run are to be written as snapshot folders
+
+    def copy_roots(self) -> None:
+        """Write the picks out as snapshot folders when they are attempts of a CORAL run (before the log)."""
+        if self.written_to is not None:  # (an earlier attempt at this run id that failed later is replaced)
+            copy_snapshots(self.picks, self.written_to, overwrite=True, run_id=self.run_id)
+
+    def begin(self, writer: LogWriter) -> Catalog:
+        """The run's first events, in its log and in the engine's catalog (see :func:`_start`)."""
+        return _start(writer, self.config, self.source, self.selection, self.roots)
+
+
+def plan_run(
+    data_dir: Path, source: Path, config: RunConfig, run_id: str | None = None, select: bool = False
+) -> PlannedRun:
+    """Check ``source`` and ``config`` for a new run and choose its roots (see :func:`new_run`)."""
+    if select and not config.task:
+        raise InputError("--select needs the task's name (--task)")
+    if not select:
+        roots, task, direction = roots_from_dir(source, config.task)
+        config = config.model_copy(update={"task": task, "direction": config.direction or direction})
+    run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", config.task)
+    _refuse_existing(data_dir, run_id)
+    run_dir = EventLog(data_dir, run_id).dir
+    if config.backend == "opencode":  # record the resolved options (never a secret value)
+        from engine.teachers.opencode import resolve_options
+
+        config = config.model_copy(update={"backend_options": resolve_options(config.backend_options)})
+    if not select:
+        return PlannedRun(run_id, source, config, roots)
+    selection = plan_selection(source, config, "explore", run_id)
+    roots, written_to = _roots_from_selection(selection.picks, selection.config.task, run_dir / "roots")
+    return PlannedRun(run_id, source, selection.config, roots, selection, selection.picks, written_to)
+
+
 def new_run(
     data_dir: Path,
     source: Path,
@@ -166,35 +211,18 @@ def new_run(
     (a CORAL run's attempts are first written out as snapshot folders in the run's
     ``roots/``).
     """
-    if select and not config.task:
-        raise InputError("--select needs the task's name (--task)")
-    if not select:
-        roots, task, direction = roots_from_dir(source, config.task)
-        config = config.model_copy(update={"task": task, "direction": config.direction or direction})
-    run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", config.task)
-    _refuse_existing(data_dir, run_id)
-    run_dir = EventLog(data_dir, run_id).dir
-    if config.backend == "opencode":  # record the resolved options (never a secret value)
-        from engine.teachers.opencode import resolve_options
-
-        config = config.model_copy(update={"backend_options": resolve_options(config.backend_options)})
-    selection, picks, written_to = None, [], None
-    if select:
-        selection = plan_selection(source, config, "explore", run_id)
-        config, picks = selection.config, selection.picks
-        roots, written_to = _roots_from_selection(picks, config.task, run_dir / "roots")
-    teacher = make_teacher(config, run_dir)  # fails before the run exists
+    plan = plan_run(data_dir, source, config, run_id, select)
+    teacher = make_teacher(plan.config, EventLog(data_dir, plan.run_id).dir)  # fails before the run exists
     try:
-        if written_to is not None:  # (an earlier attempt at this run id that failed later is replaced)
-            copy_snapshots(picks, written_to, overwrite=True, run_id=run_id)
-        with LogWriter.create(data_dir, run_id) as writer:
-            catalog = _start(writer, config, source, selection, roots)
+        plan.copy_roots()
+        with LogWriter.create(data_dir, plan.run_id) as writer:
+            catalog = plan.begin(writer)
             if on_start:
-                on_start(run_id)
-            _explore(writer, catalog, config, teacher, on_progress, False, executor, ray_address)
+                on_start(plan.run_id)
+            _explore(writer, catalog, plan.config, teacher, on_progress, False, executor, ray_address)
     finally:
         teacher.close()
-    return run_summary(data_dir, run_id, resumed=False)
+    return run_summary(data_dir, plan.run_id, resumed=False)
 
 
 def _start(

@@ -135,6 +135,44 @@ def exploration(result: Any, data_dir: Path) -> Output:
     return Output({"run_id": result.run_id, "progress": result.progress, "trees": result.trees}, lines)
 
 
+CAMPAIGN_COLUMNS = ["task", "run_id", "roots", "kept_edges", "tokens", "n", "n_eff", "n_eff_ratio", "stages_covered"]
+
+
+def campaign(result: Any, data_dir: Path) -> Output:
+    """campaign's summary: how it stopped, a row per task (N, N_eff, N_eff/N, stages, edges, tokens), the total."""
+    rows = [r | {"stages_covered": f"{r['stages_covered']}/{r['stages']}"} for r in result.summary]
+    n = sum(r["n"] or 0 for r in result.summary)
+    n_eff = sum(r["n_eff"] or 0.0 for r in result.summary)
+    total = {
+        "task": "total",
+        "run_id": "",
+        "roots": sum(r["roots"] for r in result.summary),
+        "kept_edges": sum(r["kept_edges"] for r in result.summary),
+        "tokens": sum(r["tokens"] for r in result.summary),
+        "n": n,
+        "n_eff": n_eff,
+        "n_eff_ratio": n_eff / n if n else None,
+        "stages_covered": "",
+    }
+    stop = f", stopped: {result.stop_reason}" if result.stop_reason else ""
+    lines = [
+        f"campaign {result.name} ({result.policy}): {len(result.runs)} tasks, {result.rounds} rounds{stop}",
+        table([*rows, total], CAMPAIGN_COLUMNS),
+        f"every task's run is a run as any other: {command_line(data_dir, 'audit', result.name)}",
+    ]
+    document = {
+        "campaign": result.name,
+        "policy": result.policy,
+        "resumed": result.resumed,
+        "rounds": result.rounds,
+        "stop_reason": result.stop_reason,
+        "runs": result.runs,
+        "tasks": result.summary,
+        "total": total,
+    }
+    return Output(document, lines)
+
+
 def resuming(run_id: str, p: Row) -> str:
     """The line explore --resume starts with."""
     if p["finished"]:

@@ -363,7 +363,7 @@ class TreeStopped(Decision):
     """A tree met a stop condition; no edge starts in it afterwards."""
 
     tree_id: str
-    reason: Literal["good_leaves", "max_edges", "exhausted"]
+    reason: Literal["good_leaves", "max_edges", "exhausted", "budget"]
 
 
 class RunStopped(Decision):
@@ -384,6 +384,55 @@ class PathsSelected(Decision):
     paths: list[dict[str, Any]] = Field(default_factory=list)
 
 
+# ------------------------------------------------------------ campaign budget
+
+
+class BlockGranted(Event):
+    """A campaign granted this run's tree ``edges`` more valid edges (in its round ``round``).
+
+    A fact of the run: the decision is the campaign's (``BudgetAllocated`` in its log).
+    A run whose config has ``grants`` starts an edge in a tree only while the tree's
+    grants exceed its kept edges and edges in flight (``int_trees__asof``).
+    """
+
+    tree_id: str
+    edges: int
+    round: int
+
+
+class GrantsClosed(Event):
+    """The campaign grants this run nothing more (``reason``): a tree whose grants are used stops (``budget``)."""
+
+    reason: str
+
+
+class CampaignTaskAdded(Event):
+    """A task of the campaign, explored by the run ``task_run`` from ``source``."""
+
+    task: str
+    task_run: str
+    source: str
+
+
+class BudgetAllocated(Decision):
+    """A campaign round's blocks of budget: ``grants`` (task, run, tree_id, edges, gain), read at
+    each run's tail ``marks`` (run id -> seq) by the policy's ``rule`` (``first_pass`` or ``coverage``)."""
+
+    round: int
+    rule: str
+    marks: dict[str, int]
+    grants: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class CampaignStopped(Decision):
+    """The campaign grants no more from round ``round`` on, read at each run's tail ``marks``: its
+    budget is spent (``budget_spent``), or no tree can grow (``trees_stopped``)."""
+
+    round: int
+    marks: dict[str, int]
+    reason: Literal["budget_spent", "trees_stopped"]
+
+
 # ------------------------------------------------------------------ schema
 
 
@@ -398,3 +447,5 @@ def _concrete_subclasses(cls: type) -> list[type[Event]]:
 
 EVENT_TYPES: dict[str, type[Event]] = {c.kind: c for c in _concrete_subclasses(Event)}
 DECISION_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if issubclass(c, Decision))
+# The kinds only a campaign's log holds (with its RunStarted, RunResumed and RunFinished).
+CAMPAIGN_KINDS = frozenset(c.kind for c in (CampaignTaskAdded, BudgetAllocated, CampaignStopped))

@@ -9,10 +9,12 @@ from click.testing import CliRunner
 
 from cli import cli
 from engine.catalog import Catalog, read_views
+from engine.catalog.definitions import VIEWS_DIR
 
 VIEWS = read_views()
+CAMPAIGN = read_views(VIEWS_DIR / "campaign")  # the campaign log's views (engine.campaign)
 # whole-run summaries: one row even when empty
-ONE_ROW_VIEWS = {"run_progress", "run_pace", "stg_log_tail", "int_turns__failing"}
+ONE_ROW_VIEWS = {"campaign_spend", "run_progress", "run_pace", "stg_log_tail", "int_turns__failing"}
 # constants of the views (no sources): the same rows on every log
 CONSTANT_VIEWS = {"coverage_strata"}
 
@@ -49,10 +51,24 @@ def test_only_staging_views_read_the_log_tables(empty):
 
 
 def test_every_event_kind_has_its_staging_view():
-    from ingest.events import EVENT_TYPES
+    from ingest.events import CAMPAIGN_KINDS, EVENT_TYPES
 
     staging = {n[4:] for n in VIEWS if n.startswith("stg_")} - {"log_tail"}
-    assert staging == set(EVENT_TYPES)
+    assert staging == set(EVENT_TYPES) - CAMPAIGN_KINDS
+    assert {n[4:] for n in CAMPAIGN if n.startswith("stg_")} == CAMPAIGN_KINDS | {"run_started", "run_finished"}
+
+
+@pytest.mark.parametrize("name", sorted(CAMPAIGN))
+def test_campaign_view_builds_on_an_empty_log_and_reads_what_it_declares(name):
+    from engine.catalog import LOG_RELATIONS, view_sources
+
+    empty = Catalog.empty(VIEWS_DIR / "campaign")
+    view = CAMPAIGN[name]
+    assert view.summary and view.grain
+    rows = empty.query(f"select * from {name}")
+    assert rows == [] or name == "campaign_state"
+    assert set(view.sources) == view_sources(empty.con, view)
+    assert name.startswith("stg_") == bool(view_sources(empty.con, view) & LOG_RELATIONS)
 
 
 def test_views_command_lists_every_view_with_its_header():

@@ -12,6 +12,8 @@
 -- of the later rows (the root is never a candidate, and a start never stops a
 -- tree), so the engine starts them in order without asking again; it asks again
 -- before recording a selection, whose watermark must show the starts before it.
+-- In a run of a campaign's coverage policy a tree starts no more than its budget
+-- room (int_trees__asof.budget_room): the picks past it are left out.
 with trees as (
     select * from int_trees__asof
     where stop_reason is null
@@ -119,9 +121,12 @@ final as (
         c.q,
         c.t,
         p.state as parent_state,
-        row_number() over (partition by c.tree_id, c.asof_seq order by c.priority) as pick
+        row_number() over (partition by c.tree_id, c.asof_seq order by c.priority) as pick,
+        t.budget_room
     from candidates as c
+    inner join trees as t using (tree_id, asof_seq)
     left join int_nodes__created as p on c.tree_id = p.tree_id and c.parent_id = p.node_id
 )
 
-select * from final
+select * exclude (budget_room) from final
+where budget_room is null or pick <= budget_room

@@ -1,6 +1,6 @@
 -- The points in time at which tree state is evaluated: now, plus every recorded decision in replay.
 -- grain: tree_id, asof_seq
--- sources: stg_root_added, stg_log_tail, stg_node_selected, stg_tree_stopped, stg_paths_selected
+-- sources: stg_root_added, stg_log_tail, stg_node_selected, stg_tree_stopped, stg_paths_selected, stg_block_granted, stg_grants_closed
 --
 -- "now" is the last seq of the prefix. With `set variable asof_points = 'decisions'`
 -- the watermark of every NodeSelected and TreeStopped decision is a point of its
@@ -8,8 +8,16 @@
 -- so one query re-derives every recorded decision from the prefix it saw (replay).
 -- for_paths marks the points where candidate paths are scored: now, and the
 -- watermarks of the path selections.
+-- A campaign's BlockGranted and GrantsClosed facts (int_trees__asof reads them) are
+-- read here too, adding no tree: they make a tree's rows stale in every table that
+-- joins its points, as its other facts do, so that the tables keep the same points.
 with trees as (
-    select distinct tree_id from stg_root_added
+    select tree_id from stg_root_added
+    union
+    select tree_id from stg_block_granted
+    union
+    select tree_id from stg_root_added
+    where exists (select 1 from stg_grants_closed)
 ),
 
 now_points as (

@@ -1,6 +1,6 @@
 -- Per tree and evaluation point: kept edges, good leaves, in-flight and pending work, stop (ALGORITHM §2).
 -- grain: tree_id, asof_seq
--- sources: int_points, int_nodes__asof, int_edges__started, run_config
+-- sources: int_points, int_nodes__asof, int_edges__started, run_config, stg_block_granted, stg_grants_closed
 -- materialized: table
 --
 -- Pending starts: root directions 1..root_children not started yet, and retries
@@ -9,6 +9,12 @@
 -- >= target -> good_leaves; kept edges > max_valid_edges -> max_edges; no active
 -- candidate, nothing in flight, nothing pending -> exhausted. The condition is
 -- monotone: once it holds at a point it holds at every later one.
+-- A run of a campaign's coverage policy (run_config.granted) also has a budget:
+-- granted_edges, the valid edges its BlockGranted facts gave the tree, and
+-- budget_room = granted_edges - kept edges - edges in flight, the edges it may start
+-- now (null in any other run: no bound). Once the campaign closed its grants
+-- (GrantsClosed) a tree without room stops -> budget (checked after good_leaves and
+-- max_edges, before exhausted); room is never given back, so this too is monotone.
 with node_stats as (
     select
         tree_id,
@@ -37,6 +43,20 @@ edge_stats as (
     group by all
 ),
 
+grants as (
+    select
+        p.tree_id,
+        p.asof_seq,
+        sum(g.edges) as granted_edges
+    from int_points as p
+    inner join stg_block_granted as g on p.tree_id = g.tree_id and g.seq <= p.asof_seq
+    group by all
+),
+
+closed as (
+    select min(seq) as closed_seq from stg_grants_closed
+),
+
 counted as (
     select
         p.tree_id,
@@ -49,12 +69,20 @@ counted as (
         coalesce(es.in_flight, 0) as in_flight,
         greatest(0, cfg.root_children - coalesce(es.root_slots_started, 0)) as pending_fanout,
         coalesce(es.retries_owed, 0) - coalesce(es.retries_started, 0) as pending_retries,
+        case
+            when cfg.granted
+                then coalesce(g.granted_edges, 0) - coalesce(ns.kept_edges, 0) - coalesce(es.in_flight, 0)
+        end as budget_room,
+        coalesce(g.granted_edges, 0) as granted_edges,
+        coalesce(p.asof_seq >= c.closed_seq, false) as grants_closed,
         cfg.target_good_leaves,
         cfg.max_valid_edges
     from int_points as p
     cross join run_config as cfg
+    cross join closed as c
     left join node_stats as ns using (tree_id, asof_seq)
     left join edge_stats as es using (tree_id, asof_seq)
+    left join grants as g using (tree_id, asof_seq)
 ),
 
 stopped as (
@@ -63,6 +91,7 @@ stopped as (
         case
             when good_leaves >= target_good_leaves then 'good_leaves'
             when kept_edges > max_valid_edges then 'max_edges'
+            when grants_closed and budget_room <= 0 then 'budget'
             when
                 active_candidates = 0 and in_flight = 0 and pending_fanout = 0
                 and pending_retries = 0

@@ -6,7 +6,9 @@
 --
 -- Every parameter and weight of ALGORITHM §1-§4; views cross join this single row.
 -- eval_error_limit and the grader check's tolerance are null in runs recorded before
--- them (no such stop is then due). config_json is the config as recorded (what
+-- them (no such stop is then due). granted: the run's trees grow only as far as a
+-- campaign grants (config grants set; grant_block_edges and grant_flagged_weight are
+-- its values, null otherwise). config_json is the config as recorded (what
 -- engine.runs.recorded_config validates), tool_version the version that recorded it.
 -- The two knowledge regexes are the defaults of the variables knowledge_path_regex
 -- and knowledge_command_regex, which tool_calls reads (a regex must be a constant
@@ -77,6 +79,9 @@ final as (
             as grader_check_relative,
         cast(json_extract_string(config, '$.backend_options.grader_check_tolerance.absolute') as double)
             as grader_check_absolute,
+        cast(json_extract_string(config, '$.grants.block_edges') as bigint) as grant_block_edges,
+        cast(json_extract_string(config, '$.grants.flagged_weight') as double) as grant_flagged_weight,
+        coalesce(json_extract_string(config, '$.grants.block_edges') is not null, false) as granted,
         config as config_json,
         tool_version
     from first_start

@@ -130,16 +130,36 @@ class Explorer:
 
     def run(self, resumed: bool = False, note: str = "resumed from the log") -> None:
         """Explore until every tree has stopped and nothing is in flight (``note``: RunResumed's)."""
-        try:
+        with self._unwinding():
+            self.start(resumed, note)
+            self.grow()
+            self.finish()
+
+    def start(self, resumed: bool = False, note: str = "resumed from the log") -> None:
+        """What comes before the first turn: RunResumed (``resumed``), the grader's and the run's checks."""
+        with self._unwinding():
             if resumed:
                 self._stage([RunResumed(note=note)])
                 self._check_backend()
             self._check_grader()
             self._check_run()
+
+    def grow(self) -> None:
+        """Grow the trees until no edge is open and none can start, everything published.
+
+        In a run of a campaign's coverage policy that is when every tree has used its
+        grants (or stopped): the campaign grants more and calls this again.
+        """
+        with self._unwinding():
             if self.config.schedule == "rounds":
                 self._run_rounds()
             else:
                 self._run_async()
+            self._publish()
+
+    def finish(self) -> None:
+        """Record the stops due, the default Top-k selection and RunFinished; clear the spool."""
+        with self._unwinding():
             with self._whole():
                 self._stage(decisions.stops(self._query("select * from int_trees__stopping order by tree_id")))
                 weights, top_k = default_parameters(self.catalog)
@@ -148,13 +168,28 @@ class Explorer:
                 self._publish(force=True)
             if self.spool is not None:
                 self.spool.clear()
+        self.pool.close()
+
+    def stage_facts(self, events: list[Event]) -> None:
+        """Stage and publish facts from outside the engine (a campaign's grants), whole."""
+        with self._whole():
+            self._stage(events)
+        self._publish(force=True)
+
+    def cancel(self) -> None:
+        """Stop the turns in flight from another thread: the engine's loop then unwinds (see :meth:`run`)."""
+        self.pool.cancel.set()
+
+    @contextlib.contextmanager
+    def _unwinding(self) -> Iterator[None]:
+        """An error or a signal stops the turns in flight and publishes what is whole (turns, whole steps)."""
+        try:
+            yield
         except BaseException as err:
             self.pool.close(cancel=True)
             if not isinstance(err, BackendFailingError):  # its failed turns stay unpublished
                 self._publish_safely()
             raise
-        finally:
-            self.pool.close()
 
     def _run_rounds(self) -> None:
         """Batches: every free slot started, then all turn 1s, then all turn 2s, in start order."""

@@ -1,0 +1,82 @@
+"""A campaign's choices, as pure functions: the runs' view rows in, a round's grants (or its stop) out.
+
+The live campaign and its replay both call :func:`decide` with the rows of each run's
+``campaign_gains`` and ``campaign_spend`` views read at the round's marks, so replay
+re-derives every allocation from the runs' logs. The gains are defined in the view;
+here they are only ranked (docs/CAMPAIGNS.md):
+
+- round 0 (``first_pass``): every root of every task gets ``first_pass_edges``, by task
+  and tree id, while the edge budget lasts;
+- later rounds (``coverage``): the eligible trees of every task ranked by gain
+  (rounded to 12 digits, highest first; a tree without a gain last), ties by task and
+  tree id; the first ``blocks_per_round`` of them get a block of ``block_edges`` each,
+  while the budget lasts (the last block takes the edges left; a block's expected
+  tokens must fit the tokens left, except the round's first);
+- no block to give: the campaign stops, ``budget_spent`` or ``trees_stopped``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.campaign.config import CampaignConfig
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TaskRows:
+    """What one task's run shows when a round reads it: its gains rows and its spend row."""
+
+    task: str
+    run_id: str
+    gains: list[Row]
+    spend: Row
+
+
+@dataclass(frozen=True)
+class Round:
+    """A round's decision: its grants (task, run, tree_id, edges, gain), or the stop reason."""
+
+    rule: str
+    grants: list[dict[str, Any]]
+    stop: str | None = None
+
+
+def _rank(row: Row) -> tuple:
+    gain = row["gain"]
+    return (gain is None, -round(gain, 12) if gain is not None else 0.0, row["task"], row["tree_id"])
+
+
+def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Round:
+    """The grants of round ``round_no`` (or the campaign's stop) from the runs' rows."""
+    budget, options = config.budget, config.coverage
+    edges_left = None if budget.edges is None else budget.edges - sum(int(t.spend["kept_edges"]) for t in tasks)
+    tokens_left = None if budget.tokens is None else budget.tokens - sum(int(t.spend["tokens"]) for t in tasks)
+    if (edges_left is not None and edges_left <= 0) or (tokens_left is not None and tokens_left <= 0):
+        return Round("stop", [], "budget_spent")
+    eligible = [r | {"task": t.task, "run": t.run_id} for t in tasks for r in t.gains if r["eligible"]]
+    if not eligible:
+        return Round("stop", [], "trees_stopped")
+    if round_no == 0:
+        rule, size, limit = "first_pass", options.first_pass_edges, len(eligible)
+        ordered = sorted(eligible, key=lambda r: (r["task"], r["tree_id"]))
+    else:
+        rule, size, limit = "coverage", options.block_edges, options.blocks_per_round
+        ordered = sorted(eligible, key=_rank)
+    grants: list[dict[str, Any]] = []
+    for row in ordered[:limit]:
+        edges = size if edges_left is None else min(size, edges_left)
+        if edges <= 0:
+            break
+        cost = None if row["expected_tokens"] is None else float(row["expected_tokens"]) * edges / size
+        if tokens_left is not None and grants and cost is not None and cost > tokens_left:
+            break
+        gain = None if rule == "first_pass" or row["gain"] is None else float(row["gain"])
+        grants.append({"task": row["task"], "run": row["run"], "tree_id": row["tree_id"], "edges": edges, "gain": gain})
+        if edges_left is not None:
+            edges_left -= edges
+        if tokens_left is not None and cost is not None:
+            tokens_left -= cost
+    return Round(rule, grants) if grants else Round("stop", [], "budget_spent")

@@ -1,0 +1,10 @@
+-- BlockGranted facts: the blocks of valid edges a campaign granted each tree of this run.
+-- grain: seq
+-- sources: log_block_granted
+select
+    seq,
+    tree_id,
+    edges,
+    round
+from log_block_granted
+where in_prefix(seq) and in_scope(tree_id)
