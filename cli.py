@@ -519,8 +519,9 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None
 
     One run: its trees, the differences and a count. Several runs (default: every
     run under --data): a line per run as it is checked, the differences, a total.
-    Exit code 1 when any recorded decision differs from what the log prefix it saw
-    implies; each difference is listed.
+    A campaign's name: its rounds' grants re-derived from its runs' logs, then each
+    of its runs. Exit code 1 when any recorded decision differs from what the log
+    prefix it saw implies; each difference is listed.
 
     \b
     Example:
@@ -531,12 +532,24 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None
 
     from engine import outputs
     from engine.replay import replay_run
+    from engine.campaign.names import is_campaign
     from engine.trees import sql_text, tree_lines, tree_rows
 
     if len(run_ids) != 1:
         if tree_id:
             raise click.UsageError("--tree draws a tree of one run: name exactly one RUN_ID")
         _replay_collection(list(run_ids), as_json)
+        return
+    if is_campaign(_data_dir(), run_ids[0]):
+        from engine.campaign.replay import replay_campaign
+
+        if tree_id:
+            raise click.UsageError("--tree draws a tree of one run: name one of the campaign's runs")
+        replayed = replay_campaign(_data_dir(), run_ids[0])
+        shown = outputs.replayed_campaign(replayed)
+        _show(shown, _format(as_json))
+        if shown.document["differ"]:
+            sys.exit(1)
         return
     result = replay_run(_data_dir(), run_ids[0])
     drawn = tree_rows(result.catalog.query, f"tree_id = {sql_text(tree_id)}").get(tree_id) if tree_id else None

@@ -155,7 +155,12 @@ class Collection:
         self.limits = limits or Limits.resolve()
         self.derived = Derived(self.data_dir)
         self._named = bool(runs)
-        self.run_ids = list(dict.fromkeys(runs)) if runs else run_ids_under(self.data_dir)
+        if runs:
+            from engine.campaign.names import expand  # a campaign's name: its runs
+
+            self.run_ids = expand(self.data_dir, runs)
+        else:
+            self.run_ids = run_ids_under(self.data_dir)
         if not self.run_ids:
             raise LogError(f"no runs under {self.data_dir / 'runs'}")
         for run_id in self.run_ids:

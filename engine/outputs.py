@@ -220,6 +220,25 @@ def replayed_run(result: Any) -> Output:
     )
 
 
+def replayed_campaign(result: Any) -> Output:
+    """replay of a campaign: its rounds re-derived (their differences), then a line per run, a total."""
+    runs = [replayed_run(r) for r in result.runs]
+    differ = len(result.differences) + sum(len(r.differences) for r in result.runs)
+    decisions = result.decisions + sum(r.decisions for r in result.runs)
+    lines = [f"campaign {result.name}: {result.decisions} decisions re-derived, {len(result.differences)} differ"]
+    lines += ["  " + difference(d) for d in result.differences]
+    lines += [line for r in runs for line in r.lines]
+    lines.append(f"replay: campaign {result.name} and {len(runs)} runs, {decisions} decisions re-derived, {differ} differ")
+    document = {
+        "campaign": result.name,
+        "decisions": decisions,
+        "differ": differ,
+        "differences": [vars(d) for d in result.differences],
+        "runs": [r.document for r in runs],
+    }
+    return Output(document, lines)
+
+
 def replayed_runs(runs: list[Any], count: int, decisions: int, differ: int) -> Output:
     """The end of a replay of several runs: the runs' documents (``runs``), a total."""
     plural = f"{count} run{'s' if count != 1 else ''}"

@@ -59,15 +59,17 @@ class DamagedRun:
 def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], list[DamagedRun]]:
     """The runs an all-runs command reads, and the damaged ones it leaves out.
 
-    Runs named (``run_ids``): as given, in that order, none left out - a damaged one
-    stays the reader's error. None named: every run under ``data_dir``, each checked
+    Runs named (``run_ids``): as given, in that order (a campaign's name: its runs),
+    none left out - a damaged one stays the reader's error. None named: every run under ``data_dir``, each checked
     as its readers will check it (its record, and every part's checksum and footer),
     and one that fails is diagnosed by ``verify`` and named beside the others'
     answers instead of hiding them. LogError when there is no run, or when every run
     is damaged.
     """
     if run_ids:
-        return list(dict.fromkeys(run_ids)), []
+        from engine.campaign.names import expand
+
+        return expand(data_dir, run_ids), []
     from engine.derived import Derived
 
     found = runs_under(data_dir)

@@ -29,7 +29,9 @@ def _value(name: str, annotation: Any) -> Any:
         if get_origin(annotation) is list:
             return [{"k": 1, "z": [1.5, "x"]}]
         key, value = get_args(annotation)
-        return {"b": 0.25, "a": -1.5} if value is float else {"b": [1, {"c": None}], "a": "é"}
+        if value in (float, int):
+            return {"b": 3, "a": -1} if value is int else {"b": 0.25, "a": -1.5}
+        return {"b": [1, {"c": None}], "a": "é"}
     return {str: f"{name} value ü", int: 7, float: 2.5, bool: True}[annotation]
 
 

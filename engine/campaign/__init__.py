@@ -37,6 +37,7 @@ from typing import Any
 
 from engine import __version__
 from engine.campaign.config import CampaignConfig, TaskSpec, load_campaign
+from engine.campaign.names import campaigns_dir
 from engine.campaign.policy import Round, TaskRows, decide
 from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
@@ -63,10 +64,6 @@ CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
 POLICIES = ("fixed", "coverage")
 WAIT_S = 0.2  # how often a turn waiting for a shared slot looks at its cancel flag
 Report = Callable[[str], None]
-
-
-def campaigns_dir(data_dir: Path) -> Path:
-    return Path(data_dir) / "campaigns"
 
 
 def campaign_log(data_dir: Path, name: str) -> EventLog:
