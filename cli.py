@@ -453,57 +453,25 @@ def _start(
     callback=_parallel_option,
     help="Teacher slots shared by every task's run (default: the file's parallel).",
 )
-@click.option(
-    "--executor",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    show_default=True,
-    help="Where turns run: this machine, or the workers of a Ray cluster.",
-)
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--ray-address", default=None, help="With --executor ray: the cluster to join (default: a local one).")
 @json_option
 def campaign(
-    campaign_file: Path | None,
-    name: str | None,
-    resume_name: str | None,
-    parallel: int | None,
-    executor: str,
-    ray_address: str | None,
-    as_json: bool,
+    campaign_file: Path | None, name: str | None, resume_name: str | None, as_json: bool, **options: Any
 ) -> None:
-    """Explore many tasks under one budget (docs/CAMPAIGNS.md).
+    """Explore many tasks under one budget (CAMPAIGN_FILE: docs/CAMPAIGNS.md); each task is a run, NAME-TASK.
 
-    CAMPAIGN_FILE (TOML) lists the tasks (each a run of its own, <name>-<task>),
-    the budget and the policy: fixed grows every tree by its task's rules; coverage
-    gives every root a first block, then each next block to the trees whose N_eff
-    per token it raises most. Progress goes to stderr, the summary to stdout.
-
-    \b
-    Example:
-        python cli.py campaign campaign.toml
-        python cli.py campaign --resume campaign
-        python cli.py audit campaign
+    The policy fixed grows every tree by its task's rules; coverage gives every root a
+    first block, then each next block to the trees whose N_eff per token it raises most.
     """
     from engine import outputs
-    from engine.campaign import new_campaign, resume_campaign
-    from ingest.paths import command_line
+    from engine.campaign import from_command_line
 
-    if ray_address and executor != "ray":
+    if options["ray_address"] and options["executor"] != "ray":
         raise click.UsageError("--ray-address needs --executor ray")
-
-    def report(line: str) -> None:
-        click.echo(f"campaign {resume_name or name or campaign_file.stem}: {line}", err=True)  # type: ignore[union-attr]
-
-    if resume_name:
-        if campaign_file is not None or name:
-            raise click.UsageError("--resume takes no CAMPAIGN_FILE or --name")
-        result = resume_campaign(_data_dir(), resume_name, parallel, executor, ray_address, report)
-    else:
-        if campaign_file is None:
-            raise click.UsageError("CAMPAIGN_FILE is required (or --resume NAME)")
-        hint = command_line(_data_dir(), "campaign", "--resume", name or campaign_file.stem)
-        click.echo(f"campaign {name or campaign_file.stem}: running (interrupt and continue with: {hint})", err=True)
-        result = new_campaign(_data_dir(), campaign_file, name, parallel, executor, ray_address, report)
+    if bool(resume_name) == (campaign_file is not None or bool(name)):
+        raise click.UsageError("give CAMPAIGN_FILE (and --name), or --resume NAME")
+    result = from_command_line(_data_dir(), campaign_file, name, resume_name, **options)
     _show(outputs.campaign(result, _data_dir()), _format(as_json))
 
 
@@ -531,8 +499,8 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None
     """
 
     from engine import outputs
-    from engine.replay import replay_run
     from engine.campaign.names import is_campaign
+    from engine.replay import replay_run
     from engine.trees import sql_text, tree_lines, tree_rows
 
     if len(run_ids) != 1:
@@ -540,17 +508,12 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None
             raise click.UsageError("--tree draws a tree of one run: name exactly one RUN_ID")
         _replay_collection(list(run_ids), as_json)
         return
-    if is_campaign(_data_dir(), run_ids[0]):
+    if is_campaign(_data_dir(), run_ids[0]) and not tree_id:
         from engine.campaign.replay import replay_campaign
 
-        if tree_id:
-            raise click.UsageError("--tree draws a tree of one run: name one of the campaign's runs")
-        replayed = replay_campaign(_data_dir(), run_ids[0])
-        shown = outputs.replayed_campaign(replayed)
+        shown = outputs.replayed_campaign(replay_campaign(_data_dir(), run_ids[0]))
         _show(shown, _format(as_json))
-        if shown.document["differ"]:
-            sys.exit(1)
-        return
+        sys.exit(1 if shown.document["differ"] else 0)
     result = replay_run(_data_dir(), run_ids[0])
     drawn = tree_rows(result.catalog.query, f"tree_id = {sql_text(tree_id)}").get(tree_id) if tree_id else None
     if tree_id and drawn is None:  # before any output: the report is whole or not printed

@@ -26,6 +26,7 @@ from engine.teachers import Teacher, make_teacher
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.paths import command_line
 from ingest.snapshots import read_direction, read_snapshot, root_problem
 
 ENGINE_THREADS = 1  # deterministic float sums for recorded decisions (see Catalog.empty)
@@ -303,6 +304,11 @@ def resume_run(
         if not command or command[0]["command"] != "explore":
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
         config, note = recorded_config(catalog, log), RESUMED
+        if config.grants is not None:
+            raise LogError(
+                f"run {run_id!r} grows by the grants of campaign {config.grants.campaign!r}: continue it with "
+                f"'{command_line(data_dir, 'campaign', '--resume', config.grants.campaign)}'"
+            )
         finished = catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
         if not finished:
             config, note = resumed_config(run_id, config, parallel, turn_timeout)

@@ -228,7 +228,9 @@ def replayed_campaign(result: Any) -> Output:
     lines = [f"campaign {result.name}: {result.decisions} decisions re-derived, {len(result.differences)} differ"]
     lines += ["  " + difference(d) for d in result.differences]
     lines += [line for r in runs for line in r.lines]
-    lines.append(f"replay: campaign {result.name} and {len(runs)} runs, {decisions} decisions re-derived, {differ} differ")
+    lines.append(
+        f"replay: campaign {result.name} and {len(runs)} runs, {decisions} decisions re-derived, {differ} differ"
+    )
     document = {
         "campaign": result.name,
         "decisions": decisions,

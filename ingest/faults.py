@@ -13,6 +13,7 @@ kill from outside would have to land by luck:
     spool.written      a finished turn's spool file is written under its temp name
     spool.renamed      a finished turn is in the spool, not yet in the log
     edge.started       the engine staged an edge start, in the middle of a fill
+    campaign.decided   a campaign's round is in its log, its grants not yet in the runs'
 
 ``<point>:<n>:<SIGNAL>`` (SIGHUP, SIGTERM, SIGINT) sends that signal instead, so a
 test can interrupt a step exactly where a signal from outside lands by luck.
@@ -41,6 +42,7 @@ POINTS = (
     "spool.renamed",
     "edge.started",
 )
+CAMPAIGN_POINTS = ("campaign.decided",)  # reached by a campaign only (the soak kills explore runs)
 SIGNALS = {"SIGHUP": signal.SIGHUP, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
 _reached: Counter[str] = Counter()
@@ -54,10 +56,10 @@ def _plan() -> tuple[str, int, int] | None:
         return None
     point, _, count = value.partition(":")
     count, _, name = count.partition(":")
-    if point not in POINTS or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
+    if point not in POINTS + CAMPAIGN_POINTS or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
         msg = (
             f"${CRASH_ENV}={value!r}: expected <point>:<n>[:<signal>] with n >= 1, a point among "
-            f"{', '.join(POINTS)} and a signal among {', '.join(SIGNALS)}"
+            f"{', '.join(POINTS + CAMPAIGN_POINTS)} and a signal among {', '.join(SIGNALS)}"
         )
         raise InputError(msg)
     return point, int(count), SIGNALS[name] if name else signal.SIGKILL

@@ -157,5 +157,8 @@ def load_campaign(path: Path, parallel: int | None = None) -> CampaignConfig:
     if problem:
         raise InputError(f"{path}: invalid campaign (parallel: {problem})")
     for task in config.tasks:
-        config.run_config(task, "check")
+        try:
+            config.run_config(task, "check")
+        except InputError as err:
+            raise InputError(f"{path}: {err}") from err
     return config

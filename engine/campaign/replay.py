@@ -99,7 +99,9 @@ def replay_campaign(data_dir: Path, name: str) -> CampaignReplay:
     return result
 
 
-def _check_copies(catalog: Catalog, runs: dict[str, Catalog], logs: dict[str, EventLog], result: CampaignReplay) -> None:
+def _check_copies(
+    catalog: Catalog, runs: dict[str, Catalog], logs: dict[str, EventLog], result: CampaignReplay
+) -> None:
     """Every run holds exactly the grants the campaign recorded for it, and their close once it stopped."""
     grants = catalog.query("select task_run, round, tree_id, edges from campaign_grants")
     stopped = bool(catalog.query("select 1 from campaign_rounds where rule = 'stop'"))
@@ -115,15 +117,24 @@ def _check_copies(catalog: Catalog, runs: dict[str, Catalog], logs: dict[str, Ev
             extra = sorted(set(held) - set(recorded))
             lost = sorted(set(recorded) - set(held))
             result.differences.append(
-                Difference(None, "block_granted", None, run, "the run's grants differ from the campaign's",
-                           f"{len(recorded)} granted ({len(lost)} not in the run)", f"{len(held)} held ({len(extra)} not granted)")
+                Difference(
+                    None,
+                    "block_granted",
+                    None,
+                    run,
+                    "the run's grants differ from the campaign's",
+                    f"{len(recorded)} granted ({len(lost)} not in the run)",
+                    f"{len(held)} held ({len(extra)} not granted)",
+                )
             )
         finished = run_catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
         closed = bool(run_catalog.query("select 1 from stg_grants_closed"))
         granted = run_catalog.query("select granted from run_config")[0]["granted"]
         if granted and closed and not stopped:
             result.differences.append(
-                Difference(None, "grants_closed", None, run, "grants closed, the campaign did not stop", "closed", "open")
+                Difference(
+                    None, "grants_closed", None, run, "grants closed, the campaign did not stop", "closed", "open"
+                )
             )
         if granted and finished and not closed:
             result.differences.append(

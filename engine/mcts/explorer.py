@@ -155,7 +155,7 @@ class Explorer:
                 self._run_rounds()
             else:
                 self._run_async()
-            self._publish()
+            self._publish(force=True)  # a campaign reads the runs' tails next
 
     def finish(self) -> None:
         """Record the stops due, the default Top-k selection and RunFinished; clear the spool."""

@@ -109,6 +109,9 @@ class SimOptions(BaseModel):
     latency_s: float = Field(0.0, ge=0, le=MAX_LATENCY_S, description="mean seconds a turn takes")
     null_eval_rate: float = Field(0.10, ge=0, le=1)
     hard_share: float = Field(0.12, ge=0, le=1, description="share of hard roots")
+    # The mean of an edge's drift, in units of the score's scale: how often the Teacher
+    # improves (a task it solves everywhere: high; one it cannot: negative).
+    drift_mean: float = Field(0.01, ge=-1, le=1)
     token_growth: tuple[int, int] = (8000, 25000)  # context tokens a turn adds: low, high
     # A fresh session starts with the system prompt and tool schemas (~30 KB).
     base_context: int = Field(9000, ge=0, le=10**12)
@@ -151,7 +154,7 @@ class SimTeacher:
         edge = _rng(self.seed, "edge", request.edge_id)
         rng = _rng(self.seed, "turn", request.edge_id, request.turn)
         hard = _rng(self.seed, "tree", request.tree_id).random() < self.opts.hard_share
-        traits = self._edge_traits(edge, hard)
+        traits = self._edge_traits(edge, hard, self.opts.drift_mean)
         if self.opts.latency_s > 0 and cancel.wait(self.opts.latency_s * rng.uniform(0.5, 1.5)):
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
         if cancel.is_set():
@@ -210,7 +213,7 @@ class SimTeacher:
     # -- the simulation
 
     @staticmethod
-    def _edge_traits(edge: random.Random, hard: bool) -> dict[str, float]:
+    def _edge_traits(edge: random.Random, hard: bool, drift_mean: float) -> dict[str, float]:
         # A hard root (a snapshot in a bad state) makes the Teacher fail more often.
         tier = edge.random()
         clean, mild = (0.3, 0.55) if hard else (0.5, 0.85)
@@ -224,7 +227,7 @@ class SimTeacher:
             "err_p": err_p,
             "null_eval": 0.35 if hard else -1.0,
             "know_p": edge.uniform(0.3, 0.95),
-            "drift": edge.gauss(0.01, 0.03),
+            "drift": edge.gauss(drift_mean, 0.03),
             "growth": edge.uniform(8000, 25000),  # tokens a turn adds to the session
         }
 

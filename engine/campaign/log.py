@@ -1,0 +1,62 @@
+"""A campaign's log and what it records: its configuration, its tasks' runs (the views in views/campaign)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.campaign.config import CampaignConfig
+from engine.campaign.names import campaigns_dir
+from engine.catalog import Catalog
+from engine.catalog.definitions import VIEWS_DIR
+from ingest.errors import LogError
+from ingest.log import EventLog, check_run_id
+
+CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
+
+
+def campaign_log(data_dir: Path, name: str) -> EventLog:
+    """The log of campaign ``name`` (LogError names it when it does not exist, on ``require``)."""
+    return EventLog(campaigns_dir(data_dir), name)
+
+
+def campaign_names(data_dir: Path) -> list[str]:
+    """The campaigns under ``<data>/campaigns``, by name."""
+    from ingest.listing import run_ids
+
+    return run_ids(campaigns_dir(data_dir))
+
+
+def task_run_id(campaign: str, task: str) -> str:
+    return check_run_id(f"{campaign}-{task}")
+
+
+def open_campaign(data_dir: Path, name: str) -> Catalog:
+    """A catalog of the campaign's log (views/campaign); LogError when there is no such campaign."""
+    log = campaign_log(data_dir, name)
+    if not log.exists():
+        raise LogError(f"campaign {name!r} not found under {campaigns_dir(data_dir)}")
+    catalog = Catalog.empty(CAMPAIGN_VIEWS)
+    catalog.load(log)
+    return catalog
+
+
+def recorded_campaign(catalog: Catalog, name: str) -> CampaignConfig:
+    """The configuration a campaign's log records (LogError when it is not one this version accepts)."""
+
+    from pydantic import ValidationError
+
+    rows = catalog.query("select config_json from campaign_config")
+    if not rows:
+        raise LogError(f"campaign {name!r}: its log records no configuration")
+    try:
+        return CampaignConfig.model_validate(json.loads(rows[0]["config_json"]))
+    except (ValidationError, ValueError) as err:
+        raise LogError(f"campaign {name!r}: its recorded configuration is not valid ({err})") from err
+
+
+def campaign_runs(data_dir: Path, name: str) -> list[str]:
+    """The runs of campaign ``name``, in its tasks' order (those created so far)."""
+    catalog = open_campaign(data_dir, name)
+    runs = [r["task_run"] for r in catalog.query("select task_run from campaign_tasks order by task_order")]
+    return [r for r in runs if EventLog(data_dir, r).exists()]

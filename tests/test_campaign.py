@@ -1,0 +1,214 @@
+"""Campaigns: many tasks, one budget (engine.campaign), driven through the real CLI in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.campaign import open_campaign
+from engine.catalog import Catalog
+from ingest.events import BudgetAllocated, CampaignTaskAdded, RunStarted
+from ingest.log import EventLog, LogWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
+EXPLORE = {"backend": "sim", "parallel": 3, "selection": {"num_roots": 3}, "tree": {"max_valid_edges": 10}}
+TASKS = [("easy", 0.0, 1), ("hard", 0.9, 2), ("mixed", 0.4, 3)]  # name, hard_share, seed
+
+
+def cli(data: Path, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=900,
+    )
+    if check:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def campaign_file(tmp: Path, policy: str, budget: dict[str, int] | None = None, name: str = "camp") -> Path:
+    lines = [f'policy = "{policy}"', "parallel = 4"]
+    if budget:
+        lines += ["[budget]"] + [f"{k} = {v}" for k, v in budget.items()]
+        lines += ["[coverage]", "first_pass_edges = 3", "block_edges = 3", "blocks_per_round = 3"]
+    lines += ["[explore]"] + [f"{k} = {toml_value(v)}" for k, v in EXPLORE.items()]
+    for task, hard, seed in TASKS:
+        lines += [
+            "[[tasks]]",
+            f'name = "{task}"',
+            f'source = "{SNAPSHOTS}"',
+            f"backend_options = {{ hard_share = {hard} }}",
+            f"explore = {{ seed = {seed} }}",
+        ]
+    path = tmp / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def rows(data: Path, run: str, sql: str) -> list[dict]:
+    out = cli(data, "sql", run, sql, "--json").stdout
+    return json.loads(out)
+
+
+EDGES = "select tree_id, edge_id, verdict, child_id from edges order by edge_id"
+PATHS = "select tree_id, leaf_id, round(path_score, 9) as score from paths where selected order by tree_id, leaf_id"
+DECISIONS = (
+    "select kind, tree_id, edge_id, node_id, verdict, reason from events "
+    "where kind in ('edge_judged', 'node_selected', 'tree_stopped', 'turn_skipped') order by seq"
+)
+
+
+def test_a_fixed_campaign_grows_every_run_as_a_separate_explore_does(tmp_path):
+    data = tmp_path / "data"
+    done = cli(data, "campaign", str(campaign_file(tmp_path, "fixed")), "--json")
+    result = json.loads(done.stdout)
+    assert result["runs"] == [f"camp-{t}" for t, _, _ in TASKS]
+    assert result["stop_reason"] == "trees_stopped"
+    for task, hard, seed in TASKS:
+        config = tmp_path / f"{task}.toml"
+        config.write_text(
+            "\n".join([*(f"{k} = {toml_value(v)}" for k, v in EXPLORE.items()), f"seed = {seed}"])
+            + f"\n[backend_options]\nhard_share = {hard}\n"
+        )
+        alone = f"alone-{task}"
+        cli(data, "explore", str(SNAPSHOTS), "--select", "--task", task, "--config", str(config), "--run-id", alone)
+        for sql in (EDGES, PATHS, DECISIONS):
+            assert rows(data, f"camp-{task}", sql) == rows(data, alone, sql), (task, sql)
+        assert len(rows(data, alone, EDGES)) > 10
+
+
+def test_a_coverage_campaign_spends_its_budget_and_replays_with_no_difference(tmp_path):
+    data = tmp_path / "data"
+    budget = 40
+    done = cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": budget})), "--json")
+    result = json.loads(done.stdout)
+    assert result["stop_reason"] == "budget_spent"
+    assert result["total"]["kept_edges"] == budget  # the last block takes the edges left
+    assert result["total"]["n_eff"] > 0 and 0 < result["total"]["n_eff_ratio"] <= 1
+    catalog = open_campaign(data, "camp")
+    grants = catalog.query("select * from campaign_grants")
+    first = [g for g in grants if g["rule"] == "first_pass"]
+    assert len(first) == 9 and {g["edges"] for g in first} == {3}  # every root of every task
+    later = [g for g in grants if g["rule"] == "coverage"]
+    assert later and all(g["gain"] is not None for g in later)
+    for run in result["runs"]:
+        trees = rows(data, run, "select tree_id, status, stop_reason, kept_edges from trees")
+        granted = {
+            r["tree_id"]: r["edges"]
+            for r in rows(data, run, "select tree_id, sum(edges) as edges from stg_block_granted group by 1")
+        }
+        assert all(t["status"] == "done" and t["stop_reason"] for t in trees)
+        assert all(t["kept_edges"] <= granted[t["tree_id"]] for t in trees)  # no tree outgrew its grants
+    replayed = cli(data, "replay", "camp", "--json")
+    document = json.loads(replayed.stdout)
+    assert document["differ"] == 0 and document["decisions"] > len(grants)
+    assert len(document["runs"]) == 3
+    # the campaign's name stands for its runs
+    audited = json.loads(cli(data, "audit", "camp", "--json", check=False).stdout)
+    assert sorted(audited["runs"]) == sorted(result["runs"])
+
+
+def test_replay_names_a_round_the_runs_do_not_imply(tmp_path):
+    data = tmp_path / "data"
+    cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 30})))
+    original = open_campaign(data, "camp")
+    forged = "forged"
+    with LogWriter.create(data / "campaigns", forged) as writer:
+        events = []
+        started = original.query("select config_json from campaign_config")[0]["config_json"]
+        events.append(RunStarted(command="campaign", config=json.loads(started)))
+        for t in original.query("select * from campaign_tasks order by task_order"):
+            events.append(CampaignTaskAdded(task=t["task"], task_run=t["task_run"], source=t["source"]))
+        for r in original.query("select * from campaign_rounds where rule <> 'stop' order by seq"):
+            grants = json.loads(r["grants"])
+            if r["round"] == 1:  # the round's first block goes to another tree than the policy chose
+                grants[0] = grants[0] | {"tree_id": "T003" if grants[0]["tree_id"] != "T003" else "T001"}
+            events.append(
+                BudgetAllocated(
+                    watermark=0, round=r["round"], rule=r["rule"], marks=json.loads(r["marks"]), grants=grants
+                )
+            )
+        writer.stage(events)
+        writer.flush()
+    done = cli(data, "replay", forged, check=False)
+    assert done.returncode == 1, done.stdout
+    assert "budget_allocated round 1: grants differ" in done.stdout
+    assert "the run's grants differ from the campaign's" in done.stdout  # the runs hold the real round
+
+
+def test_a_campaign_killed_with_kill_9_resumes_to_the_same_campaign(tmp_path):
+    budget = {"edges": 45}
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    cli(whole, "campaign", str(campaign_file(tmp_path, "coverage", budget)))
+    kills = ["campaign.decided:2", "publish.renamed:6", "edge.started:4"]
+    first = cli(
+        killed,
+        "campaign",
+        str(campaign_file(tmp_path, "coverage", budget)),
+        env={"TEACHER_MCTS_CRASH_AT": kills[0]},
+        check=False,
+    )
+    assert first.returncode == -9, first.stderr
+    for kill in kills[1:]:
+        again = cli(killed, "campaign", "--resume", "camp", env={"TEACHER_MCTS_CRASH_AT": kill}, check=False)
+        assert again.returncode == -9, again.stdout + again.stderr
+    cli(killed, "campaign", "--resume", "camp")
+    grants = (
+        "select round, rule, task_run, tree_id, edges, round(gain, 9) as gain "
+        "from campaign_grants order by round, task_run, tree_id"
+    )
+    assert open_campaign(killed, "camp").query(grants) == open_campaign(whole, "camp").query(grants)
+    for task, _, _ in TASKS:
+        for sql in (EDGES, PATHS, DECISIONS):
+            assert rows(killed, f"camp-{task}", sql) == rows(whole, f"camp-{task}", sql), (task, sql)
+    assert json.loads(cli(killed, "replay", "camp", "--json").stdout)["differ"] == 0
+    resumed = Catalog.for_log(EventLog(killed / "campaigns", "camp"))
+    assert resumed.query("select count(*) as n from events where kind = 'run_resumed'")[0]["n"] == 3
+
+
+def test_bad_campaign_files_are_refused_naming_the_file(tmp_path):
+    data = tmp_path / "data"
+    cases = {
+        "no-budget.toml": ('policy = "coverage"\n[[tasks]]\nname = "a"\nsource = "x"\n', "needs a budget"),
+        "fixed-budget.toml": (
+            'policy = "fixed"\n[budget]\nedges = 10\n[[tasks]]\nname = "a"\nsource = "x"\n',
+            "takes no [budget]",
+        ),
+        "twice.toml": (
+            'policy = "fixed"\n[[tasks]]\nname = "a"\nsource = "x"\n[[tasks]]\nname = "a"\nsource = "y"\n',
+            "tasks named more than once: a",
+        ),
+        "bad-name.toml": ('policy = "fixed"\n[[tasks]]\nname = "a b"\nsource = "x"\n', "task name 'a b'"),
+        "bad-key.toml": (
+            'policy = "fixed"\n[explore]\ntree = { max_valid_edges = 0 }\n[[tasks]]\nname = "a"\nsource = "x"\n',
+            "task 'a': invalid explore configuration",
+        ),
+        "not-toml.toml": ("policy = \n", "invalid TOML"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        done = cli(data, "campaign", str(tmp_path / name), check=False)
+        assert done.returncode != 0 and message in done.stderr and name in done.stderr, (name, done.stderr)
+        assert "Traceback" not in done.stderr
+        assert not (data / "campaigns").exists() or not any((data / "campaigns").rglob("*.parquet"))
+    missing = cli(data, "campaign", "--resume", "nothing", check=False)
+    assert missing.returncode != 0 and "campaign 'nothing' not found" in missing.stderr
+
+
+def test_a_run_of_a_coverage_campaign_is_not_resumed_alone(tmp_path):
+    data = tmp_path / "data"
+    cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 20})), "--name", "c2")
+    done = cli(data, "explore", "--resume", "c2-easy", check=False)
+    assert done.returncode != 0 and "campaign --resume c2" in done.stderr
