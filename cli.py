@@ -626,7 +626,7 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: flo
     help="Seconds between looks at the log when no new part is noticed.",
 )
 def watch(run_id: str, once: bool, period: float) -> None:
-    """Watch a run as another process writes it, until it finishes.
+    """Watch a run (a campaign: its rounds and a line per run) as another process writes it, to its end.
 
     Trees done and active and why they stopped, edges by verdict, leaves, each tree's
     best score against its root's, the turns in flight and for how long, tool-error
@@ -640,9 +640,14 @@ def watch(run_id: str, once: bool, period: float) -> None:
         python cli.py watch demo --once
     """
 
-    from engine.render import show_frames
+    from engine.campaign.names import is_campaign
+    from engine.render import show_campaign_frames, show_frames
     from engine.watch import follow
 
+    if is_campaign(_data_dir(), run_id):  # a campaign's rounds and budget, a line per task's run
+        from engine.campaign.watch import follow_campaign
+
+        return show_campaign_frames(follow_campaign(_data_dir(), run_id, period), once, click.echo)
     show_frames(follow(_data_dir(), run_id, period), once, click.echo)
 
 

@@ -145,6 +145,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="where the campaigns are kept (default: a temp dir)")
     args = parser.parse_args()
     base = args.out or Path(tempfile.mkdtemp(prefix="campaign-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {"fixed": [], "coverage": []}
     header = "| seed | policy | " + " | ".join(label for _, label, _ in COLUMNS) + " |"
     print(header)

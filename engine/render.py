@@ -209,6 +209,44 @@ def frame_view(frame: Any, height: int) -> Any:
     return Group(*lines, Text(""), table, *tail)
 
 
+def campaign_frame_lines(frame: Any) -> list[str]:
+    """A campaign's frame: its state and spend against its budget, then a line per task's run."""
+    c, st = frame.config, frame.state
+    state = "finished" if frame.finished else "running" if frame.writing else "not running (interrupted)"
+    edges = sum(r["kept_edges"] for r in frame.runs)
+    tokens = sum(int(r["tokens"]) for r in frame.runs)
+    of = f"/{c['budget_edges']}" if c["budget_edges"] else ""
+    of_tokens = f"/{c['budget_tokens'] / 1e6:.1f}M" if c["budget_tokens"] else ""
+    stop = f", stopped: {st['stop_reason']}" if st["stop_reason"] else ""
+    lines = [
+        f"campaign {frame.name} ({c['policy']}): {state}; {st['rounds']} rounds{stop}; spent {edges}{of} valid "
+        f"edges, {tokens / 1e6:.1f}M{of_tokens} tokens"
+    ]
+    lines += [f"  {r['task']} ({r['run_id']}): " + progress_line(r, frame.writing) for r in frame.runs]
+    return lines
+
+
+def show_campaign_frames(frames: Iterable[Any], once: bool, echo: Callable[[str], None]) -> None:
+    """watch of a campaign: its lines, live on a terminal (redrawn), else printed at each change."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    if once or not console.is_terminal:
+        last = None
+        for frame in frames:
+            if frame.seqs != last:
+                echo("\n".join(campaign_frame_lines(frame)))
+                last = frame.seqs
+            if once:
+                return
+        return
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        for frame in frames:
+            live.update(Text("\n".join(campaign_frame_lines(frame))), refresh=True)
+
+
 def show_frames(frames: Iterable[Any], once: bool, echo: Callable[[str], None]) -> None:
     """watch's output: a live view on a wide terminal, else a line per change (``once``: the first frame)."""
     from rich.console import Console

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from engine.campaign import open_campaign
@@ -212,3 +213,46 @@ def test_a_run_of_a_coverage_campaign_is_not_resumed_alone(tmp_path):
     cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 20})), "--name", "c2")
     done = cli(data, "explore", "--resume", "c2-easy", check=False)
     assert done.returncode != 0 and "campaign --resume c2" in done.stderr
+
+
+def test_a_first_pass_of_one_root_a_task_opens_the_others_by_their_gain(tmp_path):
+    data = tmp_path / "data"
+    path = campaign_file(tmp_path, "coverage", {"edges": 30})
+    path.write_text(path.read_text().replace("[coverage]\n", "[coverage]\nfirst_pass_roots = 1\n"))
+    cli(data, "campaign", str(path))
+    grants = open_campaign(data, "camp").query("select * from campaign_grants order by seq, task_run, tree_id")
+    first = [(g["task"], g["tree_id"]) for g in grants if g["rule"] == "first_pass"]
+    assert first == [("easy", "T001"), ("hard", "T001"), ("mixed", "T001")]  # the first of 3: index 0 * 3 // 1
+    opened_later = {(g["task"], g["tree_id"]) for g in grants if g["rule"] == "coverage"} - set(first)
+    assert opened_later  # a root the first pass left is opened by a block
+    granted = (
+        "select t.tree_id, t.kept_edges, t.stop_reason, coalesce(g.edges, 0) as granted from trees as t "
+        "left join (select tree_id, sum(edges) as edges from stg_block_granted group by 1) as g using (tree_id)"
+    )
+    for task, _, _ in TASKS:
+        for tree in rows(data, f"camp-{task}", granted):
+            assert tree["kept_edges"] <= tree["granted"]
+            assert tree["granted"] > 0 or tree["stop_reason"] == "budget"  # never opened: stopped by the budget
+    assert json.loads(cli(data, "replay", "camp", "--json").stdout)["differ"] == 0
+
+
+def test_watch_follows_a_campaign_to_its_end(tmp_path):
+    data = tmp_path / "data"
+    path = campaign_file(tmp_path, "coverage", {"edges": 24})
+    writer = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "campaign", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (data / "campaigns" / "runs" / "camp" / "log").exists():
+            assert writer.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        watched = cli(data, "watch", "camp", "--period", "0.5")
+    finally:
+        writer.wait(600)
+    assert writer.returncode == 0
+    frames = watched.stdout.strip().split("campaign camp (coverage): ")[1:]
+    assert frames and frames[-1].startswith("finished") and "stopped: budget_spent" in frames[-1]
+    assert all(f"camp-{t} " in frames[-1] or f"(camp-{t})" in frames[-1] for t, _, _ in TASKS)

@@ -327,3 +327,38 @@ def test_the_writer_stopped_or_killed_on_ray_resumes_to_the_trees_of_a_local_run
     local = explore(data, "local", env, *sim_args(config))
     assert local.returncode == 0, local.stderr
     assert trees(data, "stopped") == trees(data, "local")
+
+
+def test_a_coverage_campaign_on_ray_makes_the_campaign_a_local_one_makes(tmp_path, cluster):
+    """Two tasks' runs share the cluster's 4 teacher slots (2 each): the same grants and trees as on this machine."""
+    address, env = cluster
+    tasks = "".join(
+        f'[[tasks]]\nname = "{name}"\nsource = "{SNAPSHOTS}"\nbackend_options = {{ hard_share = {hard} }}\n'
+        for name, hard in (("easy", 0.0), ("hard", 0.8))
+    )
+    path = tmp_path / "camp.toml"
+    path.write_text(
+        'policy = "coverage"\nparallel = 4\n[budget]\nedges = 24\n[coverage]\nblocks_per_round = 2\n'
+        "[explore]\nparallel = 2\nselection = { num_roots = 3 }\n" + tasks
+    )
+    data = {}
+    for where in ("local", "ray"):
+        data[where] = tmp_path / where
+        args = ["--executor", "ray", "--ray-address", address] if where == "ray" else []
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "--data", str(data[where]), "campaign", str(path), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    grants = "select round, task_run, tree_id, edges from campaign_grants order by all"
+    from engine.campaign import open_campaign
+
+    assert open_campaign(data["ray"], "camp").query(grants) == open_campaign(data["local"], "camp").query(grants)
+    for run in ("camp-easy", "camp-hard"):
+        assert trees(data["ray"], run) == trees(data["local"], run)
+        turns_once(data["ray"], run)
+    r = CliRunner().invoke(cli, ["--data", str(data["ray"]), "replay", "camp"])
+    assert r.exit_code == 0 and ", 0 differ" in r.output, r.output

@@ -365,3 +365,32 @@ def test_serve_refuses_a_missing_data_directory(tmp_path):
         r.stderr == f"Error: {tmp_path / 'nowhere'}: no such directory - give --data the directory that holds "
         "(or will hold) runs/\n"
     )
+
+
+def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page):
+    from test_campaign import campaign_file
+    from test_campaign import cli as run_cli
+
+    data = tmp_path / "data"
+    printed = json.loads(
+        run_cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 24})), "--json").stdout
+    )
+    with serving(data, tmp_path) as (base, _token):
+        page.goto(base + "/")
+        page.click("table.campaigns a:text('camp')")
+        page.wait_for_selector("table.tasks")
+        shot(page, "campaign")
+        cells = page.evaluate(
+            "() => [...document.querySelectorAll('table.tasks tbody tr')]"
+            ".map(r => [...r.cells].map(c => c.textContent))"
+        )
+        assert [(c[0], c[1], int(c[3].replace(",", ""))) for c in cells] == [
+            (t["task"], t["run_id"], t["n"]) for t in printed["tasks"]
+        ]
+        grants = page.evaluate("() => document.querySelectorAll('table.grants tbody tr').length")
+        from engine.campaign import open_campaign
+
+        assert grants == len(open_campaign(data, "camp").query("select * from campaign_grants"))
+        page.click(f"table.tasks a:text('{printed['runs'][0]}')")
+        page.wait_for_selector("#live")
+        assert printed["runs"][0] in page.title()

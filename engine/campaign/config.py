@@ -11,6 +11,7 @@ Recorded whole in the campaign log's ``RunStarted`` (docs/CAMPAIGNS.md explains 
 
     [coverage]                     # the policy's choices (docs/DECISIONS.md)
     first_pass_edges = 4
+    first_pass_roots = 30          # optional: roots a task opens first (default all)
     block_edges = 4
     blocks_per_round = 16
 
@@ -77,7 +78,11 @@ class Budget(_Strict):
 class CoverageOptions(_Strict):
     """The coverage policy's choices (docs/DECISIONS.md, "Campaigns")."""
 
-    first_pass_edges: int = Field(4, ge=1, le=10_000)  # valid edges every root gets first
+    first_pass_edges: int = Field(4, ge=1, le=10_000)  # valid edges each root of the first pass gets
+    # Roots of each task the first pass opens (None: all), spread evenly over the task's
+    # roots in tree order (the Student run's time order); the others are opened later by
+    # a block, when their expected gain (the run's yield so far) is the largest.
+    first_pass_roots: int | None = Field(None, ge=1, le=100_000)
     block_edges: int = Field(4, ge=1, le=10_000)  # valid edges in each later block
     blocks_per_round: int = Field(16, ge=1, le=100_000)  # blocks a round hands out (one a tree at most)
     flagged_weight: float = Field(0.25, ge=0, le=1)  # a root outside the learnability band weighs this

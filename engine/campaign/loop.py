@@ -151,7 +151,8 @@ def _attach(live: list[TaskRun], slots: SharedSlots, executor: str, ray_address:
         if executor == "ray":
             from engine.mcts.cluster import RayExecutor
 
-            run.cluster = RayExecutor(run.config, run.writer.log.dir, ray_address, shared=True)
+            slots = sum(r.config.parallel for r in live)  # the first run's executor joins with every run's
+            run.cluster = RayExecutor(run.config, run.writer.log.dir, ray_address, slots)
             turn = run.cluster.run_turn
         run.explorer = Explorer(run.writer, run.catalog, run.config, run.teacher, None, slots.runner(turn))
 

@@ -5,8 +5,10 @@ The live campaign and its replay both call :func:`decide` with the rows of each 
 re-derives every allocation from the runs' logs. The gains are defined in the view;
 here they are only ranked (docs/CAMPAIGNS.md):
 
-- round 0 (``first_pass``): every root of every task gets ``first_pass_edges``, by task
-  and tree id, while the edge budget lasts;
+- round 0 (``first_pass``): every root of every task gets ``first_pass_edges`` (or, with
+  ``first_pass_roots`` = k, k roots of each task spread evenly over its roots in tree
+  order: the i-th of n at index i * n // k), by task and tree id, while the edge budget
+  lasts; a root left unopened is a candidate of every later round like any tree;
 - later rounds (``coverage``): the eligible trees of every task ranked by gain
   (rounded to 12 digits, highest first; a tree without a gain last), ties by task and
   tree id; the first ``blocks_per_round`` of them get a block of ``block_edges`` each,
@@ -49,6 +51,19 @@ def _rank(row: Row) -> tuple:
     return (gain is None, -round(gain, 12) if gain is not None else 0.0, row["task"], row["tree_id"])
 
 
+def _first_pass(eligible: list[Row], roots: int | None) -> list[Row]:
+    """The roots the first pass opens: every one, or ``roots`` of each task spread evenly (by task, tree id)."""
+    ordered = sorted(eligible, key=lambda r: (r["task"], r["tree_id"]))
+    if roots is None:
+        return ordered
+    out: list[Row] = []
+    for task in dict.fromkeys(r["task"] for r in ordered):
+        trees = [r for r in ordered if r["task"] == task]
+        n = len(trees)
+        out.extend(trees[i * n // roots] for i in range(min(roots, n)))
+    return out
+
+
 def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Round:
     """The grants of round ``round_no`` (or the campaign's stop) from the runs' rows."""
     budget, options = config.budget, config.coverage
@@ -60,8 +75,9 @@ def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Roun
     if not eligible:
         return Round("stop", [], "trees_stopped")
     if round_no == 0:
-        rule, size, limit = "first_pass", options.first_pass_edges, len(eligible)
-        ordered = sorted(eligible, key=lambda r: (r["task"], r["tree_id"]))
+        rule, size = "first_pass", options.first_pass_edges
+        ordered = _first_pass(eligible, options.first_pass_roots)
+        limit = len(ordered)
     else:
         rule, size, limit = "coverage", options.block_edges, options.blocks_per_round
         ordered = sorted(eligible, key=_rank)

@@ -87,9 +87,14 @@ class TurnWorker:
 
 
 class RayExecutor:
-    """Runs the turn pool's turns on a Ray cluster: ``address`` (or ``$RAY_ADDRESS``), else a local one."""
+    """Runs the turn pool's turns on a Ray cluster: ``address`` (or ``$RAY_ADDRESS``), else a local one.
 
-    def __init__(self, config: RunConfig, run_dir: Path, address: str | None = None) -> None:
+    ``slots``: the teacher slots the cluster must offer (a new local one is made with as
+    many), default ``config.parallel``; a campaign's runs share one cluster, the first
+    executor joining (or making) it with every run's slots and leaving it last.
+    """
+
+    def __init__(self, config: RunConfig, run_dir: Path, address: str | None = None, slots: int | None = None) -> None:
         try:
             import ray
         except ImportError as err:
@@ -101,12 +106,14 @@ class RayExecutor:
         # deadline): the command's is put back (see cli.py, _unwind_on_signals).
         main = threading.current_thread() is threading.main_thread()
         ours = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+        self._owner = not ray.is_initialized()
+        slots = slots or config.parallel
         try:
-            if address:
+            if self._owner and address:  # (not the owner: another run of its campaign joined already)
                 ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level="warning")
-            else:  # a cluster of this machine alone, for as long as the run
+            elif self._owner:  # a cluster of this machine alone, for as long as the run
                 ray.init(
-                    resources={RESOURCE: config.parallel},
+                    resources={RESOURCE: slots},
                     runtime_env=env,
                     include_dashboard=False,
                     log_to_driver=False,
@@ -120,10 +127,10 @@ class RayExecutor:
         self.address = address or "local"
         try:
             offered = int(ray.cluster_resources().get(RESOURCE, 0))
-            if offered < config.parallel:
+            if self._owner and offered < slots:
                 raise InputError(
                     f"the Ray cluster at {self.address} offers {offered} teacher slot(s) (resource {RESOURCE!r}) "
-                    f"and the run needs parallel = {config.parallel}: start its nodes with "
+                    f"and the run needs parallel = {slots}: start its nodes with "
                     f"`ray start ... --resources '{{\"{RESOURCE}\": N}}'` or lower parallel"
                 )
             actor = ray.remote(TurnWorker).options(
@@ -220,4 +227,5 @@ class RayExecutor:
         for w in workers:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.kill(w, no_restart=True)
-        ray.shutdown()
+        if getattr(self, "_owner", True):
+            ray.shutdown()

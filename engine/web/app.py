@@ -126,11 +126,25 @@ def collection(request: Request) -> HTMLResponse:
     source: data.Source = request.app.state.source
     try:
         with source.reading() as runs:
-            tables = data.collection_page(runs)
+            tables = data.collection_page(runs) | {"campaigns": data.campaigns_table(source.data_dir)}
             damaged = [d.message() for d in runs.damaged]
     except ProjectError as err:
         return _page(request, "collection.html", tables=None, damaged=[], message=str(err), data_dir=source.data_dir)
     return _page(request, "collection.html", tables=tables, damaged=damaged, message=None, data_dir=source.data_dir)
+
+
+def campaign(request: Request) -> HTMLResponse:
+    from engine.campaign.names import is_campaign
+
+    name = request.path_params["name"]
+    data_dir = request.app.state.source.data_dir
+    if not RUN_ID_RE.match(name) or not is_campaign(data_dir, name):
+        return _problem(request, "no such campaign")
+    try:
+        page = data.campaign_page(data_dir, name)
+    except ProjectError as err:
+        return _problem(request, str(err), 500)
+    return _page(request, "campaign.html", campaign=name, **page)
 
 
 def run(request: Request) -> HTMLResponse:
@@ -338,6 +352,7 @@ def create_app(data_dir: Path, host: str = "127.0.0.1", token: str | None = None
     routes = [
         Route("/", collection),
         Route("/sql", sql),
+        Route("/campaign/{name}", campaign),
         Route("/run/{run_id}", run),
         Route("/run/{run_id}/live", run_live),
         Route("/run/{run_id}/events", run_events),

@@ -189,3 +189,34 @@ def eval_feedback(data_dir: Path, run_id: str, turns: set[tuple[str, int]]) -> d
             if key in turns and row["feedback"]:
                 found[key] = row["feedback"]
     return found
+
+
+def campaigns_table(data_dir: Path) -> Rows:
+    """A row per campaign under ``data_dir``: its policy, budget, tasks, rounds and state."""
+    from engine.campaign.log import campaign_names, open_campaign
+
+    rows = []
+    for name in campaign_names(data_dir):
+        catalog = open_campaign(data_dir, name)
+        config = catalog.query("select policy, budget_edges, budget_tokens from campaign_config")
+        state = catalog.query("select rounds, stop_reason, finished from campaign_state")[0]
+        tasks = catalog.query("select count(*) as tasks from campaign_tasks")[0]
+        rows.append({"campaign": name, **(config[0] if config else {}), **tasks, **state})
+    return rows
+
+
+def campaign_page(data_dir: Path, name: str) -> dict[str, Any]:
+    """A campaign: its summary per task (the command's), its rounds and every block it granted."""
+    from engine.campaign import campaign_result
+    from engine.campaign.log import open_campaign
+
+    result = campaign_result(data_dir, name, resumed=False)
+    catalog = open_campaign(data_dir, name)
+    return {
+        "result": result,
+        "rounds": catalog.query("select seq, round, rule, blocks, edges, reason from campaign_rounds order by seq"),
+        "grants": catalog.query(
+            "select round, rule, task, task_run as run_id, tree_id, edges, gain from campaign_grants "
+            "order by seq, task_run, tree_id"
+        ),
+    }
