@@ -197,11 +197,13 @@ def test_bad_campaign_files_are_refused_naming_the_file(tmp_path):
             "task 'a': invalid explore configuration",
         ),
         "not-toml.toml": ("policy = \n", "invalid TOML"),
+        "no-source.toml": ('policy = "fixed"\n[[tasks]]\nname = "a"\nsource = "missing"\n', "missing"),
     }
     for name, (text, message) in cases.items():
         (tmp_path / name).write_text(text)
         done = cli(data, "campaign", str(tmp_path / name), check=False)
-        assert done.returncode != 0 and message in done.stderr and name in done.stderr, (name, done.stderr)
+        assert done.returncode != 0 and message in done.stderr, (name, done.stderr)
+        assert name in done.stderr or str(tmp_path / "missing") in done.stderr, (name, done.stderr)
         assert "Traceback" not in done.stderr
         assert not (data / "campaigns").exists() or not any((data / "campaigns").rglob("*.parquet"))
     missing = cli(data, "campaign", "--resume", "nothing", check=False)

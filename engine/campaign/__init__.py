@@ -44,7 +44,7 @@ from engine.campaign.log import (
     recorded_campaign,
     task_run_id,
 )
-from engine.campaign.loop import Report, drive
+from engine.campaign.loop import Report, drive, plan_task
 from engine.campaign.names import campaigns_dir
 from engine.catalog import Catalog
 from ingest.errors import InputError
@@ -90,6 +90,8 @@ def new_campaign(
         raise InputError(
             f"campaign {name!r}: its runs' ids are taken already ({', '.join(taken)}) - choose another --name"
         )
+    # Every task's snapshots are selected before anything is written: a bad source is refused whole.
+    plans = {t.name: plan_task(data_dir, name, config, t) for t in config.tasks}
     with LogWriter.create(campaigns_dir(data_dir), name) as writer:
         started = RunStarted(command="campaign", config=config.model_dump(mode="json"), tool_version=__version__)
         tasks = [
@@ -101,7 +103,7 @@ def new_campaign(
             on_start(name)
         catalog = Catalog.empty(CAMPAIGN_VIEWS)
         catalog.load(campaign_log(data_dir, name))
-        drive(data_dir, name, writer, catalog, config, executor, ray_address, report or (lambda _: None))
+        drive(data_dir, name, writer, catalog, config, executor, ray_address, report or (lambda _: None), plans)
     return campaign_result(data_dir, name, resumed=False)
 
 

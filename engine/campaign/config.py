@@ -114,6 +114,10 @@ class CampaignConfig(_Strict):
             )
         return self
 
+    def task(self, name: str) -> TaskSpec:
+        """The task named ``name`` (a campaign's log records only the tasks its file lists)."""
+        return next(t for t in self.tasks if t.name == name)
+
     def run_config(self, task: TaskSpec, campaign: str) -> RunConfig:
         """The config of ``task``'s run: [explore], the task's own keys over it (a campaign's coverage
         policy adds its grants)."""

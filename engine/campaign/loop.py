@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.campaign.config import CampaignConfig, TaskSpec
+from engine.campaign.log import task_run_id
 from engine.campaign.policy import Round, TaskRows, decide
 from engine.catalog import Catalog
 from engine.config import RunConfig
-from engine.exploration import ENGINE_THREADS, plan_run
+from engine.exploration import ENGINE_THREADS, PlannedRun, plan_run
 from engine.mcts.explorer import Explorer
 from engine.runs import recorded_config
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, make_teacher
@@ -84,12 +85,18 @@ def drive(
     executor: str,
     ray_address: str | None,
     report: Report,
+    plans: dict[str, PlannedRun] | None = None,
 ) -> None:
-    specs = {t.name: t for t in config.tasks}
+    """Open (or create: from ``plans``, else planned now) every task's run, then run the policy's loop."""
+    plans = dict(plans or {})
     rows = catalog.query("select task, task_run from campaign_tasks order by task_order")
     slots = SharedSlots(config.parallel)
     with contextlib.ExitStack() as stack:
-        runs = [stack.enter_context(_opened(data_dir, name, r["task"], r["task_run"], specs, config)) for r in rows]
+        runs = []
+        for r in rows:
+            if r["task"] not in plans and not EventLog(data_dir, r["task_run"]).exists():
+                plans[r["task"]] = plan_task(data_dir, name, config, config.task(r["task"]))
+            runs.append(stack.enter_context(_opened(data_dir, r["task"], r["task_run"], plans.get(r["task"]))))
         for run in runs:
             report(f"{'resumed' if run.resumed else 'created'} run {run.run_id} (task {run.task})")
         live = [r for r in runs if not r.finished]
@@ -103,13 +110,18 @@ def drive(
             campaign.coverage()
 
 
+def plan_task(data_dir: Path, name: str, config: CampaignConfig, spec: TaskSpec) -> PlannedRun:
+    """A task's new run, planned and checked (its snapshots selected), nothing written."""
+    return plan_run(
+        data_dir, Path(spec.source), config.run_config(spec, name), task_run_id(name, spec.name), select=True
+    )
+
+
 @contextlib.contextmanager
-def _opened(
-    data_dir: Path, name: str, task: str, run_id: str, specs: dict[str, TaskSpec], config: CampaignConfig
-) -> Iterator[TaskRun]:
-    """A task's run, open for writing: the one its log holds, else created now."""
+def _opened(data_dir: Path, task: str, run_id: str, plan: PlannedRun | None) -> Iterator[TaskRun]:
+    """A task's run, open for writing: the one its log holds, else created now from ``plan``."""
     log = EventLog(data_dir, run_id)
-    if log.exists():
+    if plan is None:
         with LogWriter.open(data_dir, run_id) as writer:
             run_catalog = Catalog.for_log(log, threads=ENGINE_THREADS)
             run_config = recorded_config(run_catalog, log)
@@ -117,8 +129,6 @@ def _opened(
             with _engine(TaskRun(task, run_id, writer, run_catalog, run_config, None, True, finished)) as run:
                 yield run
         return
-    spec = specs[task]
-    plan = plan_run(data_dir, Path(spec.source), config.run_config(spec, name), run_id, select=True)
     plan.copy_roots()
     with LogWriter.create(data_dir, run_id) as writer:
         run_catalog = plan.begin(writer)
