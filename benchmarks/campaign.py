@@ -8,7 +8,8 @@ tree by the task rules (``tree.max_valid_edges``); the ``coverage`` campaign the
 exactly the valid edges ``fixed`` spent as its budget. Printed per seed and policy, over
 the whole campaign: N (selected paths), N_eff (lineage-aware, the audit's), N_eff/N,
 N_eff per 1,000 valid edges and per million tokens, stage coverage (the task x stage
-cells with a selected path, of those with a root) and the seconds it took; then the
+cells with a selected path, of those with a root), the N_eff of the least covered such
+cell, the rounds and the seconds it took; then the
 mean and the spread (min-max) over seeds, the ratios coverage / fixed, and per task
 where coverage gained or lost N_eff.
 
@@ -46,7 +47,8 @@ where s.stratum = 'all'
 STAGES = """
 select
     count(*) filter (where selected_paths > 0) as covered,
-    count(*) filter (where roots > 0) as cells
+    count(*) filter (where roots > 0) as cells,
+    min(coalesce(n_eff, 0)) filter (where roots > 0) as min_cell
 from coverage
 where stratum = 'stage'
 """
@@ -110,6 +112,7 @@ def measure(data: Path, name: str, path: Path) -> dict:
         "per_k_edges": 1000 * n_eff / m["edges"],
         "per_m_tokens": 1e6 * n_eff / m["tokens"],
         "stage_coverage": stages["covered"] / stages["cells"],
+        "min_cell": float(stages["min_cell"]),
         "rounds": result.rounds,
         "seconds": seconds,
         "per_task": per_task,
@@ -125,6 +128,7 @@ COLUMNS = [
     ("per_k_edges", "N_eff/1k edges", "{:.1f}"),
     ("per_m_tokens", "N_eff/Mtok", "{:.3f}"),
     ("stage_coverage", "stage cov.", "{:.2f}"),
+    ("min_cell", "min cell N_eff", "{:.1f}"),
     ("rounds", "rounds", "{:d}"),
     ("seconds", "s", "{:.0f}"),
 ]
@@ -133,7 +137,9 @@ COLUMNS = [
 def cell(key: str, fmt: str | None, value: float) -> str:
     if key == "tokens":
         return f"{value / 1e6:.0f}"
-    return fmt.format(value) if fmt else str(value)
+    if fmt == "{:d}" and value != int(value):  # a mean
+        return f"{value:.1f}"
+    return fmt.format(int(value) if fmt == "{:d}" else value) if fmt else str(value)
 
 
 def main() -> None:
@@ -172,7 +178,7 @@ def main() -> None:
             cells.append(f"{cell(key, fmt, mean)} ({cell(key, fmt, min(values))}-{cell(key, fmt, max(values))})")
         print(f"| {policy} | " + " | ".join(cells) + " |")
     print()
-    for key in ("n_eff", "per_k_edges", "per_m_tokens", "stage_coverage"):
+    for key in ("n_eff", "per_k_edges", "per_m_tokens", "stage_coverage", "min_cell"):
         ratios = [c[key] / f[key] for f, c in zip(results["fixed"], results["coverage"], strict=True) if f[key]]
         print(
             f"coverage / fixed, {key}: "

@@ -119,6 +119,12 @@ def test_a_coverage_campaign_spends_its_budget_and_replays_with_no_difference(tm
     # the campaign's name stands for its runs
     audited = json.loads(cli(data, "audit", "camp", "--json", check=False).stdout)
     assert sorted(audited["runs"]) == sorted(result["runs"])
+    cli(data, "export", "camp", "--out", str(tmp_path / "train"))
+    manifest = json.loads((tmp_path / "train" / "manifest.json").read_text())
+    assert sorted(r["run_id"] for r in manifest["runs"]) == sorted(result["runs"])
+    assert manifest["samples"] == result["total"]["n"]  # a sample per selected path
+    cli(data, "report", "camp", "--out", str(tmp_path / "report.html"))
+    assert all(run in (tmp_path / "report.html").read_text() for run in result["runs"])
 
 
 def test_replay_names_a_round_the_runs_do_not_imply(tmp_path):

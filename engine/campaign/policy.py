@@ -15,6 +15,8 @@ here they are only ranked (docs/CAMPAIGNS.md):
   while the budget lasts (the last block takes the edges left; a block's expected
   tokens must fit the tokens left, except the round's first);
 - no block to give: the campaign stops, ``budget_spent`` or ``trees_stopped``.
+
+A ``fixed`` campaign decides only its stop, once every run has finished (``trees_stopped``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def _first_pass(eligible: list[Row], roots: int | None) -> list[Row]:
 def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Round:
     """The grants of round ``round_no`` (or the campaign's stop) from the runs' rows."""
     budget, options = config.budget, config.coverage
+    if config.policy == "fixed":
+        running = any(r["eligible"] for t in tasks for r in t.gains)
+        return Round("fixed", []) if running else Round("stop", [], "trees_stopped")
     edges_left = None if budget.edges is None else budget.edges - sum(int(t.spend["kept_edges"]) for t in tasks)
     tokens_left = None if budget.tokens is None else budget.tokens - sum(int(t.spend["tokens"]) for t in tasks)
     if (edges_left is not None and edges_left <= 0) or (tokens_left is not None and tokens_left <= 0):
