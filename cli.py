@@ -447,13 +447,9 @@ def _start(
 @click.option("--name", default=None, callback=_run_id_option, help="Name of the campaign (default: the file's stem).")
 @click.option("--resume", "resume_name", default=None, metavar="NAME", help="Continue an interrupted campaign.")
 @click.option(
-    "--parallel",
-    type=click.IntRange(min=1),
-    default=None,
-    callback=_parallel_option,
-    help="Teacher slots shared by every task's run (default: the file's parallel).",
+    "--parallel", type=click.IntRange(min=1), callback=_parallel_option, help="Turns at once, over all tasks."
 )
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", help="Where turns run (local).")
 @click.option("--ray-address", default=None, help="With --executor ray: the cluster to join (default: a local one).")
 @json_option
 def campaign(
@@ -461,8 +457,11 @@ def campaign(
 ) -> None:
     """Explore many tasks under one budget (CAMPAIGN_FILE: docs/CAMPAIGNS.md); each task is a run, NAME-TASK.
 
-    The policy fixed grows every tree by its task's rules; coverage gives every root a
-    first block, then each next block to the trees whose N_eff per token it raises most.
+    Policy fixed: every tree by its task's rules; coverage: each block where it adds the most N_eff per token.
+
+    \b
+    Example:
+        python cli.py campaign campaign.toml && python cli.py audit campaign
     """
     from engine import outputs
     from engine.campaign import from_command_line

@@ -5,7 +5,8 @@ differ in difficulty (each task draws, from the seed, its share of hard roots - 
 errors, a third of evals failing - and how often the Teacher improves: a task it solves
 everywhere, one it rarely can, and the ones between). The ``fixed`` campaign grows every
 tree by the task rules (``tree.max_valid_edges``); the ``coverage`` campaign then gets
-exactly the valid edges ``fixed`` spent as its budget. Printed per seed and policy, over
+exactly the valid edges ``fixed`` spent as its budget (with ``--tokens``, a third campaign
+gets the tokens ``fixed`` spent instead). Printed per seed and policy, over
 the whole campaign: N (selected paths), N_eff (lineage-aware, the audit's), N_eff/N,
 N_eff per 1,000 valid edges and per million tokens, stage coverage (the task x stage
 cells with a selected path, of those with a root), the N_eff of the least covered such
@@ -13,7 +14,7 @@ cell, the rounds and the seconds it took; then the
 mean and the spread (min-max) over seeds, the ratios coverage / fixed, and per task
 where coverage gained or lost N_eff.
 
-    python benchmarks/campaign.py [--seeds 3] [--tasks 8] [--roots 6] [--max-edges 12] [--out DIR]
+    python benchmarks/campaign.py [--seeds 3] [--tasks 8] [--roots 6] [--max-edges 12] [--tokens] [--out DIR]
 """
 
 from __future__ import annotations
@@ -72,10 +73,10 @@ def tasks_of(seed: int, count: int) -> list[dict]:
     ]
 
 
-def campaign_toml(policy: str, tasks: list[dict], roots: int, max_edges: int, budget: int | None) -> str:
+def campaign_toml(policy: str, tasks: list[dict], roots: int, max_edges: int, budget: dict[str, int]) -> str:
     lines = [f'policy = "{policy}"', "parallel = 8"]
-    if budget is not None:
-        lines += ["[budget]", f"edges = {budget}"]
+    if budget:
+        lines += ["[budget]"] + [f"{unit} = {amount}" for unit, amount in budget.items()]
     lines += [
         "[explore]",
         'backend = "sim"',
@@ -148,22 +149,25 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--roots", type=int, default=6)
     parser.add_argument("--max-edges", type=int, default=12)
+    parser.add_argument("--tokens", action="store_true", help="also coverage at fixed's tokens (a token budget)")
     parser.add_argument("--out", type=Path, default=None, help="where the campaigns are kept (default: a temp dir)")
     args = parser.parse_args()
     base = args.out or Path(tempfile.mkdtemp(prefix="campaign-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict]] = {"fixed": [], "coverage": []}
+    # coverage at fixed's valid edges, and (--tokens) at fixed's tokens
+    variants = {"fixed": "edges", "coverage": "edges"} | ({"coverage-tokens": "tokens"} if args.tokens else {})
+    results: dict[str, list[dict]] = {v: [] for v in variants}
     header = "| seed | policy | " + " | ".join(label for _, label, _ in COLUMNS) + " |"
     print(header)
     print("|" + "---|" * (len(COLUMNS) + 2))
     for seed in range(1, args.seeds + 1):
         tasks = tasks_of(seed, args.tasks)
         data = base / f"seed{seed}"
-        for policy in ("fixed", "coverage"):
-            budget = None if policy == "fixed" else results["fixed"][-1]["edges"]
+        for policy, unit in variants.items():
+            budget = {} if policy == "fixed" else {unit: results["fixed"][-1][unit]}
             path = base / f"seed{seed}-{policy}.toml"
-            path.write_text(campaign_toml(policy, tasks, args.roots, args.max_edges, budget))
-            r = measure(data, f"{policy}", path) | {"tasks": tasks}
+            path.write_text(campaign_toml(policy.split("-")[0], tasks, args.roots, args.max_edges, budget))
+            r = measure(data, policy, path) | {"tasks": tasks}
             results[policy].append(r)
             cells = " | ".join(cell(k, f, r[k]) for k, _, f in COLUMNS)
             print(f"| {seed} | {policy} | {cells} |", flush=True)
@@ -178,22 +182,22 @@ def main() -> None:
             cells.append(f"{cell(key, fmt, mean)} ({cell(key, fmt, min(values))}-{cell(key, fmt, max(values))})")
         print(f"| {policy} | " + " | ".join(cells) + " |")
     print()
-    for key in ("n_eff", "per_k_edges", "per_m_tokens", "stage_coverage", "min_cell"):
-        ratios = [c[key] / f[key] for f, c in zip(results["fixed"], results["coverage"], strict=True) if f[key]]
-        print(
-            f"coverage / fixed, {key}: "
-            + ", ".join(f"{x:.2f}" for x in ratios)
-            + f" (mean {statistics.mean(ratios):.2f})"
-        )
-    print()
-    print("per task, N_eff fixed -> coverage (hard_share, drift_mean):")
-    for f, c in zip(results["fixed"], results["coverage"], strict=True):
-        parts = [
-            f"{t['name']} ({t['hard_share']}, {t['drift_mean']:+.2f}): {f['per_task'][t['name']]:.1f} -> "
-            f"{c['per_task'][t['name']]:.1f}"
-            for t in f["tasks"]
-        ]
-        print("  " + "; ".join(parts))
+    for variant in [v for v in variants if v != "fixed"]:
+        for key in ("n_eff", "per_k_edges", "per_m_tokens", "stage_coverage", "min_cell"):
+            pairs = zip(results["fixed"], results[variant], strict=True)
+            ratios = [c[key] / f[key] for f, c in pairs if f[key]]
+            shown = ", ".join(f"{x:.3f}" for x in ratios)
+            print(f"{variant} / fixed, {key}: {shown} (mean {statistics.mean(ratios):.3f})")
+        print()
+        print(f"per task, N_eff fixed -> {variant} (hard_share, drift_mean):")
+        for f, c in zip(results["fixed"], results[variant], strict=True):
+            parts = [
+                f"{t['name']} ({t['hard_share']}, {t['drift_mean']:+.2f}): {f['per_task'][t['name']]:.1f} -> "
+                f"{c['per_task'][t['name']]:.1f}"
+                for t in f["tasks"]
+            ]
+            print("  " + "; ".join(parts))
+        print()
     (base / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"\ncampaigns kept in {base}", file=sys.stderr)
 

@@ -161,8 +161,8 @@ def _attach(live: list[TaskRun], slots: SharedSlots, executor: str, ray_address:
         if executor == "ray":
             from engine.mcts.cluster import RayExecutor
 
-            slots = sum(r.config.parallel for r in live)  # the first run's executor joins with every run's
-            run.cluster = RayExecutor(run.config, run.writer.log.dir, ray_address, slots)
+            needed = sum(r.config.parallel for r in live)  # the first run's executor joins with every run's
+            run.cluster = RayExecutor(run.config, run.writer.log.dir, ray_address, needed)
             turn = run.cluster.run_turn
         run.explorer = Explorer(run.writer, run.catalog, run.config, run.teacher, None, slots.runner(turn))
 
