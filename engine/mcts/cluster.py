@@ -112,7 +112,8 @@ class RayExecutor:
             if self._owner and address:  # (not the owner: another run of its campaign joined already)
                 ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level="warning")
             elif self._owner:  # a cluster of this machine alone, for as long as the run
-                ray.init(
+                ray.init(  # "local": a new one, even where a cluster's address file (/tmp/ray) names another
+                    address="local",
                     resources={RESOURCE: slots},
                     runtime_env=env,
                     include_dashboard=False,
