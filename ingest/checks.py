@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from ingest.errors import LogError, PartDamagedError
 from ingest.parts import Part, content_digest
+from ingest.paths import command_line
 from ingest.schema import ENVELOPE, SCHEMA
 
 CHECKSUM_MISMATCH = "its content does not match the checksum its name records"
@@ -36,9 +37,10 @@ def unreadable_part(path: Path | str, err: Exception) -> LogError:
 def damaged_part(part: Part, problem: str) -> PartDamagedError:
     """The error for a part whose bytes are not what was published, with what to do next."""
     run = run_of(part)
+    data = Path(part.path).parents[3]  # <data>/runs/<run>/log/<part>
     return PartDamagedError(
-        f"{part.path}: damaged ({problem}); it holds {part.seqs} - 'verify {run}' checks every "
-        f"part, 'quarantine {run} {part.name}' moves it (and the parts after it) aside"
+        f"{part.path}: damaged ({problem}); it holds {part.seqs} - '{command_line(data, 'verify', run)}' checks "
+        f"every part, '{command_line(data, 'quarantine', run, part.name)}' moves it (and the parts after it) aside"
     )
 
 

@@ -81,7 +81,7 @@ def test_a_damaged_data_page_is_found_by_every_reader(run):
         r = invoke(run, *command)
         assert r.exit_code == 1 and "Traceback" not in r.output, (command, r.output)
         assert r.stderr.startswith("Error: ") and f"{part}: damaged ({CHECKSUM}); it holds seqs" in r.stderr, r.output
-        assert f"'quarantine rounds {part.name}'" in r.stderr
+        assert f"'python cli.py --data {run} quarantine rounds {part.name}'" in r.stderr  # a hint that runs as printed
     assert listing(run) == before  # nothing appended, nothing removed
     with pytest.raises(PartDamagedError, match=re.escape(str(part))):
         EventLog(run, "rounds").read_table(["seq"])

@@ -57,6 +57,7 @@ from engine.teachers import RootInfo, Teacher, TurnRequest
 from ingest.events import ContentRecorded, Event, RunFinished, RunResumed, RunStopped
 from ingest.faults import crash_point
 from ingest.log import LogWriter
+from ingest.paths import command_line
 
 Row = dict[str, Any]
 TURN_STEPS = {"turn_1": 1, "turn_2": 2}
@@ -324,7 +325,7 @@ class Explorer:
             msg = (
                 f"the last {row['streak']} turns failed with a backend error, the last one: "
                 f"{row['last_error']} - nothing of them was recorded; fix the cause and continue "
-                f"with 'explore --resume {self.writer.log.run_id}'"
+                f"with '{self._resume_hint()}'"
             )
             raise BackendFailingError(msg)
 
@@ -353,20 +354,26 @@ class Explorer:
             return
         reason, error = due[0]["reason"], due[0]["error"]
         self._stage([RunStopped(watermark=self.writer.tail, reason=reason, error=error)])
-        run_id = self.writer.log.run_id
+        hint = self._resume_hint()
         if reason == "grader_check":
             shown = "\n".join(self._grader_output.strip().splitlines()[-GRADER_OUTPUT_LINES:])
             raise RunStoppedError(
                 f"the grader check before the first turn failed: {error}. The grader printed:\n{shown}\n"
                 "Is --coral-dir the Student run of this task? Start a new run with the right one; or fix the "
-                f"grader and continue with 'explore --resume {run_id}'; or skip the check with "
+                f"grader and continue with '{hint}'; or skip the check with "
                 "--no-grader-check (backend_options.grader_check = false)"
             )
         raise RunStoppedError(
             f"{error} - the grader cannot grade this task's code (another task's grader? one missing "
-            f"something?); the run stopped, its turns recorded: fix the cause and continue with "
-            f"'explore --resume {run_id}'"
+            f"something?); the run stopped, its turns recorded: fix the cause and continue with '{hint}'"
         )
+
+    def _resume_hint(self) -> str:
+        """The command that continues this run: its campaign's resume when a campaign grants its trees."""
+        log = self.writer.log
+        if self.config.grants is not None:
+            return command_line(log.data_dir, "campaign", "--resume", self.config.grants.campaign)
+        return command_line(log.data_dir, "explore", "--resume", log.run_id)
 
     # ----------------------------------------------------------------- views
 
