@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.campaign import open_campaign
 from engine.catalog import Catalog
 from ingest.events import BudgetAllocated, CampaignTaskAdded, RunStarted
@@ -71,6 +73,7 @@ DECISIONS = (
 )
 
 
+@pytest.mark.slow
 def test_a_fixed_campaign_grows_every_run_as_a_separate_explore_does(tmp_path):
     data = tmp_path / "data"
     done = cli(data, "campaign", str(campaign_file(tmp_path, "fixed")), "--json")
@@ -155,6 +158,7 @@ def test_replay_names_a_round_the_runs_do_not_imply(tmp_path):
     assert "the run's grants differ from the campaign's" in done.stdout  # the runs hold the real round
 
 
+@pytest.mark.slow
 def test_a_campaign_killed_with_kill_9_resumes_to_the_same_campaign(tmp_path):
     budget = {"edges": 45}
     whole, killed = tmp_path / "whole", tmp_path / "killed"
@@ -223,6 +227,7 @@ def test_a_run_of_a_coverage_campaign_is_not_resumed_alone(tmp_path):
     assert done.returncode != 0 and "campaign --resume c2" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_first_pass_of_one_root_a_task_opens_the_others_by_their_gain(tmp_path):
     data = tmp_path / "data"
     path = campaign_file(tmp_path, "coverage", {"edges": 30})
@@ -244,6 +249,7 @@ def test_a_first_pass_of_one_root_a_task_opens_the_others_by_their_gain(tmp_path
     assert json.loads(cli(data, "replay", "camp", "--json").stdout)["differ"] == 0
 
 
+@pytest.mark.slow
 def test_watch_follows_a_campaign_to_its_end(tmp_path):
     data = tmp_path / "data"
     path = campaign_file(tmp_path, "coverage", {"edges": 24})
