@@ -110,19 +110,21 @@ def share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
 
-def progress_line(p: dict[str, Any], running: bool = True) -> str:
+def progress_line(p: dict[str, Any], running: bool = True, eta: bool = True) -> str:
     """One line of a run's progress: a ``run_progress`` row with its ``run_pace`` columns.
 
-    ``running``: whether a process writes the run (an interrupted run has no time left).
+    ``running``: whether a process writes the run (an interrupted run has no time left);
+    ``eta``: whether to give the time left (a campaign's run has none of its own: its grants decide).
     """
     pace = f"{p['edges_per_hour']:,.0f} edges/h" if p.get("edges_per_hour") is not None else "- edges/h"
-    eta = "done" if p.get("finished") else f"ETA {time_left(p.get('eta_seconds'))}" if running else "not running"
+    left = f"ETA {time_left(p.get('eta_seconds'))}" if eta else "growing"
+    state = "done" if p.get("finished") else left if running else "not running"
     return (
         f"trees {p['trees_done']}/{p['trees']} done | edges kept {p['kept_edges']} "
         f"({p['kept_exempt_edges']} exempt), pruned {p['pruned_edges']}, retried "
         f"{p['retried_edges']}, in flight {p['in_flight_edges']} | leaves {p['leaves']} | tool errors "
         f"{share(p['tool_errors'], p['tool_calls'])}, knowledge {share(p['knowledge_actions'], p['tool_calls'])} "
-        f"| {pace} | {eta}"
+        f"| {pace} | {state}"
     )
 
 
@@ -222,7 +224,7 @@ def campaign_frame_lines(frame: Any) -> list[str]:
         f"campaign {frame.name} ({c['policy']}): {state}; {st['rounds']} rounds{stop}; spent {edges}{of} valid "
         f"edges, {tokens / 1e6:.1f}M{of_tokens} tokens"
     ]
-    lines += [f"  {r['task']} ({r['run_id']}): " + progress_line(r, frame.writing) for r in frame.runs]
+    lines += [f"  {r['task']} ({r['run_id']}): " + progress_line(r, frame.writing, eta=False) for r in frame.runs]
     return lines
 
 
