@@ -509,3 +509,31 @@ def test_runs_replayed_side_by_side_each_give_their_own_result_in_run_order(runs
     assert ("edge_judged", change.edge, "verdict differs") in differences["forged"]
     with pytest.raises(LogError, match="nope"):
         next(replay_runs(data, ["rounds", "nope"], workers=2))  # every run is checked to exist first
+
+
+def _audited(events: pa.Table) -> list[dict]:
+    from engine.replay import at_decisions
+
+    catalog = Catalog.empty()
+    catalog.insert(events)
+    at_decisions(catalog)
+    return catalog.query("select * from audit_edge_judged")
+
+
+def test_a_verdict_is_missing_only_once_the_engine_judged_after_its_edge(runs):
+    """A prefix ending between a batch's turns and its verdicts (a signal there) misses nothing;
+    a verdict dropped from the middle of the log, or at the end of a finished run, is named."""
+    from ingest.reader import read_whole
+
+    events = pa.concat_tables([read_whole(p) for p in EventLog(runs, "rounds").parts()], promote_options="default")
+    kinds = events.column("kind").to_pylist()
+    seqs = events.column("seq").to_pylist()
+    first = kinds.index("edge_judged")
+    unjudged = events.slice(0, first)  # the turns of the first batch, none of its verdicts
+    assert any(k == "turn_finished" for k in kinds[:first])
+    assert _audited(unjudged) == []
+    dropped = pc.not_equal(events.column("seq"), pa.scalar(seqs[first]))  # one verdict forged away
+    missing = _audited(events.filter(dropped))
+    assert [(r["problem"], r["subject"]) for r in missing] == [
+        ("no verdict recorded", events.column("edge_id")[first].as_py())
+    ]

@@ -1,10 +1,13 @@
 -- Recorded edge verdicts the facts do not imply, and finished edges never judged (empty when healthy).
 -- grain: kind, seq, subject, problem
--- sources: stg_edge_judged, int_edges__judged
+-- sources: stg_edge_judged, int_edges__judged, stg_run_finished
 --
 -- Replay reads every audit_* view. A verdict must equal the derived one, name the
 -- derived child id, come after the edge was complete (completed_seq <= watermark)
--- and be the only one for its edge.
+-- and be the only one for its edge. A complete edge without a verdict is missing once
+-- the engine judged after it (a later EdgeJudged: every pass judges every edge due) or
+-- the run finished; a prefix that ends between a batch's turns and its verdicts (a run
+-- interrupted there, whose resume judges them first) misses nothing.
 with recorded as (
     select
         *,
@@ -40,7 +43,12 @@ missing as (
         d.verdict || coalesce(' -> ' || d.child_id, '') as derived
     from int_edges__judged as d
     anti join stg_edge_judged as r using (tree_id, edge_id)
-    where d.verdict is not null
+    where
+        d.verdict is not null
+        and (
+            exists (select 1 from stg_run_finished)
+            or exists (select 1 from stg_edge_judged as later where later.seq > d.completed_seq)
+        )
 )
 
 select seq, 'edge_judged' as kind, tree_id, subject, problem, recorded, derived

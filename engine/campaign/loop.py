@@ -227,15 +227,11 @@ class _Campaign:
         of = f"/{budget.edges}" if budget.edges else ""
         of_tokens = f"/{budget.tokens / 1e6:.1f}M" if budget.tokens else ""
         if decided.stop is not None:
-            spent_line = f"spent {spent}{of} valid edges, {tokens / 1e6:.1f}M{of_tokens} tokens"
-            self.report(f"round {round_no}: stop ({decided.stop}); {spent_line}")
+            what = f"stop ({decided.stop})"
         else:
-            trees = len(decided.grants)
             tasks = len({g["task"] for g in decided.grants})
-            self.report(
-                f"round {round_no} ({decided.rule}): {trees} blocks to {trees} trees of {tasks} tasks; "
-                f"spent {spent}{of} valid edges, {tokens / 1e6:.1f}M{of_tokens} tokens"
-            )
+            what = f"({decided.rule}) a block to each of {len(decided.grants)} trees of {tasks} tasks"
+        self.report(f"round {round_no} {what}; spent {spent}{of} valid edges, {tokens / 1e6:.1f}M{of_tokens} tokens")
 
     def _copy(self) -> None:
         """Stage in every run what the campaign recorded for it and the run does not hold yet: its
