@@ -178,19 +178,28 @@ class Collection:
         self._variables: dict[str, Any] = {}  # set by the caller (reselection weights, ...)
         self._known_variables = set(graph.variable_tables)
         self._states: dict[str, dict[str, State]] = {}  # flavour (JSON) -> run -> its state
+        self._files: dict[tuple[Path, str], Path] = {}  # (state, view) -> its checked file of rows
         self._bound: dict[str, tuple[str, ...]] = {}  # union view -> the files it reads
+        self._connect()
+
+    def _connect(self) -> None:
+        """The connection queries run on, reading nothing but the collection's runs: their logs and
+        their stored states (in every root of the derived state; made again when a root is added)."""
         # No temporary directory: DuckDB would make the default one (<cwd>/.tmp) readable and
         # writable to every query despite allowed_directories; nothing spills to disk instead.
-        self.con = duckdb.connect(config={"temp_directory": ""})
+        con = duckdb.connect(config={"temp_directory": ""})
         _path, macros, _reads = read_macros()
-        self.con.execute(macros)  # node_key, pct, ...: for queries over the union views too
-        logs = [run_dir(self.data_dir, run_id) / "log" for run_id in self.run_ids]
-        readable = [f"{log.resolve()}/" for log in logs] + [f"{self.derived.ensure_root().resolve()}/"]
-        self.con.execute("set allowed_directories = ?", [readable])
-        self.con.execute("set enable_external_access = false")
-        self.con.execute(f"set memory_limit = '{self.limits.memory}B'")
-        self.con.execute("set parquet_metadata_cache = true")  # the views' files are read again and again
-        self.con.execute("set lock_configuration = true")  # no query can change any of the above
+        con.execute(macros)  # node_key, pct, ...: for queries over the union views too
+        readable = [f"{(run_dir(self.data_dir, run_id) / 'log').resolve()}/" for run_id in self.run_ids]
+        readable += [f"{d.resolve()}/" for run_id in self.run_ids for d in self.derived.run_dirs(run_id)]
+        con.execute("set allowed_directories = ?", [readable])
+        con.execute("set enable_external_access = false")
+        con.execute(f"set memory_limit = '{self.limits.memory}B'")
+        con.execute("set parquet_metadata_cache = true")  # the views' files are read again and again
+        con.execute("set lock_configuration = true")  # no query can change any of the above
+        self._roots = list(self.derived.roots.all)
+        self._bound = {}
+        self.con = con
 
     @property
     def damaged(self) -> list[DamagedRun]:
@@ -204,8 +213,9 @@ class Collection:
     def _flavour(self, at_decisions: bool) -> dict[str, Any]:
         return (AT_DECISIONS if at_decisions else NOW) | self._variables
 
-    def states(self, at_decisions: bool = False) -> dict[str, State]:
-        """Every readable run's state (evaluated at every decision, or now), built where none is current.
+    def states(self, at_decisions: bool = False, views: tuple[str, ...] = ()) -> dict[str, State]:
+        """Every readable run's state (evaluated at every decision, or now), built where none is current
+        (with the rows of ``views``, from the catalog in hand).
 
         A run that cannot be read is left out and named in ``damaged`` (none named), or
         its error raised (runs named); LogError when every run is damaged.
@@ -217,7 +227,7 @@ class Collection:
 
             def one(run_id: str) -> State | LogError:
                 try:
-                    return self._state(run_id, variables, at_decisions)
+                    return self._state(run_id, variables, at_decisions, views)
                 except LogError as err:
                     return err
 
@@ -226,33 +236,42 @@ class Collection:
             with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(self.run_ids)))) as pool:
                 found = list(pool.map(one, list(self.run_ids)))
             for run_id, state in zip(list(self.run_ids), found, strict=True):
-                if not isinstance(state, LogError):
+                if isinstance(state, LogError):
+                    self._leave_out(run_id, state)
+                else:
                     states[run_id] = state
-                    continue
-                if self._named:
-                    raise state
-                from engine.runs import diagnosed
-
-                self._damaged.append(diagnosed(self.data_dir, run_id, str(state)))
-                self.run_ids.remove(run_id)
-            if not states:
-                raise LogError(
-                    "every run under "
-                    + str(self.data_dir / "runs")
-                    + " is damaged:\n"
-                    + "\n".join(d.message() for d in self._damaged)
-                )
             self._check_defaults(states)
             self._states[key] = states
         return self._states[key]
 
-    def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool) -> State:
+    def _leave_out(self, run_id: str, err: LogError) -> None:
+        """A run that cannot be read: its error raised (runs named), else left out and named in ``damaged``;
+        LogError when no run is left."""
+        if self._named:
+            raise err
+        from engine.runs import diagnosed
+
+        self._damaged.append(diagnosed(self.data_dir, run_id, str(err)))
+        self.run_ids.remove(run_id)
+        for states in self._states.values():
+            states.pop(run_id, None)
+        if not self.run_ids:
+            raise LogError(
+                "every run under "
+                + str(self.data_dir / "runs")
+                + " is damaged:\n"
+                + "\n".join(d.message() for d in self._damaged)
+            )
+
+    def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool, views: tuple[str, ...]) -> State:
         source = self.derived.source(run_id)
         if not at_decisions:  # final rows are the same at either: use a current state at decisions if stored
-            held = self.derived.find(run_id, self._flavour(True), source)
+            held = self.derived.find(run_id, variables, source) or self.derived.find(
+                run_id, self._flavour(True), source
+            )
             if held is not None:
                 return held
-        return self.derived.state(run_id, variables, source)
+        return self.derived.state(run_id, variables, source, views)
 
     def _check_defaults(self, states: dict[str, State]) -> None:
         for name in RUN_DEFAULTS:
@@ -265,19 +284,48 @@ class Collection:
                 raise InputError(msg)
 
     def _bind(self, names: set[str], run_id: str | None = None) -> None:
-        """Point the union view of each view the query names at every run's file of its rows (or one run's)."""
-        named = names & set(self.views)
-        states = self.states(at_decisions=bool(named & self._at_decisions)) if named else {}
+        """Point the union view of each view the query names at every run's file of its rows (or one run's).
+
+        Each file was checked against its digest when first read, and is again whenever it
+        is no longer the file checked (its size, times or inode changed): a damaged one is
+        dropped and derived again from the log before the query runs.
+        """
+        named = sorted(names & set(self.views))
+        if not named:
+            return
+        states = self.states(bool(set(named) & self._at_decisions), tuple(named))
         if run_id is not None:
             if run_id not in states:
                 raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(states)})")
             states = {run_id: states[run_id]}
-        for name in sorted(named):
-            files = tuple(str(self.derived.view_file(state, name)) for state in states.values())
+        stale = [r for r, st in states.items() if any(not self._checked_file(st, v) for v in named)]
+
+        def one(run: str) -> LogError | None:
+            try:
+                for view in named:
+                    if not self._checked_file(states[run], view):
+                        self._files[(states[run].dir, view)] = self.derived.view_file(states[run], view)
+            except LogError as err:  # (its parts damaged since its state was derived)
+                return err
+            return None
+
+        with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(stale)))) as pool:  # a core each
+            failed = [(run, err) for run, err in zip(stale, pool.map(one, stale), strict=True) if err is not None]
+        for run, err in failed:
+            self._leave_out(run, err)
+            del states[run]
+        if self.derived.roots.all != self._roots:  # a state kept elsewhere now: readable by queries too
+            self._connect()
+        for name in named:
+            files = tuple(str(self._files[(state.dir, name)]) for state in states.values())
             if self._bound.get(name) != files:
                 listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
                 self.con.execute(f'create or replace view main."{name}" as select * from read_parquet([{listed}])')
                 self._bound[name] = files
+
+    def _checked_file(self, state: State, view: str) -> bool:
+        path = self._files.get((state.dir, view))
+        return path is not None and self.derived.unchanged(path)
 
     def set(self, **values: Any) -> None:
         """Set view variables (None: reset) for every run, e.g. reselection weights."""

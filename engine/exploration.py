@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import Catalog
+from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import RunConfig, parallel_problem
 from engine.mcts.explorer import Explorer
 from engine.mcts.spool import Spool
@@ -29,7 +29,6 @@ from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.paths import command_line
 from ingest.snapshots import read_direction, read_snapshot, root_problem
 
-ENGINE_THREADS = 1  # deterministic float sums for recorded decisions (see Catalog.empty)
 Progress = Callable[[Callable[[], dict[str, Any]]], None]
 
 
@@ -231,7 +230,7 @@ def _start(
 ) -> Catalog:
     """The run's first events, in its log and in the engine's catalog: RunStarted, the selection made
     here (when there is one) and the roots."""
-    catalog = Catalog.empty(threads=ENGINE_THREADS)
+    catalog = Catalog.empty(threads=DECISION_THREADS)
     if selection is None:
         catalog.insert(writer.stage([run_started("explore", config, source)]))
     else:
@@ -299,7 +298,7 @@ def resume_run(
     """
     log = EventLog(data_dir, run_id).require()
     with LogWriter.open(data_dir, run_id) as writer:
-        catalog = Catalog.for_log(log, threads=ENGINE_THREADS)
+        catalog = Catalog.for_log(log, threads=DECISION_THREADS)
         command = catalog.query("select command from run_config")
         if not command or command[0]["command"] != "explore":
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
@@ -358,8 +357,8 @@ def resumed_config(
 
 def run_summary(data_dir: Path, run_id: str, resumed: bool) -> ExploreResult:
     """The trees and totals of a run, read back from its log."""
-    catalog = open_run(data_dir, run_id)
-    trees = catalog.query("select * from trees order by tree_id")
-    progress = catalog.query("select * from run_progress")[0]
-    top_k = catalog.query("select top_k from run_config")[0]["top_k"]
+    with open_run(data_dir, run_id) as catalog:
+        trees = catalog.query("select * from trees order by tree_id")
+        progress = catalog.query("select * from run_progress")[0]
+        top_k = catalog.query("select top_k from run_config")[0]["top_k"]
     return ExploreResult(run_id, resumed, trees, progress, top_k)

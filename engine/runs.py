@@ -26,19 +26,21 @@ from ingest.paths import command_line
 T = TypeVar("T")
 
 
-def open_run(data_dir: Path, run_id: str, writable: bool = True) -> Catalog:
-    """A catalog over the published prefix of a run whose recorded config is valid, now.
+def open_run(data_dir: Path, run_id: str) -> Catalog:
+    """A catalog over the published prefix of a run whose recorded config is valid, now, in memory
+    (``close()`` it, or use it in a ``with``).
 
-    Read from the run's stored derived state (:mod:`engine.derived`; derived from the
-    log first when none matches it): ``writable`` (default), a copy in memory whose
-    variables may be set; else the stored state itself, read-only. LogError names the
-    run when it does not exist, and the log when its recorded config is not one this
-    version accepts (a forged or damaged log: the views could not use it).
+    Its tables are read from the run's stored derived state (:mod:`engine.derived`;
+    derived from the log first when none matches it, checked when read), its events
+    from the log's parts. For reading only: a decision to record is derived from the
+    log alone (:meth:`Catalog.for_log`). LogError names the run when it does not
+    exist, and the log when its recorded config is not one this version accepts (a
+    forged or damaged log: the views could not use it).
     """
     from engine.derived import Derived
 
     EventLog(data_dir, run_id).require()
-    return Derived(data_dir).open(run_id, writable=writable)
+    return Derived(data_dir).open(run_id)
 
 
 @dataclass(frozen=True)

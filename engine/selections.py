@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.catalog import Catalog
+from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import MAX_WEIGHT, PathWeights, problems
-from engine.runs import open_run
+from engine.runs import open_run, recorded_config
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import PathsSelected
 from ingest.log import EventLog, LogWriter
@@ -187,9 +187,10 @@ def reselect(
     data, run_id: str, weights_text: str | None, top_k: int | None, diversity: float | None = None
 ) -> Reselection:
     """Select paths with other weights, k or a diversity lambda from the same log; record it once."""
-    EventLog(data, run_id).require()
-    with LogWriter.open(data, run_id) as writer:
-        catalog = open_run(data, run_id)
+    log = EventLog(data, run_id).require()
+    with LogWriter.open(data, run_id) as writer, Catalog.for_log(log, threads=DECISION_THREADS) as catalog:
+        # From the log alone, never from stored derived state: what is recorded must not rest on it.
+        recorded_config(catalog, log)
         if not _has_trees(catalog):
             raise LogError(f"run {run_id!r} has no trees - nothing to select from")
         default = default_params(catalog)
@@ -263,8 +264,8 @@ def selected_paths(
     data, run_id: str, selection: str | None, tree_id: str | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A recorded selection (default: the run config's) and its paths, maybe one tree's."""
-    catalog = open_run(data, run_id)
-    chosen = recorded_selection(catalog, run_id, selection)
+    with open_run(data, run_id) as catalog:
+        chosen = recorded_selection(catalog, run_id, selection)
     wanted = chosen["selection_id"]
     rows = [p for p in chosen["paths"] if tree_id is None or p["tree_id"] == tree_id]
     if tree_id is not None and not rows:

@@ -87,7 +87,12 @@ def follow(
     too, so the ages of turns in flight move on). ``stop`` ends following early.
     """
     log = EventLog(data_dir, run_id).require()
-    catalog = Derived(data_dir).open(run_id, writable=True)  # the stored state, then what the writer appends
+    with Derived(data_dir).open(run_id) as catalog:  # the stored state, then what the writer appends
+        yield from _frames(data_dir, log, catalog, period, stop)
+
+
+def _frames(data_dir, log: EventLog, catalog, period: float, stop: threading.Event | None) -> Iterator[Frame]:
+    run_id = log.run_id
     frame = read_frame(catalog, run_id, writer_alive(log))
     yield frame
     if frame.finished:

@@ -14,6 +14,8 @@ kill from outside would have to land by luck:
     spool.renamed      a finished turn is in the spool, not yet in the log
     edge.started       the engine staged an edge start, in the middle of a fill
     campaign.decided   a campaign's round is in its log, its grants not yet in the runs'
+    derived.written    a file of derived state is written and fsynced under its temporary name
+    derived.built      a derived state's temporary directory is complete, not yet renamed into place
 
 ``<point>:<n>:<SIGNAL>`` (SIGHUP, SIGTERM, SIGINT) sends that signal instead, so a
 test can interrupt a step exactly where a signal from outside lands by luck.
@@ -43,6 +45,7 @@ POINTS = (
     "edge.started",
 )
 CAMPAIGN_POINTS = ("campaign.decided",)  # reached by a campaign only (the soak kills explore runs)
+DERIVED_POINTS = ("derived.written", "derived.built")  # reached by readers storing derived state
 SIGNALS = {"SIGHUP": signal.SIGHUP, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
 _reached: Counter[str] = Counter()
@@ -56,7 +59,7 @@ def _plan() -> tuple[str, int, int] | None:
         return None
     point, _, count = value.partition(":")
     count, _, name = count.partition(":")
-    if point not in POINTS + CAMPAIGN_POINTS or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
+    if point not in POINTS + CAMPAIGN_POINTS + DERIVED_POINTS or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
         msg = (
             f"${CRASH_ENV}={value!r}: expected <point>:<n>[:<signal>] with n >= 1, a point among "
             f"{', '.join(POINTS + CAMPAIGN_POINTS)} and a signal among {', '.join(SIGNALS)}"

@@ -39,12 +39,12 @@ def hashes(root: Path) -> dict[str, str]:
     }
 
 
-VIEW_ROWS = re.compile(r"derived/[^/]+/[^/]+/[^/]+/views/[a-z_0-9]+\.parquet")
+VIEW_ROWS = re.compile(r"derived/[^/]+/[^/]+/[^/]+/views/[a-z_0-9]+-[0-9a-f]{32}\.parquet")
 
 
 def unchanged(before: dict[str, str], after: dict[str, str]) -> bool:
     """Every file is as it was; the only new ones are the rows of views a read derived and stored
-    (``derived/<run>/<flavour>/<source>/views/<view>.parquet``: a query naming a view no query
+    (``derived/<run>/<flavour>/<source>/views/<view>-<digest>.parquet``: a query naming a view no query
     named before adds its file)."""
     new = after.keys() - before.keys()
     return all(after.get(k) == v for k, v in before.items()) and all(VIEW_ROWS.fullmatch(k) for k in new)

@@ -15,9 +15,9 @@ from typing import Any
 from engine.campaign.config import CampaignConfig, TaskSpec
 from engine.campaign.log import task_run_id
 from engine.campaign.policy import Round, TaskRows, decide
-from engine.catalog import Catalog
+from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import RunConfig
-from engine.exploration import ENGINE_THREADS, PlannedRun, plan_run
+from engine.exploration import PlannedRun, plan_run
 from engine.mcts.explorer import Explorer
 from engine.runs import recorded_config
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, make_teacher
@@ -123,7 +123,7 @@ def _opened(data_dir: Path, task: str, run_id: str, plan: PlannedRun | None) -> 
     log = EventLog(data_dir, run_id)
     if plan is None:
         with LogWriter.open(data_dir, run_id) as writer:
-            run_catalog = Catalog.for_log(log, threads=ENGINE_THREADS)
+            run_catalog = Catalog.for_log(log, threads=DECISION_THREADS)
             run_config = recorded_config(run_catalog, log)
             finished = run_catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
             with _engine(TaskRun(task, run_id, writer, run_catalog, run_config, None, True, finished)) as run:

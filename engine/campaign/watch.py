@@ -56,7 +56,7 @@ def read_campaign_frame(data_dir: Path, name: str, catalogs: dict[str, Catalog],
         if run_id not in catalogs:
             if not log.exists():
                 continue
-            catalogs[run_id] = Derived(data_dir).open(run_id, writable=True)
+            catalogs[run_id] = Derived(data_dir).open(run_id)
         catalog = catalogs[run_id]
         catalog.load(log)
         row = {"run_id": run_id, "task": task["task"], "seq": catalog.tail_seq()}

@@ -10,6 +10,7 @@ answers queries after refreshing the tables they read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,21 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["KIND_COLUMNS", "LOG_RELATIONS", "Catalog", "QueryError", "ViewDef", "read_views", "view_sources"]
+__all__ = [
+    "DECISION_THREADS",
+    "KIND_COLUMNS",
+    "LOG_RELATIONS",
+    "Catalog",
+    "QueryError",
+    "ViewDef",
+    "read_views",
+    "view_sources",
+]
+
+
+# The threads of a catalog whose answers are recorded as decisions: one, so that every aggregate adds
+# its floats in one fixed order and the same log records bit-identical scores (see Catalog.empty).
+DECISION_THREADS = 1
 
 
 class QueryError(ProjectError):
@@ -122,7 +137,25 @@ class Catalog:
         cursor.execute(f"attach ':memory:' as \"{database}\"")
         cursor.execute(f'copy from database "{template}" to "{database}"')
         cursor.execute(f'use "{database}"')
-        return cls(cursor, views_dir, created=True)
+        catalog = cls(cursor, views_dir, created=True)
+        catalog._database = database
+        return catalog
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop what the catalog holds: the database :meth:`inside` made (a catalog of its own
+        connection is dropped with it), and its cursor."""
+        database = getattr(self, "_database", None)
+        with contextlib.suppress(duckdb.Error):
+            if database is not None:
+                self.con.execute("use memory")
+                self.con.execute(f'detach database if exists "{database}"')
+            self.con.close()
 
     @staticmethod
     def template(con: duckdb.DuckDBPyConnection, views_dir: Path = VIEWS_DIR) -> str:
@@ -158,6 +191,23 @@ class Catalog:
         else:
             self.plan.arrived(arrivals)
             self._set_defaults(set(arrivals))
+
+    def restore(self, log: EventLog, upto: int, tables: dict[str, Path], values: dict[str, Any], explicit: set[str]):
+        """Hold a stored state of an empty catalog: the events of ``log`` up to seq ``upto``, read from its
+        checksummed parts (the facts), and each materialized table's rows from its file (derived from
+        them, checked by the caller), under the variables they were derived with; nothing is stale.
+
+        ``tables`` names a file for every materialized table (ValueError otherwise).
+        """
+        if self.tail_seq() or set(tables) != set(self.tables):
+            raise ValueError("restore needs an empty catalog and a file for every materialized table")
+        self.log.load(log, self.variables.scoped, after=0, upto=upto)
+        for name in self.tables:
+            self._execute(
+                self.views[name].path,
+                f"insert into {name} by name select * from read_parquet('{_quoted(tables[name])}')",
+            )
+        self.variables.restore(values, explicit)
 
     def insert(self, table: pa.Table) -> None:
         """Mirror appended events (any superset of the light columns); applied before the next query."""
@@ -245,3 +295,7 @@ def _template(con: duckdb.DuckDBPyConnection, views_dir: Path) -> str:
         Catalog(cursor, views_dir)
         cursor.close()
     return name
+
+
+def _quoted(path: Path | str) -> str:
+    return str(path).replace("'", "''")

@@ -19,7 +19,6 @@ import duckdb
 from engine.catalog.definitions import ViewDef, ViewGraph
 from engine.catalog.tables import KIND_COLUMNS, Arrivals
 from ingest.errors import ViewBuildError
-from ingest.events import DECISION_KINDS
 
 # Optimizers that cost more planning time than they save on a few trees' rows.
 # CTE inlining and the CTE filter pusher stay on: without them a CTE is computed
@@ -32,11 +31,13 @@ SMALL_REFRESH_OFF = (
 )
 
 
-def fact_kinds(graph: ViewGraph, name: str) -> set[str]:
-    """The fact kinds a view's rows derive from (through views, not through tables).
+def event_kinds(graph: ViewGraph, name: str) -> set[str]:
+    """The event kinds a view's rows derive from (through views, not through tables).
 
-    Decisions are left out: tree state derives from facts, and decisions only matter
-    as replay's evaluation points, whose variable makes everything stale anyway.
+    Decisions count as facts do: tree state derives from facts, but evaluated at every
+    decision (``asof_points = 'decisions'``) each decision is a point of its tree (a
+    path selection: of every tree), so a catalog that takes one in - a stored state
+    caught up across it - must recompute what it evaluates there.
     """
     kinds, seen, todo = set(), set(), list(graph.reads[name])
     while todo:
@@ -44,7 +45,7 @@ def fact_kinds(graph: ViewGraph, name: str) -> set[str]:
         if dep in seen:
             continue
         seen.add(dep)
-        if dep.startswith("log_") and dep[4:] in KIND_COLUMNS and dep[4:] not in DECISION_KINDS:
+        if dep.startswith("log_") and dep[4:] in KIND_COLUMNS:
             kinds.add(dep[4:])
         elif dep in graph.reads and dep not in graph.tables:
             todo.extend(graph.reads[dep])
@@ -60,7 +61,7 @@ class RefreshPlan:
         self._execute = execute
         self.tables = graph.tables
         self._check_whole_run_tables()
-        self.kinds = {n: fact_kinds(graph, n) for n in self.tables}
+        self.kinds = {n: event_kinds(graph, n) for n in self.tables}
         upstream = {n: {t for t in self.tables if t != n and t in graph.reached(graph.reads[n])} for n in self.tables}
         self.downstream = {n: {d for d in self.tables if n in upstream[d]} for n in self.tables}
         self._whole: set[str] = set()  # tables to recompute whole (all trees)

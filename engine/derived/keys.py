@@ -20,7 +20,7 @@ from ingest.record import RECORD, read_record
 
 DERIVED = "derived"
 # Bump to rebuild every stored state (the code deriving a state is in its key too: CODE).
-VERSION = 1
+VERSION = 2  # 2: no events in a state; tables as Parquet; every file checked by its digest
 ROOT = Path(__file__).resolve().parent.parent.parent
 # The code a state is derived by: the event schema and the log's reading (ingest/), the
 # catalog (its tables, their refresh) and this module. Its source is part of every
@@ -32,6 +32,7 @@ _TMP = ".tmp-"
 WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
 KEPT_FLAVOURS = 4  # per run, besides now and at decisions: the newest states of variables a caller set
 SOURCE_CACHE = "source.json"  # per run: its source as last parsed from its record
+STATE_FILE = "state.json"
 
 
 def views_digest(views_dir: Path = VIEWS_DIR) -> str:
@@ -106,20 +107,23 @@ class Source:
 
 @dataclass
 class State:
-    """One stored state: its directory, and the variables its tables were derived under."""
+    """One stored state: where it lies, what it was derived from, and the files it holds."""
 
     run_id: str
     dir: Path
     source: Source
+    variables: dict[str, Any]  # the flavour's (what a caller asked for)
     values: dict[str, Any]  # every variable set (the flavour's and the views' defaults)
     explicit: set[str]
+    tables: dict[str, str]  # materialized table -> its file in tables/
 
     @property
-    def catalog_file(self) -> Path:
-        return self.dir / "catalog.duckdb"
+    def relative(self) -> str:
+        """``<run>/<flavour>/<source>``: the same in every root, and what its files' digests are bound to."""
+        return f"{self.run_id}/{self.dir.parent.name}/{self.dir.name}"
 
-    def view_file(self, view: str) -> Path:
-        return self.dir / "views" / f"{view}.parquet"
+    def table_files(self) -> dict[str, Path]:
+        return {name: self.dir / "tables" / file for name, file in self.tables.items()}
 
 
 def record_stat(log_dir: Path) -> tuple[int, int, int] | None:

@@ -117,7 +117,8 @@ def export_runs(
         derived = Derived(data_dir)
 
         def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport:
-            return _prepare_run(log, derived.open(log.run_id), selection, fmt, task, stage, workspace)
+            with derived.open(log.run_id) as catalog:
+                return _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
 
         records = [
             _write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
@@ -186,9 +187,8 @@ def path_sample(
     InputError when the selection has no path of that tree to that leaf.
     """
     log = EventLog(data_dir, run_id).require()
-    run = _prepare_run(
-        log, Derived(data_dir).open(run_id), selection, "chat", None, None, workspace, leaf=(tree_id, leaf_id)
-    )
+    with Derived(data_dir).open(run_id) as catalog:
+        run = _prepare_run(log, catalog, selection, "chat", None, None, workspace, leaf=(tree_id, leaf_id))
     if not run.paths:
         msg = f"run {run_id!r}: selection {run.chosen['selection_id']!r} has no path of tree {tree_id!r} to {leaf_id!r}"
         raise InputError(msg)
