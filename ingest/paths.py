@@ -52,20 +52,32 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
-    """``path``, refused (OutputError) when it lies among the runs (``<data>/runs``) or holds them.
+# What ``<data>`` holds that no output may overwrite: each directory, and what lies in it.
+CAMPAIGNS = "campaigns"  # <data>/campaigns/runs/<name>/log: a campaign's log (engine/campaign/names.py)
+DERIVED = "derived"  # <data>/derived/<run>: the runs' derived state (engine/derived/keys.DERIVED)
+GUARDED = {
+    "runs": "the runs of the data directory ({path}: their logs, spools and quarantines)",
+    CAMPAIGNS: "the campaigns of the data directory ({path}: their logs)",
+    DERIVED: "the derived state of the data directory ({path}: the runs' stored views)",
+}
 
-    The runs' directories hold their logs, spools and quarantines: an output written
-    there could replace recorded events. Elsewhere under the data directory (README's
-    ``data/out/...``) is fine.
+
+def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
+    """``path``, refused (OutputError) when it lies in, is or holds a directory of ``data_dir`` that
+    holds a log, a record or derived state (``runs``, ``campaigns``, ``derived``).
+
+    Both paths are resolved first (symlinks, ``..``, a ``--data`` that is a link), so a
+    link elsewhere that points in is refused too. An output written there could replace
+    recorded events. Elsewhere under the data directory (README's ``data/out/...``) is fine.
     """
     target, data = Path(path).resolve(), Path(data_dir).resolve()
-    runs = data / "runs"
-    if target == runs or target.is_relative_to(runs) or runs.is_relative_to(target):
-        raise OutputError(
-            f"{path}: is or holds the runs of the data directory ({runs}), their logs - "
-            f"write {what} elsewhere; nothing was written"
-        )
+    for name, held in GUARDED.items():
+        guarded = data / name
+        if target.is_relative_to(guarded) or guarded.is_relative_to(target):
+            raise OutputError(
+                f"{path}: lies among or holds {held.format(path=guarded)} - {what} there could overwrite "
+                f"them; write it elsewhere (nothing was written)"
+            )
     return Path(path)
 
 
