@@ -1,5 +1,6 @@
-"""Issue 33, finding 7: no output lands on a log, a record or derived state. One small campaign
-(two tasks of two roots), built once and copied by each test that changes it."""
+"""Issue 33, findings 7 and 9: no output lands on a log, a record or derived state; a campaign's
+tasks differ in more than case. One small campaign (two tasks of two roots), built once and
+copied by each test that changes it."""
 
 from __future__ import annotations
 
@@ -106,3 +107,17 @@ def test_the_guard_knows_where_derived_state_lives():
 
     assert DERIVED == GUARDED_DERIVED and campaigns_dir("d") == Path("d", CAMPAIGNS)
     assert set(GUARDED) == {"runs", CAMPAIGNS, DERIVED}
+
+
+# ------------------------------------------------------------------ task names ignoring case
+
+
+def test_tasks_whose_names_differ_only_in_case_are_refused_before_anything_is_written(tmp_path):
+    """Finding 9: tasks `a` and `A` were accepted; their runs clash on a case-insensitive file system."""
+    path = tmp_path / "clash.toml"
+    path.write_text(CAMPAIGN.replace('name = "b"', 'name = "A"'))
+    r = invoke(tmp_path / "data", "campaign", str(path))
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.stderr.startswith(f"Error: {path}: invalid campaign")
+    assert "tasks whose names differ only in case: 'a' and 'A'" in r.stderr, r.stderr
+    assert not (tmp_path / "data").exists()

@@ -104,6 +104,17 @@ class CampaignConfig(_Strict):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"tasks named more than once: {', '.join(twice)}")
+        # Each name names a run's directory (task_run_id): two that differ only in case are one
+        # directory on a case-insensitive file system.
+        alike: dict[str, list[str]] = {}
+        for n in names:
+            alike.setdefault(n.casefold(), []).append(n)
+        clashes = [" and ".join(repr(n) for n in group) for group in alike.values() if len(group) > 1]
+        if clashes:
+            raise ValueError(
+                f"tasks whose names differ only in case: {'; '.join(clashes)} (each names its run's directory, "
+                "and those are one on a case-insensitive file system): rename one"
+            )
         has_budget = self.budget.edges is not None or self.budget.tokens is not None
         if self.policy == "coverage" and not has_budget:
             raise ValueError("policy coverage needs a budget: [budget] edges, tokens or both")
