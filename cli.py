@@ -937,7 +937,7 @@ def export(
 @click.argument("run_id")
 @json_option
 def verify(run_id: str, as_json: bool) -> None:
-    """Read every byte of every part of a run's log and report the first damaged one.
+    """Read every byte of every part of a run's log (or a campaign's logs) and report the first damaged one.
 
     The run's record of its parts must be whole; each part it names must match the
     checksum its name records, have a footer that agrees with the log, decode page
@@ -945,7 +945,7 @@ def verify(run_id: str, as_json: bool) -> None:
     parts must cover 1..tail without a gap; no other file may lie in log/ (a file
     copied in is listed as FOREIGN: nothing reads it). Exit 1 when anything is
     wrong: the report names the part or file, its seq range and the intact prefix.
-    Nothing is changed.
+    A campaign's name: its own log, then each of its runs', a section each. Nothing is changed.
 
     \b
     Example:
@@ -953,11 +953,11 @@ def verify(run_id: str, as_json: bool) -> None:
     """
 
     from engine import outputs
-    from ingest.integrity import verify_log
-    from ingest.log import EventLog
+    from engine.campaign.integrity import CampaignVerification, verify_named
 
-    found = verify_log(EventLog(_data_dir(), run_id))
-    _show(outputs.verification(found, _data_dir()), _format(as_json))
+    found = verify_named(_data_dir(), run_id)  # a run's log, or a campaign's: its own and each of its runs'
+    show = outputs.campaign_verification if isinstance(found, CampaignVerification) else outputs.verification
+    _show(show(found, _data_dir()), _format(as_json))
     if not found.ok:
         sys.exit(1)
 
@@ -969,12 +969,12 @@ def verify(run_id: str, as_json: bool) -> None:
 def quarantine(run_id: str, part: str, as_json: bool) -> None:
     """Move the first damaged part of a run's log, and every part after it, aside (never deleting).
 
-    PART is the part `verify` names (its file name or path), or a FOREIGN file it
-    lists (moved alone; the log is unchanged); any other part is refused. The
-    parts and the run's spool of finished turns go to <run>/quarantine/. What is
-    left is the intact prefix, a state the run really had: replay, paths and sql
-    read it, and an exploration continues from it with `explore --resume`, which
-    runs again the turns the moved events recorded.
+    PART is the part `verify` names (its file name or path), or a FOREIGN file it lists
+    (moved alone; the log is unchanged); any other part is refused. The parts and the
+    run's spool of finished turns go to <run>/quarantine/. What is left is the intact
+    prefix, a state the run really had: replay, paths and sql read it, and an exploration
+    continues from it with `explore --resume`, which runs again the turns the moved events
+    recorded. A campaign's name: PART is moved in whichever of its logs names it.
 
     \b
     Example:
@@ -983,11 +983,10 @@ def quarantine(run_id: str, part: str, as_json: bool) -> None:
     """
 
     from engine import outputs
-    from ingest.integrity import quarantine as run
-    from ingest.log import EventLog
+    from engine.campaign.integrity import quarantine_named
 
-    done = run(EventLog(_data_dir(), run_id), part)
-    _show(outputs.quarantined(done, run_id, _data_dir()), _format(as_json))
+    done, what = quarantine_named(_data_dir(), run_id, part)  # a campaign's name: in the log of it naming PART
+    _show(outputs.quarantined(done, done.run_id, _data_dir(), what), _format(as_json))
 
 
 def main() -> NoReturn:

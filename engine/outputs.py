@@ -337,7 +337,7 @@ def part_row(c: Any) -> Row:
     }
 
 
-def verification(found: Any, data_dir: Path) -> Output:
+def verification(found: Any, data_dir: Path, what: str = "run") -> Output:
     """verify: a row per part, what a crash or an old version left, the first damage and its fix."""
     document = {
         "run_id": found.run_id,
@@ -353,15 +353,15 @@ def verification(found: Any, data_dir: Path) -> Output:
         "foreign": found.foreign,
         "recorded": found.recorded,
     }
-    return Output(document, _verification_lines(found, data_dir))
+    return Output(document, _verification_lines(found, data_dir, what))
 
 
-def _verification_lines(found: Any, data_dir: Path) -> list[str]:
+def _verification_lines(found: Any, data_dir: Path, what: str) -> list[str]:
     rows = [
         {"status": "DAMAGED" if c.problem else "ok", "seqs": f"{c.first}..{c.last}", **part_row(c)} for c in found.parts
     ]
     lines = [
-        f"run {found.run_id}: {len(found.parts)} parts, seqs 1..{found.tail}",
+        f"{what} {found.run_id}: {len(found.parts)} parts, seqs 1..{found.tail}",
         table(rows, ["status", "part", "seqs", "level", "problem"]),
     ]
     if found.unchecksummed:
@@ -395,14 +395,27 @@ def _verification_lines(found: Any, data_dir: Path) -> list[str]:
     if found.first_bad is not None:
         lines += [
             f"first bad part: {found.first_bad.path} ({found.first_bad.seqs})",
-            f"nothing is appended to the run until that part and the ones after it are moved aside: "
+            f"nothing is appended to the {what} until that part and the ones after it are moved aside: "
             f"{command_line(data_dir, 'quarantine', found.run_id, found.first_bad.name)}",
         ]
     return lines
 
 
-def quarantined(done: Any, run_id: str, data_dir: Path) -> Output:
-    """quarantine: what was moved where, and what the log holds now."""
+def campaign_verification(found: Any, data_dir: Path) -> Output:
+    """verify of a campaign: a section per log (its own, then each run's, as ``verification`` prints it), a total."""
+    shown = {("campaign", found.log.run_id): verification(found.log, data_dir, "campaign")}
+    shown |= {("run", v.run_id): verification(v, data_dir) for v in found.runs}
+    damaged = [f"{kind} {name}" for (kind, name), s in shown.items() if not s.document["ok"]]
+    total = f"its log and {len(found.runs)} run(s) verify"
+    total = f"{len(damaged)} of {len(shown)} logs damaged ({', '.join(damaged)})" if damaged else total
+    total += "" if found.tasks_read else "; its tasks are in a damaged part: its runs were not verified"
+    lines = [line for s in shown.values() for line in (*s.lines, "")] + [f"verify campaign {found.name}: {total}"]
+    document = {"campaign": found.name, "ok": found.ok, "damaged": damaged, "tasks_read": found.tasks_read}
+    return Output({**document, "logs": [{"log": kind, **s.document} for (kind, _), s in shown.items()]}, lines)
+
+
+def quarantined(done: Any, run_id: str, data_dir: Path, what: str = "run") -> Output:
+    """quarantine: what was moved where, and what the log holds now (``what``: a run's log or a campaign's)."""
     document = {
         "run_id": run_id,
         "moved": [part_row(c) for c in done.moved],
@@ -414,32 +427,33 @@ def quarantined(done: Any, run_id: str, data_dir: Path) -> Output:
         "spool_moved": done.spool_moved and str(done.spool_moved),
         "foreign": done.foreign,
     }
-    return Output(document, _quarantine_lines(done, run_id, data_dir))
+    return Output(document, _quarantine_lines(done, run_id, data_dir, what))
 
 
-def _quarantine_lines(done: Any, run_id: str, data_dir: Path) -> list[str]:
+def _quarantine_lines(done: Any, run_id: str, data_dir: Path, what: str) -> list[str]:
     if done.foreign:
         return [
-            f"run {run_id}: moved {done.moved[0].name} to {done.destination} ({done.moved[0].problem}); "
+            f"{what} {run_id}: moved {done.moved[0].name} to {done.destination} ({done.moved[0].problem}); "
             f"the log is unchanged, seqs 1..{done.intact_to}"
         ]
-    lines = [f"run {run_id}: moved {len(done.moved)} part(s) to {done.destination}:"]
+    lines = [f"{what} {run_id}: moved {len(done.moved)} part(s) to {done.destination}:"]
     lines += [f"  {c.name} (seqs {c.first}..{c.last})" + (f": {c.problem}" if c.problem else "") for c in done.moved]
     if done.spool_moved:
         lines.append(f"  and the spool of finished turns (they followed the old tail): {done.spool_moved}")
     if done.intact_to == 0:
         return [
             *lines,
-            "the log holds no event now (its first part was damaged): nothing can be resumed - start the run again",
+            f"the log holds no event now (its first part was damaged): nothing can be resumed - start the {what} again",
         ]
     turns = "an unknown number of" if done.turns_moved is None else str(done.turns_moved)
-    ended = ", and the run's RunFinished" if done.finished_moved else ""
+    ended = f", and the {what}'s RunFinished" if done.finished_moved else ""
+    command, again = ("campaign", "decides those rounds") if what == "campaign" else ("explore", "runs those turns")
     return [
         *lines,
         f"the log now holds seqs 1..{done.intact_to}, intact ({done.events_moved} events moved: "
         f"{turns} finished turns{ended})",
-        f"an exploration continues with: {command_line(data_dir, 'explore', '--resume', run_id)} "
-        "(it runs those turns again)",
+        f"{'the campaign' if what == 'campaign' else 'an exploration'} continues with: "
+        f"{command_line(data_dir, command, '--resume', run_id)} (it {again} again)",
     ]
 
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from ingest.errors import LogError, PartDamagedError
 from ingest.parts import Part, content_digest
-from ingest.paths import command_line
+from ingest.paths import log_command
 from ingest.schema import ENVELOPE, SCHEMA
 
 CHECKSUM_MISMATCH = "its content does not match the checksum its name records"
@@ -39,8 +39,8 @@ def damaged_part(part: Part, problem: str) -> PartDamagedError:
     run = run_of(part)
     data = Path(part.path).parents[3]  # <data>/runs/<run>/log/<part>
     return PartDamagedError(
-        f"{part.path}: damaged ({problem}); it holds {part.seqs} - '{command_line(data, 'verify', run)}' checks "
-        f"every part, '{command_line(data, 'quarantine', run, part.name)}' moves it (and the parts after it) aside"
+        f"{part.path}: damaged ({problem}); it holds {part.seqs} - '{log_command(data, 'verify', run)}' checks "
+        f"every part, '{log_command(data, 'quarantine', run, part.name)}' moves it (and the parts after it) aside"
     )
 
 

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from ingest.checks import content_problem
 from ingest.errors import InputError, LogError
 from ingest.parts import Part
-from ingest.paths import fsync_dir
+from ingest.paths import fsync_dir, log_command
 from ingest.reader import EventLog
 from ingest.record import (
     RECORD,
@@ -304,14 +304,16 @@ def _target(found: Verification, part: str) -> PartCheck:
         if found.foreign:
             raise InputError(
                 f"{found.log_dir}: {name!r} is not among the files to move aside - "
-                f"'verify {found.run_id}' lists them: {', '.join(found.foreign)}"
+                f"'{log_command(found.log_dir.parents[2], 'verify', found.run_id)}' lists them: "
+                f"{', '.join(found.foreign)}"
             )
         raise InputError(f"run {found.run_id!r}: {found.problem}, and no part follows it - nothing to move")
     if name == bad.name:
         return bad
     named = next((p for p in found.parts + found.superseded if p.name == name), None)
     if named is None:
-        raise InputError(f"{found.log_dir}: no part named {name!r} - 'verify {found.run_id}' lists them")
+        verify = log_command(found.log_dir.parents[2], "verify", found.run_id)
+        raise InputError(f"{found.log_dir}: no part named {name!r} - '{verify}' lists them")
     where = "intact" if named.last <= found.intact_to and not named.problem else "after the first bad part"
     msg = (
         f"{name} is {where}; quarantine starts at the first bad part, {bad.name} ({bad.seqs}), "

@@ -81,6 +81,22 @@ def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
     return Path(path)
 
 
+def log_command(data_dir: Path | str, command: str, run_id: str, *words: str) -> str:
+    """The hint ``command RUN_ID WORDS`` (verify, quarantine) for the log of ``run_id`` under ``data_dir``
+    (its ``EventLog.data_dir``), so that it works as printed.
+
+    A campaign's log lies under ``<data>/campaigns``: its hint names the campaign under
+    ``<data>``, as ``verify`` and ``quarantine`` take it (unless a run of that name there
+    would be taken instead: then the log's own data directory).
+    """
+    from ingest.listing import has_log
+
+    data = Path(data_dir)
+    if data.name == CAMPAIGNS and not has_log(run_dir(data.parent, run_id) / "log", run_id):
+        data = data.parent
+    return command_line(data, command, run_id, *words)
+
+
 def write_atomically(path: Path, write: Callable[[Path], object], what: str) -> None:
     """``write(tmp)`` to a hidden sibling of ``path``, then renamed over it: ``path`` is the old file or
     the whole new one, never part of it.

@@ -21,7 +21,7 @@ from ingest.errors import LogError
 from ingest.events import as_utf8
 from ingest.listing import has_log, located, run_ids  # noqa: F401 - run_ids re-exported
 from ingest.parts import Part
-from ingest.paths import check_run_id, run_dir
+from ingest.paths import check_run_id, log_command, run_dir
 from ingest.record import Record, legacy_cover, list_parts, read_record
 from ingest.schema import SCHEMA
 
@@ -74,7 +74,8 @@ class EventLog:
             if problem is None:
                 return chosen
             time.sleep(0.005 * (i + 1))
-        msg = f"{self.log_dir}: {problem} - the log is inconsistent ('verify {self.run_id}' says what is intact)"
+        verify = log_command(self.data_dir, "verify", self.run_id)
+        msg = f"{self.log_dir}: {problem} - the log is inconsistent ('{verify}' says what is intact)"
         raise LogError(msg)
 
     def legacy_parts(self) -> tuple[list[Part], str | None]:

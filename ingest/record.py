@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ingest.errors import LogError, PartDamagedError
 from ingest.parts import Part, parse_part
-from ingest.paths import fsync_dir
+from ingest.paths import fsync_dir, log_command
 from ingest.text import canonical_json
 
 RECORD = "_record.jsonl"
@@ -212,7 +212,8 @@ def read_record(log_dir: Path, run_id: str, known: Record | None = None) -> Reco
         problem = _line_problem(record, line)
         if problem:
             raise RecordDamagedError(
-                f"{path}: line {number} is damaged ({problem}) - 'verify {run_id}' says what is intact"
+                f"{path}: line {number} is damaged ({problem}) - "
+                f"'{log_command(Path(log_dir).parents[2], 'verify', run_id)}' says what is intact"
             )
         record._apply(json.loads(line), len(line) + 1)
     record.raw = data[: record.committed]

@@ -31,7 +31,7 @@ from ingest.errors import LogError, PartDamagedError, SeqConflictError, WriterLo
 from ingest.events import Event
 from ingest.faults import crash_point
 from ingest.parts import Part, content_digest, part_name
-from ingest.paths import command_line, fsync_dir
+from ingest.paths import fsync_dir, log_command
 from ingest.reader import EventLog, read_whole, same_events
 from ingest.record import (
     RECORD,
@@ -192,8 +192,8 @@ class LogWriter:
             more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
             msg = (
                 f"{log_dir / foreign[0]}{more}: not a part the run's record names (a file copied in?) - "
-                f"nothing was appended; '{command_line(self.log.data_dir, 'verify', self.log.run_id)}' lists such "
-                f"files, '{command_line(self.log.data_dir, 'quarantine', self.log.run_id, foreign[0])}' moves one aside"
+                f"nothing was appended; '{log_command(self.log.data_dir, 'verify', self.log.run_id)}' lists such "
+                f"files, '{log_command(self.log.data_dir, 'quarantine', self.log.run_id, foreign[0])}' moves one aside"
             )
             raise LogError(msg)
         for name in sorted(os.listdir(log_dir)):
@@ -223,7 +223,7 @@ class LogWriter:
         if problem is not None:
             msg = (
                 f"{log_dir}: {problem} - the log is inconsistent; nothing was appended "
-                f"('verify {self.log.run_id}' says what is intact)"
+                f"('{log_command(self.log.data_dir, 'verify', self.log.run_id)}' says what is intact)"
             )
             raise LogError(msg)
         listed = list_parts(log_dir)
@@ -231,7 +231,7 @@ class LogWriter:
         if others:
             msg = (
                 f"{log_dir / others[0]}: not a part of the log - nothing was appended; "
-                f"'{command_line(self.log.data_dir, 'quarantine', self.log.run_id, others[0])}' moves it aside"
+                f"'{log_command(self.log.data_dir, 'quarantine', self.log.run_id, others[0])}' moves it aside"
             )
             raise LogError(msg)
         adopted = [self._checksummed(p) for p in chosen]

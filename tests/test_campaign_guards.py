@@ -1,10 +1,13 @@
 """Issue 33, findings 7 and 9: no output lands on a log, a record or derived state; a campaign's
-tasks differ in more than case. One small campaign (two tasks of two roots), built once and
+tasks differ in more than case; `verify` and `quarantine` take a campaign's name, so every hint
+that names them works as printed. One small campaign (two tasks of two roots), built once and
 copied by each test that changes it."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli import cli
+from ingest.log import EventLog
 from tests.conftest import ROOT
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
@@ -35,9 +39,28 @@ def invoke(data: Path, *args: str):
     return CliRunner().invoke(cli, ["--data", str(data), *args])
 
 
+def run_as_printed(line: str):
+    """A hint's command line run as printed: ``python cli.py [--data DIR] WORDS``."""
+    words = shlex.split(line)
+    assert words[:2] == ["python", "cli.py"], line
+    return CliRunner().invoke(cli, words[2:])
+
+
+def hint(text: str, after: str, end: str = " (") -> str:
+    """The command line printed after ``after`` (up to ``end``, a quote or the end of its line)."""
+    line = next(line for line in text.splitlines() if after in line)
+    return line.split(after, 1)[1].split(end, 1)[0].rstrip(")").strip()
+
+
 def hashes(root: Path) -> dict[str, str]:
     files = (p for p in root.rglob("*") if p.is_file())
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def flip(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +79,10 @@ def data(built, tmp_path) -> Path:
     copy = tmp_path / "data"
     shutil.copytree(built, copy)
     return copy
+
+
+def campaign_part(data: Path, index: int = -1) -> Path:
+    return sorted((data / "campaigns" / "runs" / "camp" / "log").glob("part-*.parquet"))[index]
 
 
 # ------------------------------------------------------------------ outputs never land on a log
@@ -121,3 +148,116 @@ def test_tasks_whose_names_differ_only_in_case_are_refused_before_anything_is_wr
     assert r.stderr.startswith(f"Error: {path}: invalid campaign")
     assert "tasks whose names differ only in case: 'a' and 'A'" in r.stderr, r.stderr
     assert not (tmp_path / "data").exists()
+
+
+# ------------------------------------------------------------------ verify and quarantine of a campaign
+
+
+def test_verify_of_a_campaign_verifies_its_log_and_every_run_a_section_each(built):
+    r = invoke(built, "verify", "camp")
+    assert r.exit_code == 0, r.output
+    heads = [line for line in r.stdout.splitlines() if line.startswith(("campaign camp:", "run camp-"))]
+    assert [h.split(":")[0] for h in heads] == ["campaign camp", "run camp-a", "run camp-b"]
+    assert r.stdout.splitlines()[-1] == "verify campaign camp: its log and 2 run(s) verify"
+    document = json.loads(invoke(built, "verify", "camp", "--json").stdout)
+    assert document["ok"] and document["damaged"] == []
+    assert [(s["log"], s["run_id"], s["ok"]) for s in document["logs"]] == [
+        ("campaign", "camp", True),
+        ("run", "camp-a", True),
+        ("run", "camp-b", True),
+    ]
+    alone = invoke(built, "verify", "camp-a")  # a run's verify is as it was: one section, its own
+    assert alone.exit_code == 0 and alone.stdout.startswith("run camp-a: ") and "camp-b" not in alone.stdout
+
+
+def test_a_damaged_campaign_record_names_a_verify_and_a_quarantine_that_work_as_printed(data):
+    """Finding 7: replay, audit and watch of a campaign whose record was overwritten said 'verify NAME',
+    which could not read a campaign."""
+    (data / "campaigns" / "runs" / "camp" / "log" / "_record.jsonl").write_text("<html>a report</html>\n")
+    verify = None
+    for command in (["replay", "camp"], ["audit", "camp"], ["watch", "camp", "--once"]):
+        r = invoke(data, *command)
+        assert r.exit_code == 1 and "Traceback" not in r.output, (command, r.output)
+        verify = hint(r.stderr, " - '", "'")
+        assert verify == f"python cli.py --data {data} verify camp", r.stderr
+    checked = run_as_printed(verify)
+    assert checked.exit_code == 1, checked.output
+    assert checked.stdout.splitlines()[-1].startswith("verify campaign camp: 1 of 3 logs damaged (campaign camp)")
+    quarantine = hint(checked.stdout, "moved aside: ")
+    assert quarantine == f"python cli.py --data {data} quarantine camp _record.jsonl"
+    done = run_as_printed(quarantine)
+    assert done.exit_code == 0 and done.stdout.startswith("campaign camp: moved _record.jsonl to "), done.output
+    assert run_as_printed(verify).exit_code == 0
+    assert invoke(data, "replay", "camp").exit_code == 0
+
+
+def test_a_damaged_part_of_a_campaigns_log_names_commands_that_move_it_and_resume(data):
+    part = campaign_part(data)  # the last: the campaign's stop and its RunFinished
+    flip(part)
+    r = invoke(data, "replay", "camp")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert hint(r.stderr, " - '", "'") == f"python cli.py --data {data} verify camp"
+    quarantine = hint(r.stderr, "checks every part, '", "'")
+    assert quarantine == f"python cli.py --data {data} quarantine camp {part.name}"
+    checked = run_as_printed(f"python cli.py --data {data} verify camp")
+    assert checked.exit_code == 1 and "DAMAGED  " + part.name in checked.stdout
+    assert hint(checked.stdout, "moved aside: ") == quarantine
+    done = run_as_printed(quarantine)
+    assert done.exit_code == 0 and done.stdout.startswith("campaign camp: moved 1 part(s)"), done.output
+    resume = hint(done.stdout, "the campaign continues with: ")
+    assert resume == f"python cli.py --data {data} campaign --resume camp"
+    assert run_as_printed(resume).exit_code == 0
+    assert invoke(data, "verify", "camp").exit_code == 0
+    assert json.loads(invoke(data, "replay", "camp", "--json").stdout)["differ"] == 0
+
+
+def test_a_part_the_campaigns_record_names_but_is_missing_is_found_and_moved(data):
+    part = campaign_part(data)
+    part.unlink()
+    r = invoke(data, "audit", "camp")
+    assert r.exit_code == 1 and hint(r.stderr, "inconsistent ('", "'") == f"python cli.py --data {data} verify camp"
+    checked = invoke(data, "verify", "camp")
+    assert checked.exit_code == 1 and "named by the run's record, but missing" in checked.stdout
+    done = run_as_printed(hint(checked.stdout, "moved aside: "))
+    assert done.exit_code == 0 and done.stdout.startswith("campaign camp: moved 1 part(s)"), done.output
+    assert invoke(data, "verify", "camp").exit_code == 0
+
+
+def test_verify_of_a_campaign_names_a_damaged_run_and_quarantine_of_the_campaign_finds_its_part(data):
+    part = EventLog(data, "camp-b").parts()[-1].path
+    flip(part)
+    r = invoke(data, "verify", "camp")
+    assert r.exit_code == 1, r.output
+    assert r.stdout.splitlines()[-1].startswith("verify campaign camp: 1 of 3 logs damaged (run camp-b)")
+    assert hint(r.stdout, "moved aside: ") == f"python cli.py --data {data} quarantine camp-b {part.name}"
+    document = json.loads(invoke(data, "verify", "camp", "--json").stdout)
+    assert not document["ok"] and document["damaged"] == ["run camp-b"]
+    assert [s["first_bad"] for s in document["logs"]] == [None, None, part.name]
+    unknown = invoke(data, "quarantine", "camp", "part-nothing.parquet")
+    assert unknown.exit_code == 1 and "none of its logs names 'part-nothing.parquet'" in unknown.stderr
+    assert run_as_printed(hint(unknown.stderr, " - '", "'")).exit_code == 1  # its verify, as printed: the damage
+    done = invoke(data, "quarantine", "camp", part.name)  # the campaign's name: the log that names the part
+    assert done.exit_code == 0 and done.stdout.startswith(f"run camp-b: moved 1 part(s) to {data}/runs/camp-b/"), (
+        done.output
+    )
+    assert invoke(data, "verify", "camp").exit_code == 0
+
+
+def test_a_file_copied_into_two_of_a_campaigns_logs_is_named_by_its_path(data):
+    copied = [data / d / "log" / "notes.txt" for d in ("campaigns/runs/camp", "runs/camp-a")]
+    for path in copied:
+        path.write_text("mine\n")
+    r = invoke(data, "verify", "camp")
+    assert r.exit_code == 1 and r.stdout.count("FOREIGN") == 2, r.output
+    moves = [line.split("moved aside: ", 1)[1].rstrip(")") for line in r.stdout.splitlines() if "FOREIGN" in line]
+    assert moves == [
+        f"python cli.py --data {data} quarantine camp notes.txt",
+        f"python cli.py --data {data} quarantine camp-a notes.txt",
+    ]
+    ambiguous = run_as_printed(moves[0])  # the campaign's name: notes.txt is in two of its logs
+    assert ambiguous.exit_code == 1 and f"({copied[0]}, {copied[1]})" in ambiguous.stderr, ambiguous.output
+    assert "name the one to move by its path" in ambiguous.stderr and all(p.exists() for p in copied)
+    for path in copied:
+        done = invoke(data, "quarantine", "camp", str(path))
+        assert done.exit_code == 0 and not path.exists(), done.output
+    assert invoke(data, "verify", "camp").exit_code == 0
