@@ -206,6 +206,13 @@ def test_a_damaged_part_of_a_campaigns_log_names_commands_that_move_it_and_resum
     assert done.exit_code == 0 and done.stdout.startswith("campaign camp: moved 1 part(s)"), done.output
     resume = hint(done.stdout, "the campaign continues with: ")
     assert resume == f"python cli.py --data {data} campaign --resume camp"
+    copied = part.parent / "notes.txt"  # the writer opens the campaign's log to resume it, and refuses
+    copied.write_text("mine\n")
+    refused = run_as_printed(resume)
+    assert refused.exit_code == 1 and "nothing was appended" in refused.stderr, refused.output
+    assert hint(refused.stderr, "nothing was appended; '", "'") == f"python cli.py --data {data} verify camp"
+    moved = run_as_printed(hint(refused.stderr, "lists such files, '", "'"))
+    assert moved.exit_code == 0 and not copied.exists(), moved.output
     assert run_as_printed(resume).exit_code == 0
     assert invoke(data, "verify", "camp").exit_code == 0
     assert json.loads(invoke(data, "replay", "camp", "--json").stdout)["differ"] == 0
