@@ -59,10 +59,11 @@ def _plan() -> tuple[str, int, int] | None:
         return None
     point, _, count = value.partition(":")
     count, _, name = count.partition(":")
-    if point not in POINTS + CAMPAIGN_POINTS + DERIVED_POINTS or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
+    points = POINTS + CAMPAIGN_POINTS + DERIVED_POINTS
+    if point not in points or not count.isdigit() or int(count) < 1 or (name and name not in SIGNALS):
         msg = (
             f"${CRASH_ENV}={value!r}: expected <point>:<n>[:<signal>] with n >= 1, a point among "
-            f"{', '.join(POINTS + CAMPAIGN_POINTS)} and a signal among {', '.join(SIGNALS)}"
+            f"{', '.join(points)} and a signal among {', '.join(SIGNALS)}"
         )
         raise InputError(msg)
     return point, int(count), SIGNALS[name] if name else signal.SIGKILL
