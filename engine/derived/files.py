@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ingest.errors import OutputError
 from ingest.faults import crash_point
 
 _PREFIX = b"teacher-mcts derived state v2\n"
@@ -164,16 +165,15 @@ class Roots:
     def writable(self) -> Path:
         return self.all[self._write]
 
-    def refused(self, root: Path, err: OSError) -> Path:
-        """``root`` refused a write (``err``): the next root to write to (made now if needed).
-
-        OSError (``err``) when no temporary directory can be made either.
-        """
+    def refused(self, root: Path, err: BaseException) -> Path:
+        """``root`` refused a write (``err``: an OSError, or DuckDB's writing a file): the next root to write
+        to (made now if needed). OutputError when no temporary directory can take it either."""
+        why = getattr(err, "strerror", None) or str(err).strip().splitlines()[0]
         with self._lock:
             if self.all[self._write] != root:  # another thread moved on already
                 return self.writable
             for base in (Path(tempfile.gettempdir()), Path("/dev/shm")):
-                if any(r.parent == base for r in self.all[self._write + 1 :]):
+                if any(r.parent == base for r in self.all):  # tried already (and refused)
                     continue
                 with contextlib.suppress(OSError):
                     _sweep(base)
@@ -182,12 +182,12 @@ class Roots:
                     self.all.append(made)
                     self._write = len(self.all) - 1
                     print(
-                        f"note: cannot keep derived state in {root} ({err.strerror or err}): it is kept in "
+                        f"note: cannot keep derived state in {root} ({why}): it is kept in "
                         f"{made} for this process only (removed when it ends), and every process derives it again",
                         file=sys.stderr,
                     )
                     return made
-            raise err
+            raise OutputError(f"{root}: cannot keep derived state ({why}), and no temporary directory can either")
 
 
 def unwritable(err: BaseException) -> bool:
@@ -208,5 +208,5 @@ def _sweep(base: Path) -> None:
             os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(path, ignore_errors=True)
-        except OSError:
+        except (OSError, OverflowError):  # another user's process, or not a process id at all: not ours to judge
             pass
