@@ -953,11 +953,10 @@ def verify(run_id: str, as_json: bool) -> None:
     """
 
     from engine import outputs
-    from engine.campaign.integrity import CampaignVerification, verify_named
+    from engine.campaign.integrity import derived_states, verify_named
 
     found = verify_named(_data_dir(), run_id)  # a run's log, or a campaign's: its own and each of its runs'
-    show = outputs.campaign_verification if isinstance(found, CampaignVerification) else outputs.verification
-    _show(show(found, _data_dir()), _format(as_json))
+    _show(outputs.verified(found, _data_dir(), derived_states(_data_dir(), found)), _format(as_json))
     if not found.ok:
         sys.exit(1)
 

@@ -293,18 +293,21 @@ class Collection:
         named = sorted(names & set(self.views))
         if not named:
             return
-        states = self.states(bool(set(named) & self._at_decisions), tuple(named))
-        if run_id is not None:
-            if run_id not in states:
-                raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(states)})")
-            states = {run_id: states[run_id]}
-        stale = [r for r, st in states.items() if any(not self._checked_file(st, v) for v in named)]
+        held = self.states(bool(set(named) & self._at_decisions), tuple(named))
+        if run_id is not None and run_id not in held:
+            raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(held)})")
+        wanted = [run_id] if run_id is not None else list(held)
+        stale = [r for r in wanted if any(not self._checked_file(held[r], v) for v in named)]
 
         def one(run: str) -> LogError | None:
             try:
                 for view in named:
-                    if not self._checked_file(states[run], view):
-                        self._files[(states[run].dir, view)] = self.derived.view_file(states[run], view)
+                    if not self._checked_file(held[run], view):
+                        state, path = self.derived.view_rows(held[run], view)
+                        self._files[(state.dir, view)] = path
+                        if state is not held[run]:  # found damaged and derived again: its other files too
+                            held[run] = state
+                            return one(run)
             except LogError as err:  # (its parts damaged since its state was derived)
                 return err
             return None
@@ -313,7 +316,8 @@ class Collection:
             failed = [(run, err) for run, err in zip(stale, pool.map(one, stale), strict=True) if err is not None]
         for run, err in failed:
             self._leave_out(run, err)
-            del states[run]
+            wanted.remove(run)
+        states = {run: held[run] for run in wanted}
         if self.derived.roots.all != self._roots:  # a state kept elsewhere now: readable by queries too
             self._connect()
         for name in named:

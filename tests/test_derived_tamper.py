@@ -149,10 +149,9 @@ def read_sql(data: Path, _tmp: Path) -> str:
 
 def read_notebook(data: Path, _tmp: Path) -> str:
     runs = open_runs(data)
-    return json.dumps(
-        [runs.sql(q).to_dicts() for q in (*SELECT, "select * from paths order by all")] + [runs.trees.to_dicts()],
-        default=str,
-    )
+    frames = [runs.sql(q).to_dicts() for q in (*SELECT, "select * from paths order by all")]
+    trees = sorted(json.dumps(r, default=str, sort_keys=True) for r in runs.trees.to_dicts())  # (no order asked)
+    return json.dumps([*frames, trees], default=str)
 
 
 def read_report(data: Path, tmp: Path) -> str:
@@ -390,3 +389,21 @@ def test_a_reader_killed_while_writing_leaves_nothing_a_later_reader_trusts(warm
     assert left, "the kill left no temporary file: it did not land mid-write"
     assert not [p for p in (data / "derived").glob("*/*/*/state.json") if ".tmp-" not in str(p)]
     assert read_sql(data, tmp_path) == fresh["read_sql"]
+
+
+def test_verify_names_each_damaged_state_and_what_a_read_does_with_it(warm, tmp_path):
+    data = _copy(warm, tmp_path)
+    r = invoke(data, "verify", RUN)
+    assert r.exit_code == 0 and f"derived state of run {RUN}: 2 stored (2 of the log as it is now)" in r.stdout
+    assert "every file as its digest records" in r.stdout
+    forged_value_of_a_view(data)
+    r = invoke(data, "verify", RUN)
+    assert r.exit_code == 0, r.output  # the log is whole: a read heals the state
+    assert r.stdout.splitlines()[-1].startswith("verify: "), r.stdout  # (the log's verdict stays last)
+    assert "2 stored (2 of the log as it is now); 1 damaged - the next read drops it and derives it again" in r.stdout
+    assert len(re.findall(r"DAMAGED  \S+/derived/rounds/\S+: trees-[0-9a-f]{32}\.parquet does not hold", r.stdout)) == 1
+    document = json.loads(invoke(data, "verify", RUN, "--json").stdout)
+    assert sorted(bool(d["problems"]) for d in document["derived"]) == [False, True]
+    assert read_sql(data, tmp_path)  # a read drops and derives again
+    r = invoke(data, "verify", RUN)
+    assert "damaged" not in r.stdout and "every file as its digest records" in r.stdout, r.stdout

@@ -45,6 +45,15 @@ def verify_named(data_dir: Path, name: str) -> Verification | CampaignVerificati
     return verify_log(EventLog(data_dir, name))
 
 
+def derived_states(data_dir: Path, found: Verification | CampaignVerification) -> dict[str, list]:
+    """The stored derived state of each run ``verify`` checked (:meth:`engine.derived.Derived.inspect`)."""
+    from engine.derived import Derived
+
+    derived = Derived(data_dir)
+    runs = found.runs if isinstance(found, CampaignVerification) else [found]
+    return {v.run_id: derived.inspect(v.run_id) for v in runs}
+
+
 def verify_campaign(data_dir: Path, name: str) -> CampaignVerification:
     """Check every byte of campaign ``name``'s log and of each of its runs' logs (those created so far)."""
     found = verify_log(campaign_log(data_dir, name))

@@ -55,36 +55,34 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 
 from engine.catalog.definitions import VIEWS_DIR, load_graph
+from engine.derived.catalogs import Catalogs, Held
 from engine.derived.files import (
     Damaged,
+    Outdated,
     Roots,
     check_named,
     dump_json,
-    is_tmp,
     load_json,
     split_name,
     stat_key,
     unwritable,
-    write_named,
 )
+from engine.derived.inspect import StoredState, inspect
 from engine.derived.keys import (
     _TMP,
     AT_DECISIONS,
     DERIVED,
-    KEPT_FLAVOURS,
     NOW,
     SOURCE_CACHE,
     STATE_FILE,
     VERSION,
-    WIDE_INTEGERS,
     Source,
     State,
     file_stat,
@@ -93,6 +91,7 @@ from engine.derived.keys import (
     source_from,
     views_digest,
 )
+from engine.derived.store import base_state, collect, publish, set_flavour, write_rows, write_state
 from ingest.errors import LogError
 from ingest.faults import crash_point
 from ingest.paths import fsync_dir, run_dir
@@ -102,8 +101,6 @@ if TYPE_CHECKING:
     from ingest.reader import EventLog
 
 __all__ = ["AT_DECISIONS", "NOW", "Derived", "Source", "State", "views_digest"]
-
-OPEN_KEPT = 2  # catalogs of stored states kept open per process, for the rows of the next views asked
 
 
 class Derived:
@@ -127,9 +124,8 @@ class Derived:
         self.dropped: list[str] = []
         self.con = duckdb.connect(config={"temp_directory": ""})  # builds states; never queried by users
         self._lock = threading.Lock()
-        self._n = 0
         self._verified: dict[Path, tuple] = {}  # file -> its stat when its digest was checked
-        self._open: OrderedDict[Path, _Open] = OrderedDict()  # state dir -> its catalog (the newest last)
+        self.catalogs = Catalogs(self.con, views_dir)  # of stored states, kept open for their next views
 
     @property
     def root(self) -> Path:
@@ -153,6 +149,8 @@ class Derived:
         cache = self.root / run_id / SOURCE_CACHE
         try:
             held = load_json(cache, f"{run_id}/{SOURCE_CACHE}") or {}
+        except Outdated:
+            held = {}  # (replaced below)
         except Damaged as why:
             self._note(cache, str(why), "dropped")
             with contextlib.suppress(OSError):
@@ -257,17 +255,19 @@ class Derived:
             except BaseException:
                 held.close()
                 raise
-            self._keep_open(state.dir, held)
+            self.catalogs.keep(state.dir, held)
             return state
         raise LogError(f"{run_dir(self.data_dir, run_id) / 'log'}: the log kept changing while its state was derived")
 
-    def _derive(self, log: EventLog, source: Source, variables: dict[str, Any]) -> _Open:
+    def _derive(self, log: EventLog, source: Source, variables: dict[str, Any]) -> Held:
         """A catalog of ``log`` refreshed up to ``source``'s tail under ``variables``: from a stored state it
         extends (caught up), else from the log alone (cold)."""
         from engine.runs import recorded_config
 
-        base = self._base(log, flavour_key(self.digest, variables), source)
-        held = self._new_open()
+        base = base_state(
+            self.run_dirs(log.run_id), log, flavour_key(self.digest, variables), source, self.digest, self.tables
+        )
+        held = self.catalogs.new()
         try:
             catalog = held.catalog
             how = "cold"
@@ -278,14 +278,14 @@ class Derived:
                 except Damaged as why:  # the base is not what it says: from the log alone, the base dropped
                     self._drop(base.dir, str(why))
                     held.close()
-                    held = self._new_open()
+                    held = self.catalogs.new()
                     catalog = held.catalog
             before = catalog.tail_seq()
             catalog.load(log, upto=source.tail)  # the source's events, whatever was published since
             recorded_config(catalog, log)
             if catalog.tail_seq() != source.tail:  # its parts quarantined meanwhile: read the log again
                 raise _Moved
-            self._flavour(catalog, variables)
+            set_flavour(catalog, variables)
             catalog.refresh()
             with self._lock:
                 self.loaded[log.run_id] += catalog.tail_seq() - before
@@ -306,58 +306,7 @@ class Derived:
         if catalog.tail_seq() != state.source.tail:
             raise _Moved
 
-    def _base(self, log: EventLog, flavour: str, now: Source) -> State | None:
-        """A stored state a new one may start from: this flavour's, of a record this one extends,
-        whose parts that are still live are the files they were (same size and time; a part
-        changed in place sends the run back to its log, where its checksum is checked).
-
-        Else such a state under other variables (the tables the variables that differ
-        make stale are recomputed), else None (built from the log).
-        """
-        record = log.record()
-        if record is None:
-            return None
-        candidates = []
-        live = {name: stat for name, *stat in now.parts}
-        for run in self.run_dirs(log.run_id):
-            for path in sorted(run.glob(f"*/*/{STATE_FILE}")):
-                relative = f"{log.run_id}/{path.parent.parent.name}/{path.parent.name}"
-                try:
-                    held = load_json(path, relative)
-                    src = source_from(held["source"])  # type: ignore[index]
-                except (Damaged, KeyError, TypeError, ValueError):
-                    continue
-                if held.get("format") != VERSION or held.get("digest") != self.digest or src.run_id != log.run_id:
-                    continue
-                if src.identity != record.identity or not record.extends(src.entries, src.last_sha):
-                    continue
-                if any(live.get(name, stat) != stat for name, *stat in src.parts):
-                    continue
-                if set(held.get("tables") or {}) != set(self.tables):
-                    continue
-                same = path.parent.parent.name == flavour
-                state = State(
-                    src.run_id,
-                    path.parent,
-                    src,
-                    held.get("variables") or {},
-                    held["values"],
-                    set(held["explicit"]),
-                    dict(held["tables"]),
-                )
-                candidates.append((same, src.entries, state))
-        return max(candidates, key=lambda c: (c[0], c[1]))[2] if candidates else None
-
-    def _flavour(self, catalog: Catalog, variables: dict[str, Any]) -> None:
-        """Set the flavour's variables where they differ, and reset those a base's caller set that this
-        flavour does not (each makes the tables reading it stale)."""
-        changed = {k: v for k, v in variables.items() if catalog.variables.values.get(k) != v}
-        held = catalog.variables.values
-        changed |= {k: None for k in catalog.variables.explicit - set(variables) if k in held}
-        if changed:
-            catalog.variables.set(**changed)
-
-    def _store(self, held: _Open, source: Source, variables: dict[str, Any]) -> State:
+    def _store(self, held: Held, source: Source, variables: dict[str, Any]) -> State:
         """Write the state of a refreshed catalog (its tables' rows, state.json) into the root that takes it."""
         run_id, flavour = source.run_id, flavour_key(self.digest, variables)
         while True:
@@ -368,9 +317,9 @@ class Derived:
                 place.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=place))
                 try:
-                    self._write_state(held, tmp, f"{run_id}/{flavour}/{source.key}", source, variables)
+                    write_state(held.catalog, tmp, f"{run_id}/{flavour}/{source.key}", source, variables, self.digest)
                     crash_point("derived.built")
-                    published = _publish(tmp, final)
+                    published = publish(tmp, final)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)  # (gone once renamed)
             except (OSError, duckdb.Error) as err:
@@ -384,93 +333,33 @@ class Derived:
                 with self._lock:
                     self.built[held.how] += 1
             found = self._read(final, source, variables)
-            if found is None:  # another reader's copy won the rename and was not whole: ours again
+            if found is None:  # another reader's copy won the rename and was not whole (dropped): ours again
+                shutil.rmtree(final, ignore_errors=True)
                 continue
-            self._collect(place, keep=found)
+            collect(place, found, self.digest)
             return found
 
-    def _write_state(self, held: _Open, tmp: Path, relative: str, source: Source, variables: dict[str, Any]) -> None:
-        catalog = held.catalog
-        (tmp / "tables").mkdir()
-        (tmp / "views").mkdir()
-        tables = {}
-        for name in catalog.tables:
-            tables[name] = self._write_rows(catalog.con, tmp / "tables", name, relative).name
-        body = {
-            "format": VERSION,
-            "run_id": source.run_id,
-            "source": source.as_json(),
-            "digest": self.digest,
-            "variables": variables,
-            "values": catalog.variables.values,
-            "explicit": sorted(catalog.variables.explicit),
-            "tables": tables,
-        }
-        body = json.loads(json.dumps(body, default=str))  # as read back
-        (tmp / STATE_FILE).write_text(dump_json(relative, body))
-        with open(tmp / STATE_FILE, "rb") as fh:
-            os.fsync(fh.fileno())
-        for directory in (tmp / "tables", tmp / "views", tmp):
-            fsync_dir(directory)
-
-    def _write_rows(self, con: duckdb.DuckDBPyConnection, directory: Path, name: str, relative: str, run=None) -> Path:
-        """The rows of relation ``name`` (a table, or a view with ``run_id`` added first when ``run``) as a
-        digest-named Parquet file in ``directory``."""
-        described = con.execute(f"select * from {name} limit 0").description
-        names = [d[0] for d in described]
-        first = f"'{run}' as run_id, " if run is not None and "run_id" not in names else ""
-        # Parquet has no 128-bit integer: a sum DuckDB types HUGEINT would come back a
-        # DOUBLE (1714.0). Stored as BIGINT, it reads back the integer it is.
-        cols = ", ".join(
-            f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"' for n, t, *_ in described
-        )
-        copy = f"copy (select {first}{cols} from {name}) to '{{}}' (format parquet, compression zstd)"
-        return write_named(directory, name, relative, lambda tmp: con.execute(copy.format(_quoted(tmp))))
-
-    def _collect(self, flavour: Path, keep: State) -> None:
-        """Remove what no reader of these views will read again: the flavour's states but ``keep``
-        and the newest other (a reader may still be scanning one just replaced: one that finds
-        its files gone reads again), the run's flavours derived by other views or code, all but
-        the newest KEPT_FLAVOURS others of variables set by a caller (now and at decisions stay),
-        and temporary directories a killed builder left (older than an hour)."""
-        run = flavour.parent
-        mine = {flavour_key(self.digest, NOW), flavour_key(self.digest, AT_DECISIONS), flavour.name}
-        others = []
-        for path in run.iterdir():
-            if path.name.startswith(_TMP) or not path.is_dir():
-                continue
-            states = sorted(((_mtime(p), p.parent) for p in path.glob(f"*/{STATE_FILE}")), reverse=True)
-            if not states:  # nothing stored yet (another reader may be building its first state)
-                continue
-            if _digest_of(states[0][1]) != self.digest:
-                shutil.rmtree(path, ignore_errors=True)
-            elif path == flavour:
-                for _when, old in [s for s in states if s[1] != keep.dir][1:]:
-                    shutil.rmtree(old, ignore_errors=True)
-            elif path.name not in mine:
-                others.append((states[0][0], path))
-        for _when, path in sorted(others, reverse=True)[KEPT_FLAVOURS:]:
-            shutil.rmtree(path, ignore_errors=True)
-        cutoff = time.time() - 3600
-        for tmp in [*run.glob(f"*/{_TMP}*"), *run.glob("*/*/views/.*")]:
-            with contextlib.suppress(OSError):
-                if is_tmp(tmp.name) and tmp.stat().st_mtime < cutoff:
-                    shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
+    def inspect(self, run_id: str) -> list[StoredState]:
+        """Every state stored for a run, checked whole (``verify``; nothing is changed)."""
+        return inspect(self, run_id)
 
     # -- reading a state
 
     def view_file(self, state: State, view: str) -> Path:
-        """The checked Parquet file of ``view``'s rows in ``state`` (``run_id`` first), written on first use.
+        """The checked Parquet file of ``view``'s rows in ``state`` (``run_id`` first), written on first use."""
+        return self.view_rows(state, view)[1]
 
-        A state found damaged or gone meanwhile is derived again (the file is then the new
-        state's). LogError when the view cannot be evaluated.
+    def view_rows(self, state: State, view: str) -> tuple[State, Path]:
+        """The checked Parquet file of ``view``'s rows in ``state`` (``run_id`` first), written on first use,
+        and the state it belongs to: ``state``, or the one derived again when ``state`` was found damaged or
+        gone meanwhile (its other files are gone then too). LogError when the view cannot be evaluated.
         """
         for _attempt in range(5):
             found = self._stored_view(state, view)
             if found is not None:
-                return found
+                return state, found
             try:
-                return self._derive_view(state, view)
+                return state, self._derive_view(state, view)
             except (Damaged, _Moved, FileNotFoundError) as why:
                 if isinstance(why, Damaged):
                     self._drop(state.dir, str(why))
@@ -496,7 +385,7 @@ class Derived:
                     return path
         return None
 
-    def _derive_view(self, state: State, view: str, held: _Open | None = None) -> Path:
+    def _derive_view(self, state: State, view: str, held: Held | None = None) -> Path:
         """Write ``view``'s rows of ``state`` from its catalog (``held``, else the one kept open, else
         restored): into the state's directory, or where a root takes it."""
         mine = held is None
@@ -508,7 +397,7 @@ class Derived:
                 while True:
                     try:
                         directory.mkdir(parents=True, exist_ok=True)
-                        path = self._write_rows(held.catalog.con, directory, view, state.relative, run=state.run_id)
+                        path = write_rows(held.catalog.con, directory, view, state.relative, run=state.run_id)
                         break
                     except (OSError, duckdb.Error) as err:
                         if not unwritable(err):
@@ -520,7 +409,7 @@ class Derived:
                         directory = self.roots.writable / state.relative / "views"
         finally:
             if mine:
-                self._keep_open(state.dir, held)
+                self.catalogs.keep(state.dir, held)
         with self._lock:
             self._verified[path] = stat_key(path)
         return path
@@ -534,8 +423,7 @@ class Derived:
         """
         for _attempt in range(5):
             state = self.state(run_id, variables or NOW)
-            with self._lock:
-                held = self._open.pop(state.dir, None)
+            held = self.catalogs.take(state.dir)
             if held is not None:
                 return held.catalog
             try:
@@ -547,25 +435,14 @@ class Derived:
 
     # -- catalogs of states, and checks
 
-    def _new_open(self) -> _Open:
-        from engine.catalog import Catalog
-
-        with self._lock:  # the instance's template of the views, made once (not by two threads at once)
-            self._n += 1
-            n = self._n
-            own = self.con.cursor()  # a connection busy in one thread refuses another's statements
-            Catalog.template(own, self.views_dir)
-        return _Open(Catalog.inside(own, f"state_{n}", self.views_dir))  # (its cursor lives on own's connection)
-
-    def _opened(self, state: State, keep: bool = True) -> _Open:
+    def _opened(self, state: State, keep: bool = True) -> Held:
         """The catalog of a stored state: open already, else restored (Damaged, _Moved as :meth:`_restore`)."""
-        with self._lock:
-            held = self._open.pop(state.dir, None) if keep else None
+        held = self.catalogs.take(state.dir) if keep else None
         if held is not None:
             return held
         from ingest.reader import EventLog
 
-        held = self._new_open()
+        held = self.catalogs.new()
         try:
             self._restore(held.catalog, EventLog(self.data_dir, state.run_id), state)
         except BaseException:
@@ -573,23 +450,11 @@ class Derived:
             raise
         return held
 
-    def _keep_open(self, directory: Path, held: _Open) -> None:
-        with self._lock:
-            old = self._open.pop(directory, None)
-            self._open[directory] = held
-            dropped = [old] if old is not None and old is not held else []
-            while len(self._open) > OPEN_KEPT:
-                dropped.append(self._open.popitem(last=False)[1])
-        for other in dropped:
-            other.close()
-
     def _forget(self, directory: Path) -> None:
+        self.catalogs.forget(directory)
         with self._lock:
-            held = self._open.pop(directory, None)
             for path in [p for p in self._verified if p.is_relative_to(directory)]:
                 del self._verified[path]
-        if held is not None:
-            held.close()
 
     def _check(self, path: Path, relative: str) -> None:
         """Damaged unless ``path`` holds the bytes its name records (checked once while the file is unchanged)."""
@@ -618,51 +483,11 @@ class Derived:
 
     def close(self) -> None:
         """Drop the catalogs kept open."""
-        with self._lock:
-            held, self._open = list(self._open.values()), OrderedDict()
-        for h in held:
-            h.close()
-
-
-class _Open:
-    """A catalog in the instance's connection (a database of its own), and a lock for its one cursor."""
-
-    def __init__(self, catalog: Catalog) -> None:
-        self.catalog = catalog
-        self.lock = threading.Lock()
-        self.how = ""
-
-    def close(self) -> None:
-        self.catalog.close()
+        self.catalogs.close()
 
 
 class _Moved(Exception):
     """The log moved on while a state was built from it."""
-
-
-def _publish(tmp: Path, final: Path) -> bool:
-    """Rename a built state into place; False when another reader's is there already (theirs is used)."""
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if final.is_dir():
-            return False
-        raise
-    return True
-
-
-def _digest_of(state_dir: Path) -> str | None:
-    try:
-        return json.loads((state_dir / STATE_FILE).read_text()).get("digest")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _mtime(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return 0
 
 
 def _quoted(path: Path) -> str:

@@ -50,6 +50,10 @@ class Damaged(Exception):
     """A stored file that does not hold what its digest says (args: why)."""
 
 
+class Outdated(Damaged):
+    """A stored document written by an earlier version (no check): not damage, but not to be read."""
+
+
 def file_digest(identity: str, stem: str, data: bytes) -> str:
     h = hashlib.sha256(_PREFIX)
     h.update(f"{identity}\n{stem}\n".encode())
@@ -126,6 +130,8 @@ def load_json(path: Path, identity: str) -> dict[str, Any] | None:
         matches = held.get("check") == _check(identity, body)
     except (ValueError, AttributeError) as err:
         raise Damaged(f"{path.name} is not a JSON document") from err
+    if "check" not in held:
+        raise Outdated(f"{path.name} was written by an earlier version")
     if not matches:
         raise Damaged(f"{path.name} does not match its check (changed, or another state's)")
     return body

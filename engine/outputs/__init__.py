@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.outputs.integrity import campaign_verification, quarantined, verification, verified
 from engine.render import Output, rows_csv, table
 from ingest.paths import command_line
 
 Row = dict[str, Any]
+__all__ = ["campaign_verification", "quarantined", "verification", "verified"]  # (engine/outputs/integrity.py)
 
 EXPLORE_COLUMNS = [
     "tree_id",
@@ -324,137 +326,6 @@ def export(result: Any, invalid: str) -> Output:
     longest = f", {m['max_tokens']} tokens" if "max_tokens" in m else ""
     lines.append(f"longest sample: {m['max_chars']} characters{longest} (a trainer's max_length must hold it)")
     return Output({"out": str(result.out), **m}, lines)
-
-
-def part_row(c: Any) -> Row:
-    return {
-        "part": c.name,
-        "first": c.first,
-        "last": c.last,
-        "level": c.level,
-        "checksum": c.checksum,
-        "problem": c.problem,
-    }
-
-
-def verification(found: Any, data_dir: Path, what: str = "run") -> Output:
-    """verify: a row per part, what a crash or an old version left, the first damage and its fix."""
-    document = {
-        "run_id": found.run_id,
-        "ok": found.ok,
-        "intact_to": found.intact_to,
-        "tail": found.tail,
-        "problem": found.problem,
-        "first_bad": found.first_bad and found.first_bad.name,
-        "first_bad_path": found.first_bad and str(found.first_bad.path),
-        "parts": [part_row(c) for c in found.parts],
-        "superseded": [c.name for c in found.superseded],
-        "temporary": found.temporary,
-        "foreign": found.foreign,
-        "recorded": found.recorded,
-    }
-    return Output(document, _verification_lines(found, data_dir, what))
-
-
-def _verification_lines(found: Any, data_dir: Path, what: str) -> list[str]:
-    rows = [
-        {"status": "DAMAGED" if c.problem else "ok", "seqs": f"{c.first}..{c.last}", **part_row(c)} for c in found.parts
-    ]
-    lines = [
-        f"{what} {found.run_id}: {len(found.parts)} parts, seqs 1..{found.tail}",
-        table(rows, ["status", "part", "seqs", "level", "problem"]),
-    ]
-    if found.unchecksummed:
-        lines.append(
-            f"{found.unchecksummed} part(s) carry no checksum (written before checksums): their pages "
-            "decode and their seqs are whole, a changed value cannot be seen; the writer gives them "
-            "one when it next opens the run"
-        )
-    if not found.recorded:
-        lines.append(
-            "the run has no record of its parts (written before records): its log is the cover of its "
-            "part files; the writer records them when it next opens the run"
-        )
-    if found.superseded or found.temporary:
-        lines.append(
-            f"a crash left {len(found.superseded)} superseded part(s) and {len(found.temporary)} temp "
-            "file(s); the writer removes them when it next opens the run"
-        )
-    lines += [
-        f"FOREIGN  {found.log_dir / name}: not a part the run's record names (nothing reads it; the writer "
-        f"refuses to append until it is moved aside: {command_line(data_dir, 'quarantine', found.run_id, name)})"
-        for name in found.foreign
-    ]
-    if found.ok:
-        return [
-            *lines,
-            f"verify: {len(found.parts)} parts, {found.tail} events: every checksum matches, every "
-            "page decodes, every seq is there once",
-        ]
-    lines.append(f"verify: the log is intact up to seq {found.intact_to} of {found.tail}; {found.problem}")
-    if found.first_bad is not None:
-        lines += [
-            f"first bad part: {found.first_bad.path} ({found.first_bad.seqs})",
-            f"nothing is appended to the {what} until that part and the ones after it are moved aside: "
-            f"{command_line(data_dir, 'quarantine', found.run_id, found.first_bad.name)}",
-        ]
-    return lines
-
-
-def campaign_verification(found: Any, data_dir: Path) -> Output:
-    """verify of a campaign: a section per log (its own, then each run's, as ``verification`` prints it), a total."""
-    shown = {("campaign", found.log.run_id): verification(found.log, data_dir, "campaign")}
-    shown |= {("run", v.run_id): verification(v, data_dir) for v in found.runs}
-    damaged = [f"{kind} {name}" for (kind, name), s in shown.items() if not s.document["ok"]]
-    total = f"its log and {len(found.runs)} run(s) verify"
-    total = f"{len(damaged)} of {len(shown)} logs damaged ({', '.join(damaged)})" if damaged else total
-    total += "" if found.tasks_read else "; its tasks are in a damaged part: its runs were not verified"
-    lines = [line for s in shown.values() for line in (*s.lines, "")] + [f"verify campaign {found.name}: {total}"]
-    document = {"campaign": found.name, "ok": found.ok, "damaged": damaged, "tasks_read": found.tasks_read}
-    return Output({**document, "logs": [{"log": kind, **s.document} for (kind, _), s in shown.items()]}, lines)
-
-
-def quarantined(done: Any, run_id: str, data_dir: Path, what: str = "run") -> Output:
-    """quarantine: what was moved where, and what the log holds now (``what``: a run's log or a campaign's)."""
-    document = {
-        "run_id": run_id,
-        "moved": [part_row(c) for c in done.moved],
-        "destination": str(done.destination),
-        "intact_to": done.intact_to,
-        "events_moved": done.events_moved,
-        "turns_moved": done.turns_moved,
-        "finished_moved": done.finished_moved,
-        "spool_moved": done.spool_moved and str(done.spool_moved),
-        "foreign": done.foreign,
-    }
-    return Output(document, _quarantine_lines(done, run_id, data_dir, what))
-
-
-def _quarantine_lines(done: Any, run_id: str, data_dir: Path, what: str) -> list[str]:
-    if done.foreign:
-        return [
-            f"{what} {run_id}: moved {done.moved[0].name} to {done.destination} ({done.moved[0].problem}); "
-            f"the log is unchanged, seqs 1..{done.intact_to}"
-        ]
-    lines = [f"{what} {run_id}: moved {len(done.moved)} part(s) to {done.destination}:"]
-    lines += [f"  {c.name} (seqs {c.first}..{c.last})" + (f": {c.problem}" if c.problem else "") for c in done.moved]
-    if done.spool_moved:
-        lines.append(f"  and the spool of finished turns (they followed the old tail): {done.spool_moved}")
-    if done.intact_to == 0:
-        return [
-            *lines,
-            f"the log holds no event now (its first part was damaged): nothing can be resumed - start the {what} again",
-        ]
-    turns = "an unknown number of" if done.turns_moved is None else str(done.turns_moved)
-    ended = f", and the {what}'s RunFinished" if done.finished_moved else ""
-    command, again = ("campaign", "decides those rounds") if what == "campaign" else ("explore", "runs those turns")
-    return [
-        *lines,
-        f"the log now holds seqs 1..{done.intact_to}, intact ({done.events_moved} events moved: "
-        f"{turns} finished turns{ended})",
-        f"{'the campaign' if what == 'campaign' else 'an exploration'} continues with: "
-        f"{command_line(data_dir, command, '--resume', run_id)} (it {again} again)",
-    ]
 
 
 def audit(report: Any) -> Output:

@@ -1,0 +1,71 @@
+"""What ``verify`` says of a run's stored derived state: every state checked whole, nothing changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.derived.files import Damaged, Outdated, check_named, is_tmp, load_json
+from engine.derived.keys import SOURCE_CACHE, STATE_FILE, VERSION
+from ingest.errors import LogError
+
+if TYPE_CHECKING:
+    from engine.derived import Derived
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """What ``verify`` finds of one stored state (or the source cache): ``problems`` empty when whole."""
+
+    path: Path
+    variables: dict[str, Any] | None
+    current: bool  # derived from the log as it is now (a reader uses it)
+    problems: list[str]
+    files: int
+    other: str | None = None  # derived by an earlier version, other views or code: never read (a reader removes it)
+
+
+def inspect(derived: Derived, run_id: str) -> list[StoredState]:
+    """Every state stored for a run (each root), checked whole: its document, every file's digest,
+    whether it was derived from the log as it is now. Nothing is changed (a reader drops what fails)."""
+    try:
+        now = derived.source(run_id).as_json()
+    except LogError:
+        now = None
+    found = []
+    for run in derived.run_dirs(run_id):
+        cache = run / SOURCE_CACHE
+        try:
+            load_json(cache, f"{run_id}/{SOURCE_CACHE}")
+        except Outdated:
+            pass
+        except Damaged as why:
+            found.append(StoredState(cache, None, False, [str(why)], 1))
+        for path in sorted(p for p in run.glob("*/*") if p.is_dir() and not is_tmp(p.name)):
+            found.append(_inspect_one(derived.digest, run_id, path, now))
+    return found
+
+
+def _inspect_one(digest: str, run_id: str, path: Path, now: dict[str, Any] | None) -> StoredState:
+    relative = f"{run_id}/{path.parent.name}/{path.name}"
+    try:
+        held = load_json(path / STATE_FILE, relative)
+    except Outdated:
+        return StoredState(path, None, False, [], 0, "by an earlier version")
+    except Damaged as why:
+        return StoredState(path, None, False, [str(why)], 0)
+    if held is None:
+        return StoredState(path, None, False, [f"no {STATE_FILE}"], 0)
+    if held.get("format") != VERSION or held.get("digest") != digest:
+        return StoredState(path, held.get("variables"), False, [], 0, "by other views or code")
+    problems = []
+    files = [path / "tables" / name for name in (held.get("tables") or {}).values()]
+    files += sorted((path / "views").glob("*.parquet"))
+    for file in files:
+        try:
+            check_named(file, relative)
+        except (Damaged, FileNotFoundError) as why:
+            problems.append(str(why) if isinstance(why, Damaged) else f"{file.name} is missing")
+    current = now is not None and held.get("source") == now
+    return StoredState(path, held.get("variables"), current, problems, len(files) + 1)
