@@ -407,3 +407,20 @@ def test_verify_names_each_damaged_state_and_what_a_read_does_with_it(warm, tmp_
     assert read_sql(data, tmp_path)  # a read drops and derives again
     r = invoke(data, "verify", RUN)
     assert "damaged" not in r.stdout and "every file as its digest records" in r.stdout, r.stdout
+
+
+def test_a_collection_of_named_runs_reads_no_other_runs_files(warm):
+    """Finding 6: a collection opened for one run could read every other run's stored rows."""
+    from engine.collection import RefusedQueryError
+
+    runs = open_runs(warm, [RUN])
+    assert runs.query("select count(*) as n from trees")[0]["n"] == 4
+    own = next((warm / "derived" / RUN).glob("*/*/views/trees-*.parquet"))
+    assert runs.query(f"select count(*) as n from read_parquet('{own}')")[0]["n"] == 4
+    for other in (
+        next((warm / "derived" / "other").glob("*/*/views/trees-*.parquet")),
+        next((warm / "derived" / "other").glob("*/*/tables/paths-*.parquet")),
+        next((warm / "runs" / "other" / "log").glob("part-*.parquet")),
+    ):
+        with pytest.raises(RefusedQueryError, match="only the runs' logs may be read"):
+            runs.query(f"select count(*) from read_parquet('{other}')")
