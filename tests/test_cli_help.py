@@ -26,7 +26,7 @@ def test_explore_of_an_all_snapshots_dir_without_select_suggests_it(tmp_path):
 
 
 def test_the_command_line_stays_thin():
-    """cli.py parses and prints; what it prints is in engine/outputs.py, the rest in engine/ modules."""
+    """cli.py parses and prints; what it prints is in engine/outputs/, the rest in engine/ modules."""
     from tests.conftest import ROOT
 
     # 800 lines of the hand layout the thin CLI was written in: `ruff format` lays every option
