@@ -733,7 +733,7 @@ def serve(port: int, host: str) -> None:
     type=float,
     default=None,
     metavar="SECONDS",
-    help="Seconds the query may run (default 300, or $TEACHER_MCTS_SQL_TIMEOUT_S).",
+    help="Seconds the query and its output may take (default 300, or $TEACHER_MCTS_SQL_TIMEOUT_S).",
 )
 def sql_command(
     args: tuple[str, ...],
@@ -749,8 +749,8 @@ def sql_command(
     Every view is the union of the runs' rows, run_id first (`python cli.py views` lists
     them). Only a query is run: one SELECT (or EXPLAIN of one) - statements that write,
     attach, install, load or set, EXPLAIN ANALYZE, and reads of files outside the runs'
-    logs are refused and nothing is run or written. A query past its memory or time
-    limit is stopped. Without RUN_IDs, a damaged run is left out and named (exit 1).
+    logs are refused and nothing is run or written. A query past its memory or time limit (its
+    output included) is stopped: nothing is printed. Without RUN_IDs, a damaged run is left out and named (exit 1).
 
     \b
     Example:
@@ -758,8 +758,8 @@ def sql_command(
         python cli.py sql demo "select * from edges where verdict = 'pruned'" --csv > pruned.csv
     """
 
-    from engine import outputs
     from engine.collection import Limits, open_runs, parquet_target, read_only, write_parquet
+    from engine.render import print_rows
 
     fmt = _sql_format(as_json, as_csv, parquet, overwrite)
     if not args:
@@ -769,11 +769,12 @@ def sql_command(
     if parquet is not None:
         parquet_target(parquet, _data_dir(), overwrite)
     collection = open_runs(_data_dir(), runs or None, limits)
-    if parquet is None:
-        _show(outputs.rows(collection.query(query)), fmt)
-    else:
-        rows = write_parquet(collection.arrow(query), parquet, _data_dir(), overwrite)
-        click.echo(f"wrote {rows} rows to {parquet}", err=True)
+    with collection.result(query) as result:  # its time limit covers formatting and writing
+        if parquet is None:
+            print_rows(fmt, sys.stdout, result)
+        else:
+            rows = write_parquet(result.record_batches(), parquet, _data_dir(), overwrite)
+            click.echo(f"wrote {rows} rows to {parquet}", err=True)
     _name_damaged(collection.damaged)
 
 

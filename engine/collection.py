@@ -28,12 +28,12 @@ with ``.set(...)`` only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +42,21 @@ import duckdb
 from engine.catalog import QueryError
 from engine.catalog.definitions import load_graph, read_macros, relations_read
 from engine.derived import AT_DECISIONS, NOW, Derived, State
-from ingest.errors import InputError, LogError, OutputError
+from engine.results import (
+    CANCELLED,
+    Cancel,
+    Limits,
+    QueryCancelledError,
+    QueryLimitError,
+    Result,
+    first_line,
+)
+from engine.results import parquet_target as parquet_target  # (re-exported: sql's)
+from engine.results import write_parquet as write_parquet
+from ingest.errors import InputError, LogError
 from ingest.listing import has_log
 from ingest.listing import run_ids as run_ids_under
-from ingest.paths import outside_data, run_dir, write_atomically
+from ingest.paths import run_dir
 from ingest.text import as_utf8
 
 if TYPE_CHECKING:
@@ -83,21 +94,6 @@ REFUSED_FUNCTIONS = frozenset(
         "destroy_external_resource",
     }
 )
-MEMORY_ENV = "TEACHER_MCTS_SQL_MEMORY"
-TIMEOUT_ENV = "TEACHER_MCTS_SQL_TIMEOUT_S"
-DEFAULT_MEMORY = "4GB"  # a 2-core, 24 GiB machine: several such queries, or one and a run, fit beside each other
-DEFAULT_TIMEOUT_S = 300.0
-UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
 # Variables each run's config gives its views (its defaults, see variables.py): one value
 # serves every run's views queried from the main database, so the runs must agree on it.
 RUN_DEFAULTS = ("knowledge_path_regex", "knowledge_command_regex")
@@ -105,41 +101,6 @@ RUN_DEFAULTS = ("knowledge_path_regex", "knowledge_command_regex")
 
 class RefusedQueryError(InputError):
     """A query that is not read-only, or reads outside the runs' logs; nothing was run."""
-
-
-class QueryLimitError(QueryError):
-    """A query went past its time or memory limit and was stopped; nothing was written."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one query may take: memory beyond the loaded runs' (bytes), and seconds."""
-
-    memory: int
-    timeout_s: float
-    memory_text: str  # as given, for messages
-
-    @classmethod
-    def resolve(cls, memory: str | None = None, timeout_s: float | str | None = None) -> Limits:
-        """The limits given, else ``$TEACHER_MCTS_SQL_MEMORY`` / ``$TEACHER_MCTS_SQL_TIMEOUT_S``, else the defaults.
-
-        InputError names a value that is not a size (``4GB``, ``512MiB``) or a positive number of seconds.
-        """
-        memory = memory or os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", memory.lower())
-        if not m or float(m[1]) <= 0:
-            msg = f"memory limit {memory!r} is not a size such as 4GB or 512MiB (--memory-limit, ${MEMORY_ENV})"
-            raise InputError(msg)
-        if timeout_s is None:
-            timeout_s = os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S
-        try:
-            seconds = float(timeout_s)
-        except ValueError:
-            seconds = float("nan")
-        if not 0 < seconds < float("inf"):
-            msg = f"time limit {timeout_s!r} is not a positive number of seconds (--timeout, ${TIMEOUT_ENV})"
-            raise InputError(msg)
-        return cls(int(float(m[1]) * UNITS[m[2] or "b"]), seconds, memory.strip())
 
 
 class Collection:
@@ -348,51 +309,52 @@ class Collection:
         """Read the runs again at the next query: a run that grew meanwhile is caught up."""
         self._states.clear()
 
-    def _run(self, query: str, fetch, run_id: str | None = None):
-        """``fetch`` the result of one read-only query within the limits; RefusedQueryError or QueryError otherwise."""
-        select = read_only(query, self.con)
-        # A timer stops the query at its time limit (DuckDB's interrupt; one that comes
-        # after the query ended changes nothing).
-        fired = threading.Event()
+    @property
+    def binding_lock(self) -> threading.RLock:
+        """Held while the collection's shared state changes (runs read, views bound), never while a query runs."""
+        return self.__dict__.setdefault("_binding_lock", threading.RLock())  # (atomic: one lock per collection)
 
-        def stop() -> None:
-            fired.set()
-            self.con.interrupt()
+    def _pin(self, cursor: duckdb.DuckDBPyConnection, names: set[str], run_id: str | None) -> dict[str, tuple]:
+        """Bind the views ``names`` (this run's files or every run's) and start ``cursor``'s transaction on
+        them: its query reads these bindings, whatever another query binds meanwhile (DuckDB's catalog
+        is read as of a transaction's start). The files each view reads."""
+        with self.binding_lock:
+            self._bind(names, run_id)
+            cursor.begin()
+            cursor.execute("select count(*) from duckdb_views()").fetchall()  # the transaction's snapshot
+            return {name: self._bound[name] for name in names & set(self._bound)}
 
-        timer = threading.Timer(self.limits.timeout_s, stop)
+    @contextlib.contextmanager
+    def _run(self, query: str, run_id: str | None = None, cancel: Cancel | None = None) -> Iterator[Result]:
+        """One read-only query on a cursor of its own, within the limits; RefusedQueryError or QueryError otherwise.
+
+        Queries run at once, each on its cursor (a DuckDB connection serves one thread at
+        a time); only binding the views holds a lock. The time limit runs from the query's
+        start to the end of this block: the caller's fetching and formatting count.
+        """
+        cursor = self.con.cursor()
+        expired = Cancel()  # fired by a timer at the time limit
+        timer = threading.Timer(self.limits.timeout_s, expired)
         timer.daemon = True
         try:
-            names = relations_read(self.con, select) or set()
-            self._bind(names, run_id)
-            timer.start()
-            try:
-                return fetch(query)
-            except duckdb.IOException:
-                if all(Path(f).exists() for name in names & set(self._bound) for f in self._bound[name]):
-                    raise
-                # A state was replaced (its run grew) and dropped while bound: read the runs again.
-                self.refresh()
-                self._bind(names, run_id)
-                return fetch(query)
+            with expired.watching(cursor), cancel.watching(cursor) if cancel else contextlib.nullcontext():
+                select = read_only(query, cursor)
+                names = relations_read(cursor, select) or set()
+                files = self._pin(cursor, names, run_id)
+                timer.start()
+                yield Result(self, cursor, query, names, run_id, files, expired, cancel)
         except duckdb.PermissionException as err:
-            raise RefusedQueryError(f"{_first_line(err)} (only the runs' logs may be read) - nothing was read") from err
+            raise RefusedQueryError(f"{first_line(err)} (only the runs' logs may be read) - nothing was read") from err
         except duckdb.InterruptException as err:
-            if fired.is_set():
-                msg = (
-                    f"the query ran past its time limit of {self.limits.timeout_s:g} s and was stopped - "
-                    f"nothing was written (give more with --timeout or ${TIMEOUT_ENV})"
-                )
-                raise QueryLimitError(msg) from err
-            raise QueryError(_first_line(err)) from err
+            if expired.is_set:
+                raise QueryLimitError(self.limits.time_message()) from err
+            if cancel is not None and cancel.is_set:
+                raise QueryCancelledError(CANCELLED) from err
+            raise QueryError(first_line(err)) from err
         except duckdb.OutOfMemoryException as err:
-            msg = (
-                f"the query needed more memory than its limit of {self.limits.memory_text} and was stopped - "
-                f"nothing was written (give more with --memory-limit or ${MEMORY_ENV}): "
-                f"{_first_line(err)}"
-            )
-            raise QueryLimitError(msg) from err
+            raise QueryLimitError(self.limits.memory_message(err)) from err
         except duckdb.Error as err:
-            raise QueryError(_first_line(err)) from err
+            raise QueryError(first_line(err)) from err
         finally:
             # Joined, not only cancelled: a timer thread still ending at the interpreter's exit
             # would drop the last reference to this connection there, and DuckDB aborts the
@@ -400,20 +362,26 @@ class Collection:
             timer.cancel()
             if timer.is_alive():
                 timer.join()
+            cursor.close()
+
+    def result(self, query: str, run_id: str | None = None, cancel: Cancel | None = None):
+        """A context manager: the :class:`Result` of a read-only query, its rows fetched in batches within its
+        limits (its time limit ends with the block); ``cancel``: stops it from another thread."""
+        return self._run(query, run_id, cancel)
 
     def query(self, query: str, run_id: str | None = None) -> list[dict[str, Any]]:
         """Rows of a read-only query, as dicts; ``run_id``: over that run's rows alone (reads only its files)."""
-
-        def rows(sql: str) -> list[dict[str, Any]]:
-            cur = self.con.execute(sql)
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-        return self._run(query, rows, run_id)
+        with self._run(query, run_id) as result:
+            columns = result.columns
+            return [dict(zip(columns, row, strict=True)) for batch in result.batches() for row in batch]
 
     def arrow(self, query: str):
         """The result of a read-only query as an Arrow table."""
-        return self._run(query, lambda sql: self.con.sql(sql).to_arrow_table())
+        import pyarrow as pa
+
+        with self._run(query) as result:
+            reader = result.record_batches()
+            return pa.Table.from_batches(list(reader), reader.schema)
 
     def sql(self, query: str) -> pl.DataFrame:
         """The result of a read-only query as a polars DataFrame."""
@@ -477,16 +445,12 @@ def _statements(con: duckdb.DuckDBPyConnection, query: str) -> list:
     try:
         return con.extract_statements(query)
     except duckdb.Error as err:
-        raise QueryError(_first_line(err)) from err
+        raise QueryError(first_line(err)) from err
 
 
 def open_runs(data_dir: Path | str, run_ids: list[str] | None = None, limits: Limits | None = None) -> Collection:
     """Read these runs (default: every run under ``data_dir`` that is not damaged) through the views, read-only."""
     return Collection(data_dir, run_ids, limits)
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0]
 
 
 def _explained(query: str) -> str:
@@ -510,29 +474,3 @@ def _functions(tree: Any) -> set[str]:
         for value in tree:
             found |= _functions(value)
     return found
-
-
-def parquet_target(path: Path, data_dir: Path, overwrite: bool = False) -> Path:
-    """``path`` if a query's result may be written there; OutputError (nothing run or written) otherwise.
-
-    Never among the runs of the data directory (a run's log, its spool, its quarantine:
-    the file would replace recorded events), and never onto an existing file unless
-    ``overwrite``.
-    """
-    path = outside_data(path, data_dir, "the result")
-    if path.exists() and not overwrite:
-        raise OutputError(f"{path}: exists already - give --overwrite to replace it; nothing was run")
-    return path
-
-
-def write_parquet(table, path: Path, data_dir: Path, overwrite: bool = False) -> int:
-    """Write a query result to ``path`` atomically (a temporary file renamed); its row count.
-
-    OutputError when :func:`parquet_target` refuses the path, or names the file when
-    the machine refuses the write; nothing is left.
-    """
-    import pyarrow.parquet as pq
-
-    path = parquet_target(path, data_dir, overwrite)
-    write_atomically(path, lambda tmp: pq.write_table(table, tmp), "the result")
-    return table.num_rows

@@ -8,10 +8,11 @@ has no NaN or infinity: they are written as null. Every wall-clock figure comes 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -58,11 +59,31 @@ def finite(value: Any) -> Any:
 
 def table(rows: list[Row], columns: list[str]) -> str:
     """An aligned text table of ``columns`` (``-`` for null, floats to 4 places)."""
-    cells = [[cell(r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
+    return "".join(table_chunks(columns, [[[r.get(c) for c in columns] for r in rows]]))[:-1]
+
+
+def table_chunks(
+    columns: list[str], batches: Iterable[list[Sequence[Any]]], check: Callable[[], None] = lambda: None
+) -> Iterator[str]:
+    """:func:`table`'s lines (each ending with a newline) of rows given in batches, a batch at a time.
+
+    Every row is laid out before the first line (the columns' widths); ``check`` is called
+    before each batch's lines (a time limit: see ``Result.check``).
+    """
+    parts, widths = [], [len(c) for c in columns]
+    for batch in batches:
+        part = [[cell(v) for v in row] for row in batch]
+        if part:
+            widths = [max(w, *map(len, values)) for w, values in zip(widths, zip(*part, strict=True), strict=True)]
+        parts.append(part)
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip() + "\n"
+
+    yield line(columns)
+    for part in parts:
+        check()
+        yield "".join(map(line, part))
 
 
 def cell(value: Any) -> str:
@@ -78,6 +99,62 @@ def write_csv(out: TextIO, header: list[str], rows: Iterable[list[Any]]) -> None
     writer = csv.writer(out)
     writer.writerow(header)
     writer.writerows(rows)
+
+
+def csv_chunks(header: list[str], batches: Iterable[list[Sequence[Any]]]) -> Iterator[str]:
+    """A query's rows as :func:`write_csv` writes them (lists and structs as JSON), a batch at a time."""
+    out = io.StringIO()
+    write_csv(out, header, [])
+    for batch in batches:
+        csv.writer(out).writerows([csv_cell(v) for v in row] for row in batch)
+        yield out.getvalue()
+        out.seek(0)
+        out.truncate()
+    yield out.getvalue()
+
+
+def json_chunks(columns: list[str], batches: Iterable[list[Sequence[Any]]]) -> Iterator[str]:
+    """A query's rows as :func:`json_text` writes the list of them (each row an object), a batch at a time."""
+    opening = "[\n  "
+    for batch in batches:
+        texts = [json_text(dict(zip(columns, row, strict=True))).replace("\n", "\n  ") for row in batch]
+        if texts:
+            yield opening + ",\n  ".join(texts)
+            opening = ",\n  "
+    yield "[]" if opening.startswith("[") else "\n]"
+
+
+def row_chunks(
+    fmt: str, columns: list[str], batches: Iterable[list[Sequence[Any]]], check: Callable[[], None] = lambda: None
+) -> Iterator[str]:
+    """A query's rows as ``sql`` prints them (``fmt``: text, json or csv), a batch at a time (see table_chunks)."""
+    if fmt == "csv":
+        yield from csv_chunks(columns, batches)
+    elif fmt == "json":
+        yield from json_chunks(columns, batches)
+        yield "\n"
+    else:
+        yield from table_chunks(columns, batches, check)
+
+
+SPOOL_BYTES = 64 * 2**20  # printed rows are held in memory up to this, then in a temporary file
+
+
+def print_rows(fmt: str, out: TextIO, result: Any) -> None:
+    """A query's rows (a ``Result``) printed to ``out`` as ``sql`` prints them, once they are all formatted.
+
+    Fetching and formatting go a batch at a time, the query's limits checked between
+    batches (``result.check``); the text is spooled, so a query stopped prints nothing.
+    """
+    import shutil
+    import tempfile
+
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES, "w+", encoding="utf-8", newline="") as spool:
+        for chunk in row_chunks(fmt, result.columns, result.batches(), result.check):
+            spool.write(chunk)
+        result.check()
+        spool.seek(0)
+        shutil.copyfileobj(spool, out)
 
 
 def csv_cell(value: Any) -> Any:

@@ -92,11 +92,6 @@ def views(defs: dict[str, Any]) -> Output:
     )
 
 
-def rows(result: list[Row]) -> Output:
-    """A query's rows: a table of their columns, the rows as JSON, CSV."""
-    return Output(result, [table(result, list(result[0]) if result else [])], rows_csv(result))
-
-
 def selection(result: Any) -> Output:
     """select-snapshots: the stages' quotas and fills, the picks."""
     document = {

@@ -1,0 +1,262 @@
+"""A query's result, read a batch at a time within its limits: what ``sql`` and ``serve`` read with.
+
+A query of a :class:`~engine.collection.Collection` runs on a cursor of its own (a DuckDB
+connection serves one thread at a time), so queries run at once. Its :class:`Result`
+is fetched a batch at a time: a reader holds a batch, not the result, and the query's
+limits (:class:`Limits`: memory, and time from its start) are checked before each batch,
+so the time a reader spends formatting counts as DuckDB's does. A :class:`Cancel` stops
+queries from another thread (a web client gone). ``write_parquet`` writes a result a
+batch at a time, renamed into place once whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+
+from engine.catalog import QueryError
+from ingest.errors import InputError, OutputError
+from ingest.paths import outside_data, write_atomically
+
+if TYPE_CHECKING:
+    from engine.collection import Collection
+
+MEMORY_ENV = "TEACHER_MCTS_SQL_MEMORY"
+TIMEOUT_ENV = "TEACHER_MCTS_SQL_TIMEOUT_S"
+DEFAULT_MEMORY = "4GB"  # a 2-core, 24 GiB machine: several such queries, or one and a run, fit beside each other
+DEFAULT_TIMEOUT_S = 300.0
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+class QueryLimitError(QueryError):
+    """A query went past its time or memory limit and was stopped; nothing was written."""
+
+
+class QueryCancelledError(QueryError):
+    """A query stopped by its :class:`Cancel` (its reader went away); nothing more was read."""
+
+
+CANCELLED = "the query was cancelled (its reader went away) - nothing more was read"
+BATCH_ROWS = 10_000  # rows a batched read fetches at a time (sql's output, serve's CSV)
+
+
+class Cancel:
+    """Stops queries from another thread: interrupts every cursor running one (e.g. a web client went away).
+
+    Calling it is for good: a query it watches that starts later stops at its first batch.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self.is_set = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.is_set = True
+            for cursor in self._cursors:
+                cursor.interrupt()
+
+    @contextlib.contextmanager
+    def watching(self, cursor: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """Interrupt ``cursor`` when called within this block (and not after: the cursor may be closed)."""
+        with self._lock:
+            self._cursors.append(cursor)
+            if self.is_set:
+                cursor.interrupt()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._cursors.remove(cursor)
+
+
+class Result:
+    """A read-only query running on a cursor of its own (:meth:`Collection.result`).
+
+    Its rows are fetched a batch at a time (``batches``: tuples; ``record_batches``: Arrow,
+    one or the other), so a reader holds no more than a batch; before each batch the time
+    limit and the Cancel are checked (``check``), so the time the reader takes between
+    batches, formatting them, counts against the limit as DuckDB's does.
+    """
+
+    def __init__(self, runs: Collection, cursor, query: str, names, run_id, files, expired: Cancel, cancel) -> None:
+        self._runs, self._cursor, self._query = runs, cursor, query
+        self._names, self._run_id, self._files = names, run_id, files
+        self._expired, self._cancel = expired, cancel
+        self._started: str | None = None
+
+    def check(self) -> None:
+        """QueryLimitError once the time limit has passed, QueryCancelledError once cancelled."""
+        if self._expired.is_set:
+            raise QueryLimitError(self._runs.limits.time_message())
+        if self._cancel is not None and self._cancel.is_set:
+            raise QueryCancelledError(CANCELLED)
+
+    def _start(self, how: str, start):
+        if self._started not in (None, how):
+            raise RuntimeError("a result is read as rows or as Arrow batches, not both")
+        if self._started == how:
+            return None
+        self.check()
+        try:
+            found = start()
+        except duckdb.IOException:
+            if all(Path(f).exists() for files in self._files.values() for f in files):
+                raise
+            # A state was replaced (its run grew) and dropped while bound: read the runs again.
+            self._cursor.rollback()
+            with self._runs.binding_lock:
+                self._runs.refresh()
+                self._files = self._runs._pin(self._cursor, self._names, self._run_id)
+            found = start()
+        self._started = how
+        return found
+
+    @property
+    def columns(self) -> list[str]:
+        """The result's column names (the query starts if it has not)."""
+        self._start("rows", lambda: self._cursor.execute(self._query))
+        return [d[0] for d in self._cursor.description]
+
+    def batches(self, size: int = BATCH_ROWS) -> Iterator[list[tuple]]:
+        """The rows, ``size`` at a time (the last batch may be shorter); the limits checked before each."""
+        self._start("rows", lambda: self._cursor.execute(self._query))
+        while True:
+            self.check()
+            batch = self._cursor.fetchmany(size)
+            if not batch:
+                break
+            yield batch
+        self.check()
+
+    def head(self, n: int) -> list[tuple]:
+        """The first ``n`` rows (fewer if there are fewer): the rest is never fetched."""
+        return next(self.batches(n), [])
+
+    def record_batches(self, size: int = BATCH_ROWS * 10):
+        """The rows as an Arrow RecordBatchReader (``schema``, then its batches; the limits checked before each)."""
+        import pyarrow as pa
+
+        reader = self._start("arrow", lambda: self._cursor.sql(self._query).to_arrow_reader(size))
+
+        def checked():
+            batches = iter(reader)
+            while True:
+                self.check()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                except OSError as err:  # DuckDB's error midway, through Arrow's stream: as the query's own
+                    self.check()  # (an interrupt: the limit's or the Cancel's)
+                    if str(err).startswith("Out of Memory Error"):
+                        raise QueryLimitError(self._runs.limits.memory_message(err)) from err
+                    raise QueryError(first_line(err)) from err
+                yield batch
+            self.check()
+
+        return pa.RecordBatchReader.from_batches(reader.schema, checked())
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one query may take: memory beyond the loaded runs' (bytes), and seconds."""
+
+    memory: int
+    timeout_s: float
+    memory_text: str  # as given, for messages
+
+    @classmethod
+    def resolve(cls, memory: str | None = None, timeout_s: float | str | None = None) -> Limits:
+        """The limits given, else ``$TEACHER_MCTS_SQL_MEMORY`` / ``$TEACHER_MCTS_SQL_TIMEOUT_S``, else the defaults.
+
+        InputError names a value that is not a size (``4GB``, ``512MiB``) or a positive number of seconds.
+        """
+        memory = memory or os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", memory.lower())
+        if not m or float(m[1]) <= 0:
+            msg = f"memory limit {memory!r} is not a size such as 4GB or 512MiB (--memory-limit, ${MEMORY_ENV})"
+            raise InputError(msg)
+        if timeout_s is None:
+            timeout_s = os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S
+        try:
+            seconds = float(timeout_s)
+        except ValueError:
+            seconds = float("nan")
+        if not 0 < seconds < float("inf"):
+            msg = f"time limit {timeout_s!r} is not a positive number of seconds (--timeout, ${TIMEOUT_ENV})"
+            raise InputError(msg)
+        return cls(int(float(m[1]) * UNITS[m[2] or "b"]), seconds, memory.strip())
+
+    def memory_message(self, err: Exception) -> str:
+        """What a query stopped at its memory limit (DuckDB's ``err``) says."""
+        return (
+            f"the query needed more memory than its limit of {self.memory_text} and was stopped - "
+            f"nothing was written (give more with --memory-limit or ${MEMORY_ENV}): {first_line(err)}"
+        )
+
+    def time_message(self) -> str:
+        """What a query stopped at its time limit says."""
+        return (
+            f"the query ran past its time limit of {self.timeout_s:g} s and was stopped - "
+            f"nothing was written (give more with --timeout or ${TIMEOUT_ENV})"
+        )
+
+
+def first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0]
+
+
+def parquet_target(path: Path, data_dir: Path, overwrite: bool = False) -> Path:
+    """``path`` if a query's result may be written there; OutputError (nothing run or written) otherwise.
+
+    Never among the runs of the data directory (a run's log, its spool, its quarantine:
+    the file would replace recorded events), and never onto an existing file unless
+    ``overwrite``.
+    """
+    path = outside_data(path, data_dir, "the result")
+    if path.exists() and not overwrite:
+        raise OutputError(f"{path}: exists already - give --overwrite to replace it; nothing was run")
+    return path
+
+
+def write_parquet(batches, path: Path, data_dir: Path, overwrite: bool = False) -> int:
+    """Write a query result (an Arrow RecordBatchReader, a batch at a time) to ``path`` atomically (a
+    temporary file renamed once every batch is written); its row count.
+
+    OutputError when :func:`parquet_target` refuses the path, or names the file when
+    the machine refuses the write; nothing is left, nor when reading the batches fails (a limit).
+    """
+    import pyarrow.parquet as pq
+
+    path = parquet_target(path, data_dir, overwrite)
+    written = 0
+
+    def write(tmp: Path) -> None:
+        nonlocal written
+        with pq.ParquetWriter(tmp, batches.schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+                written += batch.num_rows
+
+    write_atomically(path, write, "the result")
+    return written
