@@ -683,10 +683,7 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
 @cli.command()
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True)
 @click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to bind; any other than the loopback needs the token printed at start.",
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind (every request needs the printed token)."
 )
 def serve(port: int, host: str) -> None:
     """Serve a local web app over the runs under --data, live while they are written.
@@ -694,7 +691,8 @@ def serve(port: int, host: str) -> None:
     The collection and its audit, each run (its trees as `report` draws them, updated as
     parts land), each tree's nodes and turns, each path's conversation as `export`
     writes it, and the read-only SQL of `sql`. No page changes a run; nothing is fetched
-    from the network. Binding another address than 127.0.0.1 requires a token (printed).
+    from the network. Every request needs the token printed at start, on any address
+    (opening the address printed sets it); a query runs only when the SQL page sends it.
 
     \b
     Example:

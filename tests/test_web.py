@@ -1,13 +1,15 @@
 """The web app (``serve``) in a real browser: Playwright driving the system Chromium.
 
 Each test starts ``python cli.py serve`` as a process of its own on a free port and
-waits until it answers; pages are read through the DOM. A screenshot of each page
-goes to /tmp/web-shots/.
+waits until it answers; the browser opens the address with the token the server printed
+(which sets its cookie); pages are read through the DOM. A screenshot of each page goes
+to /tmp/web-shots/.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -16,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,27 +51,37 @@ def _answers(url: str) -> bool:
     return True
 
 
+@dataclass
+class Served:
+    base: str  # http://127.0.0.1:PORT
+    token: str  # the token the server printed
+    proc: subprocess.Popen
+    log: Path  # its stdout and stderr
+
+
 @contextmanager
-def serving(data: Path, tmp: Path, host: str = "127.0.0.1"):
-    """A ``serve`` process over ``data``: yields (base address, the token it printed or None)."""
+def served(data: Path, tmp: Path, host: str = "127.0.0.1", env: dict[str, str] | None = None):
+    """A ``serve`` process over ``data`` (``env``: added to its environment), once it answers."""
     port = _free_port()
-    err = tmp / f"serve-{port}.err"
-    with open(err, "w") as fh:
+    log = tmp / f"serve-{port}.log"
+    with open(log, "w") as fh:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "serve", "--port", str(port), "--host", host],
             stdout=fh,
             stderr=fh,
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
         )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while not _answers(base + "/static/app.css"):
-            assert proc.poll() is None, err.read_text()
-            assert time.monotonic() < deadline, "the server did not answer within 120 s:\n" + err.read_text()
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the server did not answer within 120 s:\n" + log.read_text()
             time.sleep(0.1)
-        found = re.search(r"\?token=(\S+)", err.read_text())
-        yield base, found and found[1]
+        found = re.search(r"\?token=(\S+)", log.read_text())
+        assert found, "the server printed no token:\n" + log.read_text()
+        yield Served(base, found[1], proc, log)
     finally:
         proc.terminate()
         try:
@@ -76,6 +89,13 @@ def serving(data: Path, tmp: Path, host: str = "127.0.0.1"):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def serving(data: Path, tmp: Path, host: str = "127.0.0.1"):
+    """A ``serve`` process over ``data``: yields (base address, the token it printed)."""
+    with served(data, tmp, host) as server:
+        yield server.base, server.token
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +190,8 @@ def two_runs(runs, tmp_path) -> Path:
 def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, tmp_path, page):
     runs = two_runs
     samples = exported(runs, "rounds", tmp_path / "out")
-    with serving(runs, tmp_path) as (base, _token):
-        page.goto(base + "/")
+    with serving(runs, tmp_path) as (base, token):
+        page.goto(f"{base}/?token={token}")
         assert page.locator("table.runs tbody tr").count() == 2  # rounds and async
         shot(page, "collection")
         page.locator("table.runs a", has_text="rounds").click()
@@ -201,8 +221,8 @@ def test_a_run_written_while_the_page_is_open_updates_it_until_it_ends(tmp_path,
     data.mkdir()
     config = tmp_path / "slow.toml"
     config.write_text("[tree]\ntarget_good_leaves = 2\n[backend_options]\nlatency_s = 0.05\n")
-    with serving(data, tmp_path) as (base, _token):
-        page.goto(base + "/run/live")
+    with serving(data, tmp_path) as (base, token):
+        page.goto(f"{base}/run/live?token={token}")
         assert "No event of run live" in page.locator("#live").inner_text()
         # Every state the page shows (its log prefix), and a mark a reload would lose.
         page.evaluate("""() => { window.__mark = 'same page'; window.__seqs = [];
@@ -280,8 +300,8 @@ def test_html_in_a_tool_result_is_shown_as_text(tmp_path, page):
     data = tmp_path / "data"
     _hand_run_with(data, PAYLOAD)
     samples = exported(data, "hand", tmp_path / "out")
-    with serving(data, tmp_path) as (base, _token):
-        page.goto(base + "/run/hand/path?tree=T1&leaf=T1.1.1")
+    with serving(data, tmp_path) as (base, token):
+        page.goto(f"{base}/run/hand/path?tree=T1&leaf=T1.1.1&token={token}")
         shot(page, "path-escaped")
         assert page.evaluate("window.__pwned") is None  # no script ran
         assert page.locator(".conversation img").count() == 0 and page.locator(".conversation script").count() == 0
@@ -318,20 +338,29 @@ def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(two_runs, tmp_pa
         read_only("delete from nodes")
     query = "select run_id, tree_id, node_id, score from nodes where depth = 1 order by run_id, node_id"
     expected = open_runs(runs).query(query)
-    with serving(runs, tmp_path) as (base, _token):
-        page.goto(base + "/sql")
+    with serving(runs, tmp_path) as (base, token):
+        page.goto(f"{base}/sql?token={token}")
         page.fill("#q", "delete from nodes")
-        page.click("form.sql button")
+        page.click("form.sql button.run")
         assert page.locator("#sql-error").inner_text() == str(refused.value)
         assert page.locator("table.result").count() == 0
         shot(page, "sql-refused")
         page.fill("#q", query)
-        page.click("form.sql button")
+        page.click("form.sql button.run")
         assert page.locator("table.result tbody tr").count() == len(expected)
+        assert page.locator("#sql-count").inner_text() == f"{len(expected)} rows."
         assert page.locator("table.views a.view").count() > 50  # every view, with its summary
         shot(page, "sql")
-        href = page.locator("a.csv").get_attribute("href")
-        csv_text = urllib.request.urlopen(base + href, timeout=60).read().decode()
+        with page.expect_download() as download:
+            page.click("form.sql button.csv")
+        csv_text = Path(download.value.path()).read_text()
+        # A view's name puts a query of it in the box, run only when asked.
+        page.locator("table.views a.view", has_text="run_config").click()
+        page.wait_for_url(re.compile(r"/sql\?q="))
+        assert page.locator("#q").input_value() == "select * from run_config limit 100"
+        assert page.locator("table.result").count() == 0
+        page.click("form.sql button.run")
+        assert page.locator("table.result tbody tr").count() == 2
     lines = csv_text.splitlines()
     assert lines[0] == "run_id,tree_id,node_id,score"
     assert [line.split(",")[2] for line in lines[1:]] == [r["node_id"] for r in expected]
@@ -349,8 +378,8 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         model.stop()
     assert r.exit_code == 0, r.output
     samples = exported(data, "oc", tmp_path / "out")
-    with serving(data, tmp_path) as (base, _token):
-        page.goto(base + "/run/oc")
+    with serving(data, tmp_path) as (base, token):
+        page.goto(f"{base}/run/oc?token={token}")
         page.locator("details.paths a", has_text="T001.1.1").click()
         page.wait_for_url(re.compile(r"/run/oc/path\?"))
         shot(page, "path-opencode")
@@ -375,8 +404,8 @@ def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page)
     printed = json.loads(
         run_cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 24})), "--json").stdout
     )
-    with serving(data, tmp_path) as (base, _token):
-        page.goto(base + "/")
+    with serving(data, tmp_path) as (base, token):
+        page.goto(f"{base}/?token={token}")
         page.click("table.campaigns a:text('camp')")
         page.wait_for_selector("table.tasks")
         shot(page, "campaign")

@@ -1,17 +1,20 @@
-"""The web app's routes: Starlette endpoints rendering Jinja2 templates (autoescaped), GET only.
+"""The web app's routes: Starlette endpoints rendering Jinja2 templates (autoescaped).
 
 No endpoint changes a run: every one reads views through :class:`~engine.web.data.Source`
 (whose collection keeps the runs' derived state, as every reader does) or the log
-through the export's sample building. A bind other than the loopback
-needs the server's token (:class:`TokenGate`); a loopback bind refuses requests
-naming another host (a page of another site cannot reach it by DNS rebinding).
+through the export's sample building. Every page answers GET, but the SQL page's query,
+which is POSTed. Every request needs the server's token (:class:`TokenGate`), on the
+loopback too; a POST must come from this server's own pages (:class:`SameOrigin`); a
+loopback bind refuses requests naming another host (a page of another site cannot
+reach it by DNS rebinding).
+
+Pages read at once (no lock is held while a query runs); the SQL page is
+:mod:`engine.web.sql`.
 """
 
 from __future__ import annotations
 
-import csv
 import hmac
-import io
 import json
 import math
 from pathlib import Path
@@ -29,8 +32,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.catalog.definitions import read_views
-from engine.collection import QueryLimitError, RefusedQueryError, read_only
 from engine.report import CSS as TREE_CSS
 from engine.report import LEGEND, drawn_trees
 from engine.web import data
@@ -41,14 +42,14 @@ from ingest.log import RUN_ID_RE
 HERE = Path(__file__).parent
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 COOKIE = "teacher-mcts-token"
-SHOWN_ROWS = 500  # rows of a query shown on the SQL page (the CSV has them all)
 FOLD_CHARS, FOLD_LINES = 1200, 20  # longer outputs are folded
 HEADERS = {
     # Defence in depth: content is escaped, and even a tag that slipped through could run no script.
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # (not no-referrer: a browser then sends "Origin: null" with the SQL form, which SameOrigin refuses)
+    "Referrer-Policy": "same-origin",
 }
 
 
@@ -125,9 +126,9 @@ def _run_id(request: Request) -> str | None:
 def collection(request: Request) -> HTMLResponse:
     source: data.Source = request.app.state.source
     try:
-        with source.reading() as runs:
-            tables = data.collection_page(runs) | {"campaigns": data.campaigns_table(source.data_dir)}
-            damaged = [d.message() for d in runs.damaged]
+        runs = source.collection()
+        tables = data.collection_page(runs) | {"campaigns": data.campaigns_table(source.data_dir)}
+        damaged = source.damaged(runs)
     except ProjectError as err:
         return _page(request, "collection.html", tables=None, damaged=[], message=str(err), data_dir=source.data_dir)
     return _page(request, "collection.html", tables=tables, damaged=damaged, message=None, data_dir=source.data_dir)
@@ -168,9 +169,9 @@ def _live(source: data.Source, run_id: str) -> Markup:
     if not EventLog(source.data_dir, run_id).exists():
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, data_dir=source.data_dir))
     try:
-        with source.reading() as runs:
-            page = data.run_page(runs, run_id)
-            drawings = drawn_trees(runs, run_id)
+        runs = source.collection()
+        page = data.run_page(runs, run_id)
+        drawings = drawn_trees(runs, run_id)
     except ProjectError as err:
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, problem=str(err)))
     drawings = [(t, Markup(svg), n) for t, svg, n in drawings]  # the report's drawing: escaped where it is made
@@ -183,9 +184,9 @@ def tree(request: Request) -> HTMLResponse:
     if run_id is None:
         return _problem(request, "no such run id")
     try:
-        with request.app.state.source.reading() as runs:
-            page = data.tree_page(runs, run_id, tree_id)
-            drawings = drawn_trees(runs, run_id, tree_id)
+        runs = request.app.state.source.collection()
+        page = data.tree_page(runs, run_id, tree_id)
+        drawings = drawn_trees(runs, run_id, tree_id)
     except ProjectError as err:
         return _problem(request, str(err))
     if page["tree"] is None:
@@ -221,8 +222,7 @@ def path(request: Request) -> HTMLResponse:
     source: data.Source = request.app.state.source
     try:
         sample, conv = source.sample(run_id, tree_id, leaf_id, selection)
-        with source.reading() as runs:
-            rows = data.path_rows(runs, run_id, tree_id, leaf_id)
+        rows = data.path_rows(source.collection(), run_id, tree_id, leaf_id)
     except ProjectError as err:
         return _problem(request, str(err))
     meta = sample["metadata"]
@@ -262,50 +262,6 @@ def path(request: Request) -> HTMLResponse:
     )
 
 
-def sql(request: Request) -> Response:
-    source: data.Source = request.app.state.source
-    query = request.query_params.get("q", "").strip()
-    as_csv = request.query_params.get("format") == "csv"
-    views = list(read_views().values())
-    rows, error = None, None
-    if query:
-        try:
-            read_only(query)  # refused before any run is read
-            with source.reading() as runs:
-                rows = runs.query(query)
-        except (RefusedQueryError, QueryLimitError, ProjectError) as err:
-            error = str(err)
-    if as_csv and rows is not None:
-        return Response(
-            _csv(rows),
-            media_type="text/csv; charset=utf-8",
-            headers={**HEADERS, "Content-Disposition": 'attachment; filename="query.csv"'},
-        )
-    columns = list(rows[0]) if rows else []
-    return _page(
-        request,
-        "sql.html",
-        status=400 if error else 200,
-        query=query,
-        rows=rows,
-        columns=columns,
-        shown=SHOWN_ROWS,
-        error=error,
-        views=views,
-    )
-
-
-def _csv(rows: list[dict[str, Any]]) -> str:
-    """As ``sql --csv`` prints them: a header, lists and objects as JSON."""
-    out = io.StringIO()
-    writer = csv.writer(out)
-    columns = list(rows[0]) if rows else []
-    writer.writerow(columns)
-    for r in rows:
-        writer.writerow([json.dumps(r[c], default=str) if isinstance(r[c], list | dict) else r[c] for c in columns])
-    return out.getvalue()
-
-
 def tree_css(_request: Request) -> Response:
     """The report's styles of a tree's drawing (one drawing, one style)."""
     return Response(TREE_CSS, media_type="text/css", headers=HEADERS)
@@ -316,7 +272,11 @@ def tree_css(_request: Request) -> Response:
 
 class TokenGate:
     """Let through requests carrying the token: ``?token=`` (which sets a cookie, then
-    redirects to the address without it), the cookie, or ``Authorization: token <t>``."""
+    redirects to the address without it), the cookie, or ``Authorization: token <t>``.
+
+    The cookie's name has the server's port in it: cookies do not tell ports apart, and
+    two servers on one host each keep their own.
+    """
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
@@ -330,12 +290,13 @@ class TokenGate:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
+        cookie = f"{COOKIE}-{(scope.get('server') or ('', ''))[1]}"
         header = request.headers.get("authorization", "")
         if self._matches(request.query_params.get("token")):
             url = request.url.remove_query_params("token")
             response: Response = RedirectResponse(url.path + (f"?{url.query}" if url.query else ""), 303)
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
-        elif self._matches(request.cookies.get(COOKIE)) or self._matches(header.removeprefix("token ")):
+            response.set_cookie(cookie, self.token, httponly=True, samesite="strict")
+        elif self._matches(request.cookies.get(cookie)) or self._matches(header.removeprefix("token ")):
             await self.app(scope, receive, send)
             return
         else:
@@ -345,13 +306,47 @@ class TokenGate:
         await response(scope, receive, send)
 
 
-def create_app(data_dir: Path, host: str = "127.0.0.1", token: str | None = None) -> Starlette:
-    """The app over ``data_dir``; ``token``: required of every request (a non-loopback ``host`` must have one)."""
-    if host not in LOOPBACK and not token:
-        raise ValueError(f"serving on {host} needs a token")
+class SameOrigin:
+    """Refuse a request other than GET or HEAD (the SQL page's query) that another site's page sent.
+
+    Its ``Origin``, when sent, must be this server's own; its ``Sec-Fetch-Site``, when
+    sent, ``same-origin`` (this server's page) or ``none`` (typed by the user).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
+            request = Request(scope)
+            own = f"{request.url.scheme}://{request.headers.get('host', '')}".lower()
+            origin, site = request.headers.get("origin"), request.headers.get("sec-fetch-site")
+            problem = None
+            if origin is not None and origin.lower() != own:
+                problem = f"it was sent by a page of {origin}, not of this server ({own})"
+            elif site is not None and site not in ("same-origin", "none"):
+                problem = f"it was sent by a page of another site (Sec-Fetch-Site: {site})"
+            if problem:
+                message = f"403: refused - {problem}; run queries from this server's SQL page\n"
+                await PlainTextResponse(message, 403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _failed(request: Request, err: Exception) -> HTMLResponse:
+    """A page for what no route expected (the traceback goes to the server's log, not to the page)."""
+    return _problem(request, f"the server failed to answer this page: {type(err).__name__}: {err}", 500)
+
+
+def create_app(data_dir: Path, token: str, host: str = "127.0.0.1") -> Starlette:
+    """The app over ``data_dir``; ``token``: required of every request, whatever the ``host`` bound."""
+    from engine.web import sql  # (its page is drawn by this module's helpers)
+
+    if not token:
+        raise ValueError("serving needs a token")
     routes = [
         Route("/", collection),
-        Route("/sql", sql),
+        Route("/sql", sql.sql, methods=["GET", "POST"]),
         Route("/campaign/{name}", campaign),
         Route("/run/{run_id}", run),
         Route("/run/{run_id}/live", run_live),
@@ -360,10 +355,11 @@ def create_app(data_dir: Path, host: str = "127.0.0.1", token: str | None = None
         Route("/run/{run_id}/tree/{tree_id}", tree),
         Route("/static/tree.css", tree_css),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-    ]  # every route answers GET (and HEAD) only: no endpoint writes
-    middleware = [Middleware(TokenGate, token=token)] if token else []
+    ]  # every route answers GET (and HEAD), the SQL page POST too (a query): no endpoint writes
+    middleware = []
     if host in LOOPBACK:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost", "[::1]", "::1"]))
-    app = Starlette(routes=routes, middleware=middleware)
+    middleware += [Middleware(TokenGate, token=token), Middleware(SameOrigin)]
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: _failed})
     app.state.source = data.Source(Path(data_dir))
     return app

@@ -5,17 +5,15 @@ runs' stored derived state) serves every page; a page of one run reads that run'
 rows alone. A page that finds a run's record changed since the last read (a part
 landed) has the collection read the runs again (``refresh``: a grown run is caught
 up from its last state), and a new run opens it anew, so a page always shows a
-published prefix of each log. One lock serializes the queries (a DuckDB connection
-serves one thread at a time). This module only chooses rows; every figure is a column
-of a view.
+published prefix of each log. Pages read at once: each query runs on a cursor of its own
+(``Collection.result``); a lock is held only while the collection is opened or brought up
+to date. This module only chooses rows; every figure is a column of a view.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ class Source:
     def __init__(self, data_dir: Path, limits: Limits | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.limits = limits or Limits.resolve()
-        self.lock = threading.RLock()
+        self._lock = threading.Lock()  # held while the collection is opened or brought up to date
         self._open: tuple[tuple, Collection] | None = None
         self._samples: OrderedDict[tuple, Any] = OrderedDict()
 
@@ -53,33 +51,42 @@ class Source:
                 found.append((run_id, None, None))
         return tuple(found)
 
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[Collection]:
-        """The collection of every run (but the damaged ones), up to date, held for the caller.
+    def collection(self) -> Collection:
+        """The collection of every run (but the damaged ones), up to date; LogError when there is no run yet.
 
-        LogError when there is no run yet.
+        Its queries run at once (each on a cursor of its own): no lock is held while they run.
         """
-        with self.lock:
+        with self._lock:
             now = self.fingerprint()
             if self._open is None or [r[0] for r in self._open[0]] != [r[0] for r in now]:
                 self._open = (now, open_runs(self.data_dir, None, self.limits))
             elif self._open[0] != now:
-                self._open[1].refresh()
-                self._open = (now, self._open[1])
-            yield self._open[1]
+                runs = self._open[1]
+                with runs.binding_lock:
+                    runs.refresh()
+                self._open = (now, runs)
+            return self._open[1]
+
+    def damaged(self, runs: Collection) -> list[str]:
+        """What is damaged among the collection's runs (each left out), as messages."""
+        with runs.binding_lock:
+            return [d.message() for d in runs.damaged]
 
     def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None):
         """The export's chat sample of a path and its conversation, kept while the run's log is unchanged."""
         from engine.export import path_sample
 
         key = (self.fingerprint([run_id]), tree_id, leaf_id, selection)
-        with self.lock:
-            if key not in self._samples:
-                self._samples[key] = path_sample(self.data_dir, run_id, tree_id, leaf_id, selection)
-                while len(self._samples) > SAMPLES_KEPT:
-                    self._samples.popitem(last=False)
+        with self._lock:
+            found = self._samples.get(key)
+        if found is None:  # built without the lock (two pages may build the same one: the same sample)
+            found = path_sample(self.data_dir, run_id, tree_id, leaf_id, selection)
+        with self._lock:
+            self._samples[key] = found
             self._samples.move_to_end(key)
-            return self._samples[key]
+            while len(self._samples) > SAMPLES_KEPT:
+                self._samples.popitem(last=False)
+        return found
 
 
 def collection_page(runs: Collection) -> dict[str, Rows]:
