@@ -1,5 +1,5 @@
 """Issue 33's findings on queries: ``serve`` is safe by default, ``sql --timeout`` bounds the whole
-command.
+command, and a damaged campaign is one damaged item of ``serve``'s pages.
 
 ``serve`` runs as a user runs it (``python cli.py serve``, a process of its own, through
 tests/test_web.py's ``served``); requests go over the loopback with urllib and http.client,
@@ -252,3 +252,31 @@ def test_sql_prints_every_format_as_before(two_runs):  # noqa: F811
     )
     empty = CliRunner().invoke(cli, ["--data", str(two_runs), "sql", "select 1 as x where false", "--csv"])
     assert empty.stdout_bytes == b"x\r\n"
+
+
+# ------------------------------------------------ 7: a damaged campaign is one damaged item
+
+
+@pytest.mark.slow
+def test_a_damaged_campaign_is_named_beside_the_healthy_runs(tmp_path, page):  # noqa: F811
+    from test_campaign import campaign_file
+    from test_campaign import cli as run_cli
+
+    data = tmp_path / "data"
+    run_cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 24})))
+    record = data / "campaigns" / "runs" / "camp" / "log" / "_record.jsonl"
+    record.write_text("garbage, not a record\n")
+    with served(data, tmp_path) as server:
+        page.goto(f"{server.base}/?token={server.token}")
+        shot(page, "collection-damaged-campaign")
+        assert page.locator("table.runs tbody tr").count() == 3  # the campaign's runs: healthy
+        damaged = page.locator("p.damaged").all_inner_texts()
+        assert damaged == [
+            f"left out, damaged: campaign camp is damaged and was not read: {record}: line 1 is damaged (not JSON) - "
+            f"'verify camp' says what is intact - look at it: python cli.py --data {data} verify camp"
+        ]
+        answer = page.goto(f"{server.base}/campaign/camp")
+        shot(page, "campaign-damaged")
+        assert answer.status == 200
+        assert page.locator("h1").inner_text() == "Campaign camp is damaged"
+        assert page.locator("#problem").inner_text() == damaged[0].removeprefix("left out, damaged: ")

@@ -125,13 +125,23 @@ def _run_id(request: Request) -> str | None:
 
 def collection(request: Request) -> HTMLResponse:
     source: data.Source = request.app.state.source
+    campaigns, damaged = data.campaigns_table(source.data_dir)
+    tables, message = None, None
     try:
         runs = source.collection()
-        tables = data.collection_page(runs) | {"campaigns": data.campaigns_table(source.data_dir)}
-        damaged = source.damaged(runs)
+        tables = data.collection_page(runs)
+        damaged = source.damaged(runs) + damaged
     except ProjectError as err:
-        return _page(request, "collection.html", tables=None, damaged=[], message=str(err), data_dir=source.data_dir)
-    return _page(request, "collection.html", tables=tables, damaged=damaged, message=None, data_dir=source.data_dir)
+        message = str(err)
+    return _page(
+        request,
+        "collection.html",
+        tables=tables,
+        campaigns=campaigns,
+        damaged=damaged,
+        message=message,
+        data_dir=source.data_dir,
+    )
 
 
 def campaign(request: Request) -> HTMLResponse:
@@ -143,8 +153,11 @@ def campaign(request: Request) -> HTMLResponse:
         return _problem(request, "no such campaign")
     try:
         page = data.campaign_page(data_dir, name)
-    except ProjectError as err:
-        return _problem(request, str(err), 500)
+    except ProjectError as err:  # a damaged campaign: a page that says what is damaged
+        message = data.damaged_campaign(data_dir, name, err)
+        return _page(
+            request, "problem.html", title=f"campaign {name}", heading=f"Campaign {name} is damaged", message=message
+        )
     return _page(request, "campaign.html", campaign=name, **page)
 
 

@@ -7,7 +7,8 @@ landed) has the collection read the runs again (``refresh``: a grown run is caug
 up from its last state), and a new run opens it anew, so a page always shows a
 published prefix of each log. Pages read at once: each query runs on a cursor of its own
 (``Collection.result``); a lock is held only while the collection is opened or brought up
-to date. This module only chooses rows; every figure is a column of a view.
+to date. A damaged campaign is one item of the collection page, named with its diagnosis.
+This module only chooses rows; every figure is a column of a view.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection, Limits, open_runs
+from ingest.errors import ProjectError
 from ingest.log import RECORD, EventLog, run_ids
+from ingest.paths import command_line
 
 Rows = list[dict[str, Any]]
 SAMPLES_KEPT = 64
@@ -198,18 +201,28 @@ def eval_feedback(data_dir: Path, run_id: str, turns: set[tuple[str, int]]) -> d
     return found
 
 
-def campaigns_table(data_dir: Path) -> Rows:
-    """A row per campaign under ``data_dir``: its policy, budget, tasks, rounds and state."""
+def campaigns_table(data_dir: Path) -> tuple[Rows, list[str]]:
+    """A row per campaign under ``data_dir`` (its policy, budget, tasks, rounds and state), and what is
+    damaged: a campaign whose log cannot be read is named with its diagnosis, the others still listed."""
     from engine.campaign.log import campaign_names, open_campaign
 
-    rows = []
+    rows, damaged = [], []
     for name in campaign_names(data_dir):
-        catalog = open_campaign(data_dir, name)
-        config = catalog.query("select policy, budget_edges, budget_tokens from campaign_config")
-        state = catalog.query("select rounds, stop_reason, finished from campaign_state")[0]
-        tasks = catalog.query("select count(*) as tasks from campaign_tasks")[0]
+        try:
+            catalog = open_campaign(data_dir, name)
+            config = catalog.query("select policy, budget_edges, budget_tokens from campaign_config")
+            state = catalog.query("select rounds, stop_reason, finished from campaign_state")[0]
+            tasks = catalog.query("select count(*) as tasks from campaign_tasks")[0]
+        except ProjectError as err:
+            damaged.append(damaged_campaign(data_dir, name, err))
+            continue
         rows.append({"campaign": name, **(config[0] if config else {}), **tasks, **state})
-    return rows
+    return rows, damaged
+
+
+def damaged_campaign(data_dir: Path, name: str, err: Exception) -> str:
+    """What a campaign that cannot be read says: what is damaged, and the command that looks at it."""
+    return f"campaign {name} is damaged and was not read: {err} - look at it: {command_line(data_dir, 'verify', name)}"
 
 
 def campaign_page(data_dir: Path, name: str) -> dict[str, Any]:
