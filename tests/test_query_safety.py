@@ -213,6 +213,18 @@ def test_the_csv_download_streams_every_row_within_the_time_limit(two_runs, tmp_
         assert status == 400 and "no rows" in re.search(r'id="sql-error">([^<]*)', body.decode())[1]
 
 
+def test_queries_at_once_each_read_their_own_bindings(two_runs):  # noqa: F811
+    """A query's views are bound when it starts (a short lock), and it reads them whatever another query
+    binds meanwhile: a page of one run rebinds ``trees`` to that run's file while a query of every run runs."""
+    from engine.collection import open_runs
+
+    runs = open_runs(two_runs)
+    with runs.result("select count(*) as n from trees") as every:  # bound to both runs' files
+        assert runs.query("select count(*) as n from trees", "rounds") == [{"n": 4}]  # rebound to one
+        assert every.columns == ["n"] and list(every.batches()) == [[(8,)]]
+    assert runs.query("select count(*) as n from trees") == [{"n": 8}]
+
+
 # ------------------------------------------------------- 9: sql's limits bound the whole command
 
 
