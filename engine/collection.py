@@ -141,24 +141,24 @@ class Collection:
         self._states: dict[str, dict[str, State]] = {}  # flavour (JSON) -> run -> its state
         self._files: dict[tuple[Path, str], Path] = {}  # (state, view) -> its checked file of rows
         self._bound: dict[str, tuple[str, ...]] = {}  # union view -> the files it reads
+        self._binding_lock = threading.RLock()
         self._connect()
 
     def _connect(self) -> None:
         """The connection queries run on, reading nothing but the collection's runs: their logs and
-        their stored states (in every root of the derived state; made again when a root is added)."""
+        their stored states (in every root the derived state may use in this process)."""
         # No temporary directory: DuckDB would make the default one (<cwd>/.tmp) readable and
         # writable to every query despite allowed_directories; nothing spills to disk instead.
         con = duckdb.connect(config={"temp_directory": ""})
         _path, macros, _reads = read_macros()
         con.execute(macros)  # node_key, pct, ...: for queries over the union views too
         readable = [f"{(run_dir(self.data_dir, run_id) / 'log').resolve()}/" for run_id in self.run_ids]
-        readable += [f"{d.resolve()}/" for run_id in self.run_ids for d in self.derived.run_dirs(run_id)]
+        readable += [f"{d.resolve()}/" for run_id in self.run_ids for d in self.derived.allowed_dirs(run_id)]
         con.execute("set allowed_directories = ?", [readable])
         con.execute("set enable_external_access = false")
         con.execute(f"set memory_limit = '{self.limits.memory}B'")
         con.execute("set parquet_metadata_cache = true")  # the views' files are read again and again
         con.execute("set lock_configuration = true")  # no query can change any of the above
-        self._roots = list(self.derived.roots.all)
         self._bound = {}
         self.con = con
 
@@ -279,8 +279,6 @@ class Collection:
             self._leave_out(run, err)
             wanted.remove(run)
         states = {run: held[run] for run in wanted}
-        if self.derived.roots.all != self._roots:  # a state kept elsewhere now: readable by queries too
-            self._connect()
         for name in named:
             files = tuple(str(self._files[(state.dir, name)]) for state in states.values())
             if self._bound.get(name) != files:
@@ -312,7 +310,7 @@ class Collection:
     @property
     def binding_lock(self) -> threading.RLock:
         """Held while the collection's shared state changes (runs read, views bound), never while a query runs."""
-        return self.__dict__.setdefault("_binding_lock", threading.RLock())  # (atomic: one lock per collection)
+        return self._binding_lock
 
     def _pin(self, cursor: duckdb.DuckDBPyConnection, names: set[str], run_id: str | None) -> dict[str, tuple]:
         """Bind the views ``names`` (this run's files or every run's) and start ``cursor``'s transaction on

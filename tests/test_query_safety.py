@@ -285,7 +285,7 @@ def test_a_damaged_campaign_is_named_beside_the_healthy_runs(tmp_path, page):  #
         damaged = page.locator("p.damaged").all_inner_texts()
         assert damaged == [
             f"left out, damaged: campaign camp is damaged and was not read: {record}: line 1 is damaged (not JSON) - "
-            f"'verify camp' says what is intact - look at it: python cli.py --data {data} verify camp"
+            f"'python cli.py --data {data} verify camp' says what is intact"
         ]
         answer = page.goto(f"{server.base}/campaign/camp")
         shot(page, "campaign-damaged")

@@ -133,8 +133,12 @@ class Derived:
         return self.roots.primary
 
     def run_dirs(self, run_id: str) -> list[Path]:
-        """Every directory a run's states may lie in (one per root), existing or not."""
+        """Every directory a run's states lie in (one per root made)."""
         return [root / run_id for root in self.roots.all]
+
+    def allowed_dirs(self, run_id: str) -> list[Path]:
+        """Every directory a run's states may lie in during this process (one per root it may make)."""
+        return [root / run_id for root in self.roots.candidates]
 
     # -- the log's source
 

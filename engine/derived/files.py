@@ -25,6 +25,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -44,6 +45,7 @@ UNWRITABLE = frozenset(
     {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST}
 )
 FALLBACK_PREFIX = "teacher-mcts-derived-"
+SHM = Path("/dev/shm")  # memory, where the temporary directory is full too
 
 
 class Damaged(Exception):
@@ -153,16 +155,20 @@ def is_tmp(name: str) -> bool:
 class Roots:
     """Where states are read from and written to: ``<data>/derived``, then fallbacks made by this process.
 
-    Every root is read (a read-only data directory's stored states still serve);
+    Every root made is read (a read-only data directory's stored states still serve);
     states are written to the newest root that took a write. A root that refuses a
     write (UNWRITABLE errors) is passed over for a temporary directory of this
     process (``$TMPDIR``, else ``/dev/shm``: memory), removed when it ends; a note on
-    stderr says so once. Temporary directories of processes that are gone (killed
-    before their cleanup) are removed when the next one is made.
+    stderr says so once. Their names are chosen when the process starts (``candidates``,
+    random: no other process can guess one), so a query connection may be allowed to
+    read them before they exist. Temporary directories of processes that are gone
+    (killed before their cleanup) are removed when the next one is made.
     """
 
     def __init__(self, primary: Path) -> None:
         self.primary = primary
+        name = f"{FALLBACK_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        self.candidates: list[Path] = [primary] + [base / name for base in (Path(tempfile.gettempdir()), SHM)]
         self.all: list[Path] = [primary]
         self._write = 0
         self._lock = threading.Lock()
@@ -178,12 +184,10 @@ class Roots:
         with self._lock:
             if self.all[self._write] != root:  # another thread moved on already
                 return self.writable
-            for base in (Path(tempfile.gettempdir()), Path("/dev/shm")):
-                if any(r.parent == base for r in self.all):  # tried already (and refused)
-                    continue
+            for made in self.candidates[self.candidates.index(self.writable) + 1 :]:
                 with contextlib.suppress(OSError):
-                    _sweep(base)
-                    made = Path(tempfile.mkdtemp(prefix=f"{FALLBACK_PREFIX}{os.getpid()}-", dir=base))
+                    _sweep(made.parent)
+                    made.mkdir(mode=0o700)  # (never an existing one, nor through a link)
                     atexit.register(shutil.rmtree, made, True)
                     self.all.append(made)
                     self._write = len(self.all) - 1

@@ -221,8 +221,11 @@ def campaigns_table(data_dir: Path) -> tuple[Rows, list[str]]:
 
 
 def damaged_campaign(data_dir: Path, name: str, err: Exception) -> str:
-    """What a campaign that cannot be read says: what is damaged, and the command that looks at it."""
-    return f"campaign {name} is damaged and was not read: {err} - look at it: {command_line(data_dir, 'verify', name)}"
+    """What a campaign that cannot be read says: what is damaged, and the command that looks at it (the
+    error's own, when it names one)."""
+    command = command_line(data_dir, "verify", name)
+    hint = "" if command in str(err) else f" - look at it: {command}"
+    return f"campaign {name} is damaged and was not read: {err}{hint}"
 
 
 def campaign_page(data_dir: Path, name: str) -> dict[str, Any]:
