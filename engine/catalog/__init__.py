@@ -192,21 +192,37 @@ class Catalog:
             self.plan.arrived(arrivals)
             self._set_defaults(set(arrivals))
 
-    def restore(self, log: EventLog, upto: int, tables: dict[str, Path], values: dict[str, Any], explicit: set[str]):
-        """Hold a stored state of an empty catalog: the events of ``log`` up to seq ``upto``, read from its
-        checksummed parts (the facts), and each materialized table's rows from its file (derived from
-        them, checked by the caller), under the variables they were derived with; nothing is stale.
+    def restore(
+        self,
+        log: EventLog,
+        upto: int,
+        tables: dict[str, Path],
+        values: dict[str, Any],
+        explicit: set[str],
+        in_place: bool = False,
+    ) -> None:
+        """Hold a stored state of an empty catalog: the events of ``log`` up to seq ``upto`` (the facts)
+        and each materialized table's rows from its file (derived from them, checked by the caller),
+        under the variables they were derived with; nothing is stale.
 
-        ``tables`` names a file for every materialized table (ValueError otherwise).
+        The events are loaded from the log's parts, each checked against its checksum; or,
+        ``in_place``, read where they lie: each event table becomes a view over the parts (and
+        each materialized table a view over its file), typed as the tables are - a catalog
+        to read views from (their rows stored), never to take events in. ``tables`` names
+        a file for every materialized table (ValueError otherwise).
         """
         if self.tail_seq() or set(tables) != set(self.tables):
             raise ValueError("restore needs an empty catalog and a file for every materialized table")
-        self.log.load(log, self.variables.scoped, after=0, upto=upto)
+        if in_place:
+            self.log.read_in_place(log, upto)
+        else:
+            self.log.load(log, self.variables.scoped, after=0, upto=upto)
         for name in self.tables:
-            self._execute(
-                self.views[name].path,
-                f"insert into {name} by name select * from read_parquet('{_quoted(tables[name])}')",
-            )
+            rows = f"read_parquet('{_quoted(tables[name])}')"
+            if in_place:
+                self._execute(self.views[name].path, self.log.typed_view(name, rows))
+            else:
+                self._execute(self.views[name].path, f"insert into {name} by name select * from {rows}")
         self.variables.restore(values, explicit)
 
     def insert(self, table: pa.Table) -> None:
@@ -285,9 +301,15 @@ class Catalog:
         return self.log.tail_seq()
 
 
+def template_name(views_dir: Path) -> str:
+    """The name of the database an instance holds the empty catalog of ``views_dir`` in (one attached under
+    it is used as it is)."""
+    return "catalog_template_" + hashlib.sha256(str(views_dir.resolve()).encode()).hexdigest()[:12]
+
+
 def _template(con: duckdb.DuckDBPyConnection, views_dir: Path) -> str:
     """The database of ``con``'s instance holding the empty catalog of ``views_dir`` (made on first use)."""
-    name = "catalog_template_" + hashlib.sha256(str(views_dir.resolve()).encode()).hexdigest()[:12]
+    name = template_name(views_dir)
     if not con.execute("select 1 from duckdb_databases() where database_name = ?", [name]).fetchall():
         cursor = con.cursor()
         cursor.execute(f"attach ':memory:' as \"{name}\"")

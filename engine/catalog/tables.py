@@ -183,6 +183,37 @@ class LogTables:
             sql = f"insert into log_{kind} by name select {cols} from {relation} where kind = ?"
             self.con.execute(sql, [kind])
 
+    def typed_view(self, table: str, rows: str, where: str = "", present: set[str] | None = None) -> str:
+        """The statement replacing ``table`` by a view of ``rows`` (a relation: a scan of files) with the
+        table's columns and types (a column not ``present`` in the files: null)."""
+        columns = self.con.execute(
+            "select column_name, data_type from duckdb_columns() where database_name = current_database() "
+            "and schema_name = current_schema() and table_name = ? order by column_index",
+            [table],
+        ).fetchall()
+
+        def typed(column: str, type_: str) -> str:
+            value = f'"{column}"' if present is None or column in present else "null"
+            return f'cast({value} as {type_}) as "{column}"'
+
+        cols = ", ".join(typed(c, t) for c, t in columns)
+        return f"drop table {table}; create view {table} as select {cols} from {rows}{where}"
+
+    def read_in_place(self, log: EventLog, upto: int) -> None:
+        """Make each event table a view over the log's parts up to seq ``upto`` (read where they lie, not
+        checked: for a catalog that only reads views of a state derived from those parts)."""
+        parts = [p for p in log.parts() if p.first <= upto]
+        if not parts:
+            raise LogError(f"{log.log_dir}: the log holds no events up to seq {upto} - read it again")
+        files = [str(p.path) for p in parts]
+        listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
+        rows = f"read_parquet([{listed}], union_by_name = true)"
+        present = {d[0] for d in self.con.execute(f"select * from {rows} limit 0").description}
+        for kind in KIND_COLUMNS:
+            where = f" where kind = '{kind}' and seq <= {int(upto)}"
+            self.con.execute(self.typed_view(f"log_{kind}", rows, where, present))
+        self.con.execute("update log_tail set seq = ?", [min(upto, parts[-1].last)])  # (less: parts quarantined)
+
     def tail_seq(self) -> int:
         """The largest seq held (0 when empty; buffered events not counted)."""
         return self.con.execute("select seq from log_tail").fetchall()[0][0]

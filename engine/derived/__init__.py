@@ -1,49 +1,23 @@
 """Derived state that outlives a process: each run's materialized tables and its views' rows, stored, checked, reused.
 
-Evaluating the views of a run means loading its events and refreshing every
-materialized table (seconds a run); a collection of 100 runs paid that on every
-read. A *state* is what one run's catalog computes once refreshed under a set of
-variables (its *flavour*: evaluated ``now``, or at every recorded decision), kept
-under ``<data>/derived/<run_id>/<flavour>/<source>/``:
+A *state* is what one run's catalog computes once refreshed under a set of variables
+(its *flavour*: evaluated ``now``, or at every recorded decision, or under a caller's
+weights), kept under ``<data>/derived/<run_id>/<flavour>/<source>/``:
+``tables/<table>-<digest>.parquet`` (each materialized table's rows),
+``views/<view>-<digest>.parquet`` (a view's rows, ``run_id`` first, written the first
+time a reader asks for it) and ``state.json`` (what it was derived from, its check).
 
-- ``tables/<table>-<digest>.parquet`` - each materialized table's rows;
-- ``views/<view>-<digest>.parquet`` - a view's rows, ``run_id`` first, written the
-  first time a reader asks for that view (a collection reads every run's file of a
-  view in one scan, evaluating no view);
-- ``state.json`` - exactly what it was derived from (below), its tables' files, and
-  its check.
-
-A state holds nothing but what is computed from the log: no event. Whatever needs a
-recorded fact (a selection, a turn, a conversation) reads it from the log's parts,
-every byte checked against the checksum in the part's name: a catalog opened from a
-state (:meth:`Derived.open`) loads the events from the parts and only the tables'
-rows from the state.
-
-A state is keyed by exactly what it came from: the *source* (the run's committed
-record of parts - its identity, its last entry, and each live part's name, size and
-modification time) and the *flavour* (the digest of the view definitions and the
-code deriving them, and the variables' values). A reader uses the state whose key
-matches the log as it reads it now and builds one otherwise, so a log that changed
-in any way (a part published, merged, quarantined, replaced, or touched) is read
-again. A run that grew by appending only (:meth:`ingest.record.Record.extends`)
-is caught up from its last state: only the trees its new events concern are
-recomputed.
-
-Every stored file is checked when read (:mod:`engine.derived.files`): a file's bytes
-against the digest its name records (bound to its state, so a file of another run's
-state fails), ``state.json`` against its check and the log's source now. A state that
-fails - a changed byte, a truncated or missing file, another run's state, another
-source's - is dropped with one line on stderr and derived again from the log: the
-answer is the log's. A digest stops damage, not someone who rewrites the digests too,
-so nothing recorded is decided from a stored state (``reselect``, ``explore --resume``
-and campaigns derive from the log), and ``replay`` and ``verify`` never read one.
-
-Writes are atomic: a state is built in a temporary directory renamed into place
-(two readers building the same state at once: one rename wins, the other's copy is
-dropped), a view's file is written under a temporary name and renamed to its digest's
-name. A reader never blocks the writer of a run, and never mixes one state's files with
-another's. Where ``derived/`` cannot be written (read-only, full, no permission),
-states are kept in a temporary directory of the process (:class:`files.Roots`).
+A state holds nothing but what is computed from the log, never an event: whatever
+needs a recorded fact reads it from the log's parts. It is keyed by exactly what it
+came from - the run's committed record of parts (*source*), the views' and the code's
+digest and the variables (*flavour*) - and every file is checked against its digest
+when read (:mod:`engine.derived.files`): a state that fails is dropped with one line on
+stderr and derived again, so deleting or damaging ``derived/`` changes no answer. A
+run that grew by appending is caught up from its last state (only the trees its new
+events concern are recomputed). Nothing recorded is decided from a stored state.
+Writes are atomic (temporary names renamed into place); where ``derived/`` cannot be
+written, states live in a temporary directory of the process. DECISIONS, "Derived
+state", says why each of these is so.
 """
 
 from __future__ import annotations
@@ -62,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from engine.catalog.definitions import VIEWS_DIR, load_graph
-from engine.derived.catalogs import Catalogs, Held
+from engine.derived.catalogs import Catalogs, Held, stored_template
 from engine.derived.files import (
     Damaged,
     Outdated,
@@ -125,7 +99,7 @@ class Derived:
         self.con = duckdb.connect(config={"temp_directory": ""})  # builds states; never queried by users
         self._lock = threading.Lock()
         self._verified: dict[Path, tuple] = {}  # file -> its stat when its digest was checked
-        self.catalogs = Catalogs(self.con, views_dir)  # of stored states, kept open for their next views
+        self.catalogs = Catalogs(self.con, views_dir, lambda cursor: stored_template(self, cursor))
 
     @property
     def root(self) -> Path:
@@ -299,14 +273,15 @@ class Derived:
             held.close()
             raise
 
-    def _restore(self, catalog: Catalog, log: EventLog, state: State) -> None:
+    def _restore(self, catalog: Catalog, log: EventLog, state: State, in_place: bool = False) -> None:
         """Fill an empty catalog with a stored state: its events from the parts, its tables' rows from its
         files (each checked: Damaged when one is not what its name records); _Moved when the log no longer
-        holds the state's events (a part quarantined since)."""
+        holds the state's events (a part quarantined since). ``in_place``: both read where they lie
+        (:meth:`Catalog.restore`), for a catalog that only reads views."""
         files = state.table_files()
         for path in files.values():
             self._check(path, state.relative)
-        catalog.restore(log, state.source.tail, files, state.values, state.explicit)
+        catalog.restore(log, state.source.tail, files, state.values, state.explicit, in_place)
         if catalog.tail_seq() != state.source.tail:
             raise _Moved
 
@@ -427,11 +402,8 @@ class Derived:
         """
         for _attempt in range(5):
             state = self.state(run_id, variables or NOW)
-            held = self.catalogs.take(state.dir)
-            if held is not None:
-                return held.catalog
             try:
-                return self._opened(state, keep=False).catalog
+                return self._opened(state, in_place=False).catalog
             except (Damaged, _Moved, FileNotFoundError) as why:
                 if isinstance(why, Damaged):
                     self._drop(state.dir, str(why))
@@ -439,16 +411,20 @@ class Derived:
 
     # -- catalogs of states, and checks
 
-    def _opened(self, state: State, keep: bool = True) -> Held:
-        """The catalog of a stored state: open already, else restored (Damaged, _Moved as :meth:`_restore`)."""
-        held = self.catalogs.take(state.dir) if keep else None
-        if held is not None:
+    def _opened(self, state: State, in_place: bool = True) -> Held:
+        """The catalog of a stored state: one open already (``in_place``: any, else one holding the events),
+        else restored (Damaged, _Moved as :meth:`_restore`)."""
+        held = self.catalogs.take(state.dir)
+        if held is not None and (in_place or not held.in_place):
             return held
+        if held is not None:
+            self.catalogs.keep(state.dir, held)
         from ingest.reader import EventLog
 
         held = self.catalogs.new()
+        held.in_place = in_place
         try:
-            self._restore(held.catalog, EventLog(self.data_dir, state.run_id), state)
+            self._restore(held.catalog, EventLog(self.data_dir, state.run_id), state, in_place)
         except BaseException:
             held.close()
             raise
@@ -492,7 +468,3 @@ class Derived:
 
 class _Moved(Exception):
     """The log moved on while a state was built from it."""
-
-
-def _quoted(path: Path) -> str:
-    return str(path).replace("'", "''")

@@ -7,15 +7,21 @@ newest last, the others dropped (detached) as new ones come.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
 
+from engine.derived.files import Damaged, quoted, write_named
+
 if TYPE_CHECKING:
     from engine.catalog import Catalog
+    from engine.derived import Derived
 
 KEPT = 2  # catalogs of stored states kept open per process, for the rows of the next views asked
 
@@ -27,6 +33,7 @@ class Held:
         self.catalog = catalog
         self.lock = threading.Lock()
         self.how = ""
+        self.in_place = False  # its events read where they lie: for reading views only
 
     def close(self) -> None:
         self.catalog.close()
@@ -35,9 +42,14 @@ class Held:
 class Catalogs:
     """New empty catalogs in one DuckDB instance, and the ones kept open, by state directory."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, views_dir: Path) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, views_dir: Path, template: Callable[[duckdb.DuckDBPyConnection], None]
+    ) -> None:
+        """``template(cursor)``: gives the instance its template of the views (a stored one attached, or
+        made and stored), before the first catalog is made."""
         self.con = con
         self.views_dir = views_dir
+        self._template = template
         self._lock = threading.Lock()
         self._n = 0
         self._kept: OrderedDict[Path, Held] = OrderedDict()
@@ -50,6 +62,8 @@ class Catalogs:
             self._n += 1
             n = self._n
             own = self.con.cursor()  # a connection busy in one thread refuses another's statements
+            if n == 1:
+                self._template(own)
             Catalog.template(own, self.views_dir)
         return Held(Catalog.inside(own, f"state_{n}", self.views_dir))  # (its cursor lives on own's connection)
 
@@ -78,3 +92,41 @@ class Catalogs:
             held, self._kept = list(self._kept.values()), OrderedDict()
         for h in held:
             h.close()
+
+
+TEMPLATES = "_templates"  # <derived>/_templates/<views digest>/: the empty catalog of the views, stored
+
+
+def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None:
+    """Give the instance its empty catalog of the views: the stored one (a DuckDB file, checked: making it
+    binds every view, ~0.7 s), else made now and stored for the next process (a cache: never an error)."""
+    from engine.catalog import Catalog, template_name
+
+    name, relative = template_name(derived.views_dir), f"{TEMPLATES}/{derived.digest}"
+    for root in derived.roots.all:
+        for path in sorted((root / TEMPLATES / derived.digest[:16]).glob("catalog-*.duckdb")):
+            try:
+                derived._check(path, relative)
+                cursor.execute(f"attach '{quoted(path)}' as \"{name}\" (read_only)")
+                return
+            except (Damaged, duckdb.Error) as why:
+                derived._note(path, str(why).splitlines()[0], "dropped")
+                path.unlink(missing_ok=True)
+            except FileNotFoundError:
+                continue
+    Catalog.template(cursor, derived.views_dir)
+    place = derived.roots.writable / TEMPLATES / derived.digest[:16]
+
+    def save(tmp: Path) -> None:
+        cursor.execute(f"attach '{quoted(tmp)}' as template_saved")
+        try:
+            cursor.execute(f'copy from database "{name}" to template_saved')
+        finally:
+            cursor.execute("detach template_saved")
+
+    with contextlib.suppress(OSError, duckdb.Error):
+        place.mkdir(parents=True, exist_ok=True)
+        write_named(place, "catalog", relative, save, suffix=".duckdb")
+        for other in place.parent.iterdir():  # the templates of other views: no reader of these reads them
+            if other != place:
+                shutil.rmtree(other, ignore_errors=True)

@@ -139,6 +139,11 @@ def load_json(path: Path, identity: str) -> dict[str, Any] | None:
     return body
 
 
+def quoted(path: Path | str) -> str:
+    """A path inside an SQL string literal (quotes doubled)."""
+    return str(path).replace("'", "''")
+
+
 def stat_key(path: Path) -> tuple[int, ...] | None:
     """What changes whenever a file's bytes may have: size, times (ctime too: no process sets it), inode."""
     try:

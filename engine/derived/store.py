@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from engine.derived.files import Damaged, dump_json, is_tmp, load_json, write_named
+from engine.derived.files import Damaged, dump_json, is_tmp, load_json, quoted, write_named
 from engine.derived.keys import (
     _TMP,
     AT_DECISIONS,
@@ -75,7 +75,7 @@ def write_rows(
         f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"' for n, t, *_ in described
     )
     copy = f"copy (select {first}{cols} from {name}) to '{{}}' (format parquet, compression zstd)"
-    return write_named(directory, name, relative, lambda tmp: con.execute(copy.format(_quoted(tmp))))
+    return write_named(directory, name, relative, lambda tmp: con.execute(copy.format(quoted(tmp))))
 
 
 def publish(tmp: Path, final: Path) -> bool:
@@ -187,7 +187,3 @@ def _mtime(path: Path) -> int:
         return path.stat().st_mtime_ns
     except OSError:
         return 0
-
-
-def _quoted(path: Path) -> str:
-    return str(path).replace("'", "''")
