@@ -126,7 +126,14 @@ def states_of_two_runs_swapped(data: Path) -> None:
     (data / "derived" / "swap").rename(b)
 
 
+def garbage_template(data: Path) -> None:
+    """The stored empty catalog of the views (a DuckDB file) replaced by bytes that are not one."""
+    for path in _files(data, "_templates/*/catalog-*.duckdb"):
+        path.write_bytes(b"\0" * 4096 + b"not a database" * 100)
+
+
 TAMPERS = [
+    garbage_template,
     forged_value_of_a_view,
     forged_value_of_a_table,
     truncated_view,
@@ -424,3 +431,33 @@ def test_a_collection_of_named_runs_reads_no_other_runs_files(warm):
     ):
         with pytest.raises(RefusedQueryError, match="only the runs' logs may be read"):
             runs.query(f"select count(*) from read_parquet('{other}')")
+
+
+@pytest.mark.slow
+def test_a_resumed_campaign_decides_as_the_logs_say_whatever_derived_holds(tmp_path):
+    """A campaign's policy reads its runs' logs, never their stored state: a campaign killed after its
+    second round, resumed beside a forgery of every run's stored tables (digests rewritten), grants and
+    grows exactly what its clean copy does."""
+    from test_campaign import campaign_file, cli
+
+    from engine.campaign import open_campaign
+
+    clean = tmp_path / "clean"
+    first = cli(
+        clean,
+        "campaign",
+        str(campaign_file(tmp_path, "coverage", {"edges": 45})),
+        env={"TEACHER_MCTS_CRASH_AT": "campaign.decided:2"},
+        check=False,
+    )
+    assert first.returncode == -9, first.stderr
+    forged = tmp_path / "forged"
+    shutil.copytree(clean, forged)
+    assert invoke(forged, "audit").exit_code in (0, 1)  # every run's states derived
+    assert forge_with_digests(forged) >= 3
+    for data in (clean, forged):
+        cli(data, "campaign", "--resume", "camp")
+    grants = "select round, rule, task_run, tree_id, edges, gain from campaign_grants order by round, task_run, tree_id"
+    assert open_campaign(forged, "camp").query(grants) == open_campaign(clean, "camp").query(grants)
+    for run in ("camp-easy", "camp-hard", "camp-mixed"):
+        assert _decisions(forged, run) == _decisions(clean, run), run

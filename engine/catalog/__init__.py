@@ -213,16 +213,14 @@ class Catalog:
         """
         if self.tail_seq() or set(tables) != set(self.tables):
             raise ValueError("restore needs an empty catalog and a file for every materialized table")
+        rows = {name: f"read_parquet('{_quoted(tables[name])}')" for name in self.tables}
         if in_place:
-            self.log.read_in_place(log, upto)
+            relations = self.log.read_in_place(log, upto) | {name: (rows[name], None) for name in self.tables}
+            self.con.execute(self.log.typed_views(relations))
         else:
             self.log.load(log, self.variables.scoped, after=0, upto=upto)
-        for name in self.tables:
-            rows = f"read_parquet('{_quoted(tables[name])}')"
-            if in_place:
-                self._execute(self.views[name].path, self.log.typed_view(name, rows))
-            else:
-                self._execute(self.views[name].path, f"insert into {name} by name select * from {rows}")
+            for name in self.tables:
+                self._execute(self.views[name].path, f"insert into {name} by name select * from {rows[name]}")
         self.variables.restore(values, explicit)
 
     def insert(self, table: pa.Table) -> None:

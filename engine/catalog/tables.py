@@ -183,36 +183,40 @@ class LogTables:
             sql = f"insert into log_{kind} by name select {cols} from {relation} where kind = ?"
             self.con.execute(sql, [kind])
 
-    def typed_view(self, table: str, rows: str, where: str = "", present: set[str] | None = None) -> str:
-        """The statement replacing ``table`` by a view of ``rows`` (a relation: a scan of files) with the
-        table's columns and types (a column not ``present`` in the files: null)."""
-        columns = self.con.execute(
-            "select column_name, data_type from duckdb_columns() where database_name = current_database() "
-            "and schema_name = current_schema() and table_name = ? order by column_index",
-            [table],
+    def typed_views(self, rows: dict[str, tuple[str, set[str] | None]]) -> str:
+        """The statements replacing each table named in ``rows`` by a view of its rows (``rows[table]``: a
+        relation - a scan of files, filtered - and the columns present there, None: all), with the
+        table's columns and types (a column not present: null)."""
+        columns: dict[str, list[tuple[str, str]]] = {}
+        found = self.con.execute(
+            "select table_name, column_name, data_type from duckdb_columns() where database_name = current_database() "
+            "and schema_name = current_schema() order by table_name, column_index"
         ).fetchall()
+        for table, column, type_ in found:
+            columns.setdefault(table, []).append((column, type_))
 
-        def typed(column: str, type_: str) -> str:
+        def typed(column: str, type_: str, present: set[str] | None) -> str:
             value = f'"{column}"' if present is None or column in present else "null"
             return f'cast({value} as {type_}) as "{column}"'
 
-        cols = ", ".join(typed(c, t) for c, t in columns)
-        return f"drop table {table}; create view {table} as select {cols} from {rows}{where}"
+        statements = []
+        for table, (relation, present) in rows.items():
+            cols = ", ".join(typed(c, t, present) for c, t in columns[table])
+            statements.append(f"drop table {table}; create view {table} as select {cols} from {relation}")
+        return ";\n".join(statements)
 
-    def read_in_place(self, log: EventLog, upto: int) -> None:
-        """Make each event table a view over the log's parts up to seq ``upto`` (read where they lie, not
-        checked: for a catalog that only reads views of a state derived from those parts)."""
+    def read_in_place(self, log: EventLog, upto: int) -> dict[str, tuple[str, set[str]]]:
+        """Each event table's rows as a relation over the log's parts up to seq ``upto`` (read where they
+        lie, not checked: for a catalog that only reads views of a state derived from those parts), for
+        :meth:`typed_views`; the tail is set (lower when parts were quarantined since)."""
         parts = [p for p in log.parts() if p.first <= upto]
         if not parts:
             raise LogError(f"{log.log_dir}: the log holds no events up to seq {upto} - read it again")
-        files = [str(p.path) for p in parts]
-        listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-        rows = f"read_parquet([{listed}], union_by_name = true)"
-        present = {d[0] for d in self.con.execute(f"select * from {rows} limit 0").description}
-        for kind in KIND_COLUMNS:
-            where = f" where kind = '{kind}' and seq <= {int(upto)}"
-            self.con.execute(self.typed_view(f"log_{kind}", rows, where, present))
-        self.con.execute("update log_tail set seq = ?", [min(upto, parts[-1].last)])  # (less: parts quarantined)
+        listed = ", ".join("'" + str(p.path).replace("'", "''") + "'" for p in parts)
+        scan = f"read_parquet([{listed}], union_by_name = true)"
+        present = {d[0] for d in self.con.execute(f"select * from {scan} limit 0").description}
+        self.con.execute("update log_tail set seq = ?", [min(upto, parts[-1].last)])
+        return {f"log_{k}": (f"{scan} where kind = '{k}' and seq <= {int(upto)}", present) for k in KIND_COLUMNS}
 
     def tail_seq(self) -> int:
         """The largest seq held (0 when empty; buffered events not counted)."""

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from engine.catalog import Catalog
     from engine.derived import Derived
 
-KEPT = 2  # catalogs of stored states kept open per process, for the rows of the next views asked
+# Catalogs of stored states kept open per process, for the rows of the next views asked: a few holding
+# their events (tens of MB each), many reading them in place (views only: next to nothing held).
+KEPT, KEPT_IN_PLACE = 2, 256
 
 
 class Held:
@@ -77,8 +79,9 @@ class Catalogs:
             old = self._kept.pop(directory, None)
             self._kept[directory] = held
             dropped = [old] if old is not None and old is not held else []
-            while len(self._kept) > KEPT:
-                dropped.append(self._kept.popitem(last=False)[1])
+            for in_place, most in ((False, KEPT), (True, KEPT_IN_PLACE)):
+                kind = [d for d, h in self._kept.items() if h.in_place == in_place]
+                dropped += [self._kept.pop(d) for d in kind[: max(0, len(kind) - most)]]
         for other in dropped:
             other.close()
 
