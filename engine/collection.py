@@ -157,7 +157,7 @@ class Collection:
         con.execute("set allowed_directories = ?", [readable])
         con.execute("set enable_external_access = false")
         con.execute(f"set memory_limit = '{self.limits.memory}B'")
-        con.execute("set parquet_metadata_cache = true")  # the views' files are read again and again
+        con.execute("set global parquet_metadata_cache = true")  # every cursor's: files read again and again
         con.execute("set lock_configuration = true")  # no query can change any of the above
         self._bound = {}
         self.con = con

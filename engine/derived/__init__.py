@@ -97,7 +97,7 @@ class Derived:
         self.built: Counter[str] = Counter()
         self.dropped: list[str] = []
         self.con = duckdb.connect(config={"temp_directory": ""})  # builds states; never queried by users
-        self.con.execute("set parquet_metadata_cache = true")  # (parts and tables read in place, again and again)
+        self.con.execute("set global parquet_metadata_cache = true")  # every cursor's (parts, tables read in place)
         self._lock = threading.Lock()
         self._verified: dict[Path, tuple] = {}  # file -> its stat when its digest was checked
         self.catalogs = Catalogs(self.con, views_dir, lambda cursor: stored_template(self, cursor))
