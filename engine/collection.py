@@ -42,6 +42,7 @@ import duckdb
 from engine.catalog import QueryError
 from engine.catalog.definitions import load_graph, read_macros, relations_read
 from engine.derived import AT_DECISIONS, NOW, Derived, State
+from engine.derived.files import quoted
 from engine.results import (
     CANCELLED,
     Cancel,
@@ -244,8 +245,8 @@ class Collection:
                 )
                 raise InputError(msg)
 
-    def _bind(self, names: set[str], run_id: str | None = None) -> None:
-        """Point the union view of each view the query names at every run's file of its rows (or one run's).
+    def _view_files(self, names: set[str], run_id: str | None = None) -> dict[str, tuple[str, ...]]:
+        """The files of the rows of each view the query names, of every run (or of one run), in run order.
 
         Each file was checked against its digest when first read, and is again whenever it
         is no longer the file checked (its size, times or inode changed): a damaged one is
@@ -253,7 +254,7 @@ class Collection:
         """
         named = sorted(names & set(self.views))
         if not named:
-            return
+            return {}
         held = self.states(bool(set(named) & self._at_decisions), tuple(named))
         if run_id is not None and run_id not in held:
             raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(held)})")
@@ -273,18 +274,16 @@ class Collection:
                 return err
             return None
 
-        with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(stale)))) as pool:  # a core each
-            failed = [(run, err) for run, err in zip(stale, pool.map(one, stale), strict=True) if err is not None]
+        if len(stale) > 1:  # a core each (DuckDB works outside the GIL)
+            with ThreadPoolExecutor(min(os.cpu_count() or 1, len(stale))) as pool:
+                found = list(pool.map(one, stale))
+        else:
+            found = [one(run) for run in stale]
+        failed = [(run, err) for run, err in zip(stale, found, strict=True) if err is not None]
         for run, err in failed:
             self._leave_out(run, err)
             wanted.remove(run)
-        states = {run: held[run] for run in wanted}
-        for name in named:
-            files = tuple(str(self._files[(state.dir, name)]) for state in states.values())
-            if self._bound.get(name) != files:
-                listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-                self.con.execute(f'create or replace view main."{name}" as select * from read_parquet([{listed}])')
-                self._bound[name] = files
+        return {name: tuple(str(self._files[(held[run].dir, name)]) for run in wanted) for name in named}
 
     def _checked_file(self, state: State, view: str) -> bool:
         path = self._files.get((state.dir, view))
@@ -313,14 +312,27 @@ class Collection:
         return self._binding_lock
 
     def _pin(self, cursor: duckdb.DuckDBPyConnection, names: set[str], run_id: str | None) -> dict[str, tuple]:
-        """Bind the views ``names`` (this run's files or every run's) and start ``cursor``'s transaction on
-        them: its query reads these bindings, whatever another query binds meanwhile (DuckDB's catalog
-        is read as of a transaction's start). The files each view reads."""
+        """Bind the views ``names`` for ``cursor``'s query; the files each view reads.
+
+        Every run's: the collection's union views, bound again when their files change, and
+        ``cursor``'s transaction started on them, so its query reads these bindings whatever
+        another query binds meanwhile (DuckDB's catalog is read as of a transaction's start).
+        One run's: views of the cursor's own (temporary, shadowing the union views) over
+        that run's files, which no other query sees.
+        """
         with self.binding_lock:
-            self._bind(names, run_id)
-            cursor.begin()
-            cursor.execute("select count(*) from duckdb_views()").fetchall()  # the transaction's snapshot
-            return {name: self._bound[name] for name in names & set(self._bound)}
+            files = self._view_files(names, run_id)
+            for name, listed in files.items():
+                scan = "select * from read_parquet([" + ", ".join(f"'{quoted(f)}'" for f in listed) + "])"
+                if run_id is not None:
+                    cursor.execute(f'create or replace temp view "{name}" as {scan}')
+                elif self._bound.get(name) != listed:
+                    self.con.execute(f'create or replace view main."{name}" as {scan}')
+                    self._bound[name] = listed
+            if run_id is None:
+                cursor.begin()
+                cursor.execute("select count(*) from duckdb_views()").fetchall()  # the transaction's snapshot
+            return files
 
     @contextlib.contextmanager
     def _run(self, query: str, run_id: str | None = None, cancel: Cancel | None = None) -> Iterator[Result]:

@@ -123,7 +123,8 @@ class Result:
             if all(Path(f).exists() for files in self._files.values() for f in files):
                 raise
             # A state was replaced (its run grew) and dropped while bound: read the runs again.
-            self._cursor.rollback()
+            if self._run_id is None:  # (a query of one run holds no transaction: its views are its own)
+                self._cursor.rollback()
             with self._runs.binding_lock:
                 self._runs.refresh()
                 self._files = self._runs._pin(self._cursor, self._names, self._run_id)
