@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from engine.catalog.definitions import VIEWS_DIR, load_graph
-from engine.derived.catalogs import Catalogs, Held, stored_template
 from engine.derived.files import (
     Damaged,
     Outdated,
@@ -48,7 +47,6 @@ from engine.derived.files import (
     stat_key,
     unwritable,
 )
-from engine.derived.inspect import StoredState, inspect
 from engine.derived.keys import (
     _TMP,
     AT_DECISIONS,
@@ -65,13 +63,13 @@ from engine.derived.keys import (
     source_from,
     views_digest,
 )
-from engine.derived.store import base_state, collect, publish, set_flavour, write_rows, write_state
 from ingest.errors import LogError
-from ingest.faults import crash_point
 from ingest.paths import fsync_dir, run_dir
 
 if TYPE_CHECKING:
     from engine.catalog import Catalog
+    from engine.derived.catalogs import Catalogs, Held
+    from engine.derived.inspect import StoredState
     from ingest.reader import EventLog
 
 __all__ = ["AT_DECISIONS", "NOW", "Derived", "Source", "State", "views_digest"]
@@ -100,7 +98,19 @@ class Derived:
         self.con.execute("set global parquet_metadata_cache = true")  # every cursor's (parts, tables read in place)
         self._lock = threading.Lock()
         self._verified: dict[Path, tuple] = {}  # file -> its stat when its digest was checked
-        self.catalogs = Catalogs(self.con, views_dir, lambda cursor: stored_template(self, cursor))
+        self._catalogs: Catalogs | None = None  # of stored states, kept for their next views (made when needed)
+
+    @property
+    def catalogs(self) -> Catalogs:
+        """The catalogs of stored states this process made (imported and made on first use: a warm read
+        of stored rows needs none)."""
+        if self._catalogs is None:
+            from engine.derived.catalogs import Catalogs, stored_template
+
+            with self._lock:
+                if self._catalogs is None:
+                    self._catalogs = Catalogs(self.con, self.views_dir, lambda cursor: stored_template(self, cursor))
+        return self._catalogs
 
     @property
     def root(self) -> Path:
@@ -241,6 +251,7 @@ class Derived:
     def _derive(self, log: EventLog, source: Source, variables: dict[str, Any]) -> Held:
         """A catalog of ``log`` refreshed up to ``source``'s tail under ``variables``: from a stored state it
         extends (caught up), else from the log alone (cold)."""
+        from engine.derived.store import base_state, set_flavour
         from engine.runs import recorded_config
 
         base = base_state(
@@ -288,6 +299,9 @@ class Derived:
 
     def _store(self, held: Held, source: Source, variables: dict[str, Any]) -> State:
         """Write the state of a refreshed catalog (its tables' rows, state.json) into the root that takes it."""
+        from engine.derived.store import collect, publish, write_state
+        from ingest.faults import crash_point
+
         run_id, flavour = source.run_id, flavour_key(self.digest, variables)
         while True:
             root = self.roots.writable
@@ -321,6 +335,8 @@ class Derived:
 
     def inspect(self, run_id: str) -> list[StoredState]:
         """Every state stored for a run, checked whole (``verify``; nothing is changed)."""
+        from engine.derived.inspect import inspect
+
         return inspect(self, run_id)
 
     # -- reading a state
@@ -368,6 +384,8 @@ class Derived:
     def _derive_view(self, state: State, view: str, held: Held | None = None) -> Path:
         """Write ``view``'s rows of ``state`` from its catalog (``held``, else the one kept open, else
         restored): into the state's directory, or where a root takes it."""
+        from engine.derived.store import write_rows
+
         mine = held is None
         held = held or self._opened(state)
         try:
@@ -432,7 +450,8 @@ class Derived:
         return held
 
     def _forget(self, directory: Path) -> None:
-        self.catalogs.forget(directory)
+        if self._catalogs is not None:
+            self._catalogs.forget(directory)
         with self._lock:
             for path in [p for p in self._verified if p.is_relative_to(directory)]:
                 del self._verified[path]
@@ -464,7 +483,8 @@ class Derived:
 
     def close(self) -> None:
         """Drop the catalogs kept open."""
-        self.catalogs.close()
+        if self._catalogs is not None:
+            self._catalogs.close()
 
 
 class _Moved(Exception):

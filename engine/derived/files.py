@@ -25,7 +25,6 @@ import errno
 import hashlib
 import json
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -35,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from ingest.errors import OutputError
-from ingest.faults import crash_point
 
 _PREFIX = b"teacher-mcts derived state v2\n"
 DIGEST_CHARS = 32  # of the hex SHA-256 in a file's name: 128 bits
@@ -78,6 +76,8 @@ def write_named(directory: Path, stem: str, identity: str, write: Callable[[Path
 
     OSError when the machine refuses the write (the temporary file is removed).
     """
+    from ingest.faults import crash_point
+
     tmp = directory / f".{stem}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}{suffix}"
     try:
         write(tmp)
@@ -172,7 +172,7 @@ class Roots:
 
     def __init__(self, primary: Path) -> None:
         self.primary = primary
-        name = f"{FALLBACK_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        name = f"{FALLBACK_PREFIX}{os.getpid()}-{os.urandom(8).hex()}"
         self.candidates: list[Path] = [primary] + [base / name for base in (Path(tempfile.gettempdir()), SHM)]
         self.all: list[Path] = [primary]
         self._write = 0
