@@ -98,6 +98,7 @@ class Derived:
         self.con.execute("set global parquet_metadata_cache = true")  # every cursor's (parts, tables read in place)
         self._lock = threading.Lock()
         self._verified: dict[Path, tuple] = {}  # file -> its stat when its digest was checked
+        self._listed: dict[Path, tuple] = {}  # a state's views/ -> (its stat, its files by view) when listed
         self._catalogs: Catalogs | None = None  # of stored states, kept for their next views (made when needed)
 
     @property
@@ -367,19 +368,37 @@ class Derived:
         """A checked file of ``view``'s rows of ``state`` in any root (a damaged one is removed, with a note)."""
         for root in self.roots.all:
             directory = root / state.relative / "views"
-            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                for path in sorted(directory.glob(f"{view}-*.parquet")):
-                    parsed = split_name(path.name)
-                    if parsed is None or parsed[0] != view:
-                        continue
-                    try:
-                        self._check(path, state.relative)
-                    except Damaged as why:
-                        self._note(path, str(why), "dropped")
-                        path.unlink(missing_ok=True)
-                        continue
-                    return path
+            for name in self._views_in(directory).get(view, ()):
+                path = directory / name
+                try:
+                    self._check(path, state.relative)
+                except FileNotFoundError:
+                    continue
+                except Damaged as why:
+                    self._note(path, str(why), "dropped")
+                    path.unlink(missing_ok=True)
+                    continue
+                return path
         return None
+
+    def _views_in(self, directory: Path) -> dict[str, list[str]]:
+        """The digest-named files of a state's ``views/``, by view (listed again when the directory changed)."""
+        try:
+            st = os.stat(directory)
+        except OSError:
+            return {}
+        key = (st.st_mtime_ns, st.st_ino)
+        held = self._listed.get(directory)
+        if held is not None and held[0] == key:
+            return held[1]
+        found: dict[str, list[str]] = {}
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(directory)):
+                parsed = split_name(name)
+                if parsed is not None:
+                    found.setdefault(parsed[0], []).append(name)
+        self._listed[directory] = (key, found)
+        return found
 
     def _derive_view(self, state: State, view: str, held: Held | None = None) -> Path:
         """Write ``view``'s rows of ``state`` from its catalog (``held``, else the one kept open, else
