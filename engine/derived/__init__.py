@@ -38,12 +38,12 @@ import duckdb
 from engine.catalog.definitions import VIEWS_DIR, load_graph
 from engine.derived.files import (
     Damaged,
+    Listings,
     Outdated,
     Roots,
     check_named,
     dump_json,
     load_json,
-    split_name,
     stat_key,
     unwritable,
 )
@@ -98,7 +98,7 @@ class Derived:
         self.con.execute("set global parquet_metadata_cache = true")  # every cursor's (parts, tables read in place)
         self._lock = threading.Lock()
         self._verified: dict[Path, tuple] = {}  # file -> its stat when its digest was checked
-        self._listed: dict[Path, tuple] = {}  # a state's views/ -> (its stat, its files by view) when listed
+        self._listed = Listings()  # each state's views/, listed once while it is unchanged
         self._catalogs: Catalogs | None = None  # of stored states, kept for their next views (made when needed)
 
     @property
@@ -368,7 +368,7 @@ class Derived:
         """A checked file of ``view``'s rows of ``state`` in any root (a damaged one is removed, with a note)."""
         for root in self.roots.all:
             directory = root / state.relative / "views"
-            for name in self._views_in(directory).get(view, ()):
+            for name in self._listed.files(directory).get(view, ()):
                 path = directory / name
                 try:
                     self._check(path, state.relative)
@@ -380,25 +380,6 @@ class Derived:
                     continue
                 return path
         return None
-
-    def _views_in(self, directory: Path) -> dict[str, list[str]]:
-        """The digest-named files of a state's ``views/``, by view (listed again when the directory changed)."""
-        try:
-            st = os.stat(directory)
-        except OSError:
-            return {}
-        key = (st.st_mtime_ns, st.st_ino)
-        held = self._listed.get(directory)
-        if held is not None and held[0] == key:
-            return held[1]
-        found: dict[str, list[str]] = {}
-        with contextlib.suppress(OSError):
-            for name in sorted(os.listdir(directory)):
-                parsed = split_name(name)
-                if parsed is not None:
-                    found.setdefault(parsed[0], []).append(name)
-        self._listed[directory] = (key, found)
-        return found
 
     def _derive_view(self, state: State, view: str, held: Held | None = None) -> Path:
         """Write ``view``'s rows of ``state`` from its catalog (``held``, else the one kept open, else

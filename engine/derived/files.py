@@ -144,6 +144,32 @@ def quoted(path: Path | str) -> str:
     return str(path).replace("'", "''")
 
 
+class Listings:
+    """The digest-named files of directories (a state's ``views/``), by stem; a directory is listed again
+    only when it changed (its time or inode: a file renamed into it changes its time)."""
+
+    def __init__(self) -> None:
+        self._held: dict[Path, tuple[tuple[int, int], dict[str, list[str]]]] = {}
+
+    def files(self, directory: Path) -> dict[str, list[str]]:
+        try:
+            st = os.stat(directory)
+        except OSError:
+            return {}
+        key = (st.st_mtime_ns, st.st_ino)
+        held = self._held.get(directory)
+        if held is not None and held[0] == key:
+            return held[1]
+        found: dict[str, list[str]] = {}
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(directory)):
+                parsed = split_name(name)
+                if parsed is not None:
+                    found.setdefault(parsed[0], []).append(name)
+        self._held[directory] = (key, found)
+        return found
+
+
 def stat_key(path: Path) -> tuple[int, ...] | None:
     """What changes whenever a file's bytes may have: size, times (ctime too: no process sets it), inode."""
     try:
