@@ -2,7 +2,9 @@
 
 Each run's views are read from its stored derived state (:mod:`engine.derived`): the
 rows of a view, one Parquet file a run with ``run_id`` first, derived once from the
-run's log and reused by every later process until the log changes. In the main
+run's log and reused by every later process until the log changes, each file checked
+against its digest before it is read (and its size and times before every query: a
+damaged one is dropped and derived again). In the main
 database a view the query names is one scan of every run's file of it, so a query
 over ``trees`` or ``coverage`` sees every run, evaluates no view and pays one
 statement, however many runs. A query naming an ``audit_*`` view, or one with a row
@@ -15,7 +17,7 @@ Reads cannot write, by construction (:func:`read_only`): a query must be
 one SELECT (or a plain EXPLAIN of one - EXPLAIN ANALYZE runs what it explains),
 calling no function that changes the session or runs SQL given as text; anything
 else is refused before it runs. The instance has external access disabled, with
-only the runs' log directories and the derived states readable, no temporary
+only the collection's runs' log directories and their own derived states readable, no temporary
 directory (nothing spills to disk, so no directory of DuckDB's own is readable or
 writable either), and its configuration locked, so a query cannot undo any of it.
 A query has a memory limit and a time limit

@@ -304,7 +304,7 @@ class Derived:
         from ingest.faults import crash_point
 
         run_id, flavour = source.run_id, flavour_key(self.digest, variables)
-        while True:
+        for _attempt in range(8):  # (each root refused, or another reader's copy found not whole, is one)
             root = self.roots.writable
             place = root / run_id / flavour
             final = place / source.key
@@ -333,6 +333,7 @@ class Derived:
                 continue
             collect(place, found, self.digest)
             return found
+        raise LogError(f"{self.root / run_id}: its derived state could not be stored whole - try again")
 
     def inspect(self, run_id: str) -> list[StoredState]:
         """Every state stored for a run, checked whole (``verify``; nothing is changed)."""
