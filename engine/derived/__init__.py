@@ -399,6 +399,8 @@ class Derived:
                         path = write_rows(held.catalog.con, directory, view, state.relative, run=state.run_id)
                         break
                     except (OSError, duckdb.Error) as err:
+                        if isinstance(err, duckdb.IOException) and not unwritable(err):
+                            raise _Moved from err  # a part merged or a file collected since: the state again
                         if not unwritable(err):
                             if isinstance(err, duckdb.Error):
                                 raise LogError(f"{state.dir}: cannot derive the rows of {view} ({err})") from err
