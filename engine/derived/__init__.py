@@ -298,8 +298,9 @@ class Derived:
         if catalog.tail_seq() != state.source.tail:
             raise _Moved
 
-    def _store(self, held: Held, source: Source, variables: dict[str, Any]) -> State:
-        """Write the state of a refreshed catalog (its tables' rows, state.json) into the root that takes it."""
+    def _store(self, held: Held, source: Source, variables: dict[str, Any], views: tuple[str, ...] = ()) -> State:
+        """Write the state of a refreshed catalog (its tables' rows, the rows of ``views``, state.json) into the
+        root that takes it."""
         from engine.derived.store import collect, publish, write_state
         from ingest.faults import crash_point
 
@@ -312,7 +313,9 @@ class Derived:
                 place.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=place))
                 try:
-                    write_state(held.catalog, tmp, f"{run_id}/{flavour}/{source.key}", source, variables, self.digest)
+                    write_state(
+                        held.catalog, tmp, f"{run_id}/{flavour}/{source.key}", source, variables, self.digest, views
+                    )
                     crash_point("derived.built")
                     published = publish(tmp, final)
                 finally:

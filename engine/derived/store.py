@@ -35,14 +35,23 @@ if TYPE_CHECKING:
 
 
 def write_state(
-    catalog: Catalog, tmp: Path, relative: str, source: Source, variables: dict[str, Any], digest: str
+    catalog: Catalog,
+    tmp: Path,
+    relative: str,
+    source: Source,
+    variables: dict[str, Any],
+    digest: str,
+    views: tuple[str, ...] = (),
 ) -> None:
-    """Write the state of a refreshed catalog into ``tmp``: its tables' rows, then state.json, all fsynced."""
+    """Write the state of a refreshed catalog into ``tmp``: its tables' rows (and the rows of ``views``), then
+    state.json, all fsynced."""
     (tmp / "tables").mkdir()
     (tmp / "views").mkdir()
     tables = {}
     for name in catalog.tables:
         tables[name] = write_rows(catalog.con, tmp / "tables", name, relative).name
+    for view in views:
+        write_rows(catalog.con, tmp / "views", view, relative, run=source.run_id)
     body = {
         "format": VERSION,
         "run_id": source.run_id,

@@ -49,6 +49,7 @@ from typing import Any
 
 from engine.catalog import Catalog
 from engine.config import RunConfig
+from engine.derived.live import Keeper
 from engine.mcts import decisions
 from engine.mcts.spool import Spool
 from engine.mcts.turns import Runner, TeacherFailedError, TurnPool, moving_average
@@ -116,6 +117,7 @@ class Explorer:
         self.on_progress = on_progress
         self.spool = Spool(writer.log.dir, writer.identity) if config.schedule == "rounds" else None
         self.pool = TurnPool(teacher, config.parallel, self.spool, runner)
+        self.keeper = Keeper(writer.log.data_dir, writer.log.run_id)  # the run's derived state, for its readers
         self.roots = {
             r["tree_id"]: RootInfo(r["tree_id"], r["path"], r["score"], r["commit_hash"])
             for r in catalog.query("select * from stg_root_added order by tree_id")
@@ -170,6 +172,7 @@ class Explorer:
             if self.spool is not None:
                 self.spool.clear()
         self.pool.close()
+        self.keeper.close()
 
     def stage_facts(self, events: list[Event]) -> None:
         """Stage and publish facts from outside the engine (a campaign's grants), whole."""
@@ -461,6 +464,7 @@ class Explorer:
         if self._held and not force:
             return
         self.writer.flush()
+        self.keeper.published(self.catalog, force)
         if self.spool is not None:
             for edge_id, turn in self._unpublished:
                 self.spool.drop(edge_id, turn)

@@ -1,0 +1,122 @@
+"""A live run's derived state kept current by its writer (engine/derived/live.py): a reader of a run
+being written finds the state of what the writer published, equal to one derived fresh from the log."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from conftest import copy_run
+from test_derived import QUERIES, _every_view, _write_prefix, answers
+from test_watch import start_endless
+
+from engine.catalog import DECISION_THREADS, Catalog
+from engine.collection import open_runs
+from engine.derived import NOW, Derived
+from engine.derived.live import Keeper
+from ingest.log import EventLog, LogWriter
+
+
+def _live_writer(events, data: Path, run_id: str, cuts: list[int], keeper: Keeper, read) -> None:
+    """Publish ``events`` up to each cut as the engine does (staged into its catalog, flushed, the keeper told),
+    calling ``read(cut)`` after each."""
+    catalog = Catalog.empty(threads=DECISION_THREADS)
+    with LogWriter.create(data, run_id) as writer:
+        for cut in cuts:
+            rows = events.slice(writer.tail, cut - writer.tail)
+            writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
+            catalog.insert(rows)
+            writer.flush()
+            keeper.published(catalog)
+            read(cut)
+    keeper.close()
+    catalog.close()
+
+
+def test_a_reader_of_a_live_run_reads_what_its_writer_kept_and_loads_no_event(runs, tmp_path):
+    events = EventLog(runs, "rounds").read_table().sort_by("seq")
+    n = events.num_rows
+    cuts = [n // 5, 2 * n // 5, 3 * n // 5, 4 * n // 5, n]
+    live = tmp_path / "live"
+    keeper = Keeper(live, "rounds", budget=1e9)  # (a state at every part a reader is waiting for)
+    seen = []
+
+    def read(cut: int) -> None:
+        reader = open_runs(live)
+        held = reader.query("select count(*) as n from events")[0]["n"]
+        views = _every_view(live)
+        fresh = tmp_path / f"fresh-{cut}"
+        _write_prefix(events, fresh, "rounds", [cut])
+        assert views == _every_view(fresh)  # what the writer kept answers as a fresh derivation there
+        seen.append((cut, held, dict(reader.derived.built), sum(reader.derived.loaded.values())))
+
+    _live_writer(events, live, "rounds", cuts, keeper, read)
+    assert [(cut, held) for cut, held, *_ in seen] == [(c, c) for c in cuts]
+    # the first read finds nothing kept (no reader had read the run when it was published); from then on
+    # every part is kept by the writer as it is published, and a reader derives nothing and loads no event
+    assert seen[0][2] == {"cold": 1}
+    assert all(not built and not loaded for _cut, _held, built, loaded in seen[1:]), seen
+    assert keeper.kept == len(cuts) - 1
+
+
+def test_a_run_nobody_reads_keeps_one_state_at_its_end_and_its_first_reader_derives_nothing(runs, tmp_path):
+    events = EventLog(runs, "rounds").read_table().sort_by("seq")
+    n = events.num_rows
+    written = tmp_path / "written"
+    keeper = Keeper(written, "rounds", budget=1e9)
+    _live_writer(events, written, "rounds", [n // 2, n], keeper, lambda cut: None)
+    assert keeper.kept == 0  # no reader: nothing kept between the parts
+    catalog = Catalog.for_log(EventLog(written, "rounds"), threads=DECISION_THREADS)
+    Keeper(written, "rounds").published(catalog, force=True)  # the run's last part (as the engine's finish)
+    reader = open_runs(written)
+    before = {q: reader.query(q) for q in QUERIES[:4]}
+    assert not reader.derived.built and not reader.derived.loaded
+    shutil.rmtree(written / "derived")
+    assert {q: open_runs(written).query(q) for q in QUERIES[:4]} == before
+
+
+def test_an_exploration_read_while_it_runs_is_read_from_the_states_its_writer_keeps(tmp_path):
+    data = tmp_path / "data"
+    writer = start_endless(data, "live")
+    try:
+        deadline = time.monotonic() + 600
+        held = 0
+        found = None
+        while found is None and time.monotonic() < deadline:
+            if not EventLog(data, "live").exists():
+                time.sleep(0.05)
+                continue
+            reader = open_runs(data, ["live"])
+            n = reader.query("select count(*) as n from events")[0]["n"]
+            if n > held and held and not reader.derived.built and not reader.derived.loaded:
+                found = (held, n)  # the run grew since the last read, and this read derived nothing
+            held = n
+            time.sleep(0.2)
+        assert found is not None, "no read found a state its writer kept"
+    finally:
+        writer.send_signal(signal.SIGINT)
+        writer.wait(timeout=300)
+    # what was kept answers as the log does
+    kept = answers(data)
+    shutil.rmtree(data / "derived")
+    assert answers(data) == kept
+
+
+def test_states_of_other_view_definitions_are_derived_again_run_by_run(runs, tmp_path):
+    from engine.catalog.definitions import VIEWS_DIR
+
+    data = tmp_path / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+    views = tmp_path / "views"
+    shutil.copytree(VIEWS_DIR, views)
+    (views / "trees.sql").write_text((views / "trees.sql").read_text() + "\n-- another version of the views\n")
+    Derived(data, views).state("rounds", NOW)  # "rounds" read by a reader of other views
+    Derived(data).state("async", NOW)  # "async" by one of these
+    reader = open_runs(data)
+    got = {q: reader.query(q) for q in QUERIES[:4]}
+    assert reader.derived.built == {"cold": 1} and set(reader.derived.loaded) == {"rounds"}
+    shutil.rmtree(data / "derived")
+    assert {q: open_runs(data).query(q) for q in QUERIES[:4]} == got
