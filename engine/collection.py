@@ -45,6 +45,7 @@ from engine.catalog import QueryError
 from engine.catalog.definitions import load_graph, read_macros, relations_read
 from engine.derived import AT_DECISIONS, NOW, Derived, State
 from engine.derived.files import quoted
+from engine.derived.live import kept_state
 from engine.results import (
     CANCELLED,
     Cancel,
@@ -233,6 +234,8 @@ class Collection:
             held = self.derived.find(run_id, variables, source) or self.derived.find(
                 run_id, self._flavour(True), source
             )
+            if held is None and variables == NOW:  # a live run: as of its writer's last state (engine/derived/live.py)
+                held = kept_state(self.derived, run_id, source)
             if held is not None:
                 return held
         return self.derived.state(run_id, variables, source, views)

@@ -120,3 +120,61 @@ def test_states_of_other_view_definitions_are_derived_again_run_by_run(runs, tmp
     assert reader.derived.built == {"cold": 1} and set(reader.derived.loaded) == {"rounds"}
     shutil.rmtree(data / "derived")
     assert {q: open_runs(data).query(q) for q in QUERIES[:4]} == got
+
+
+def test_a_live_run_is_read_as_of_its_writers_last_state_and_as_its_log_once_the_writer_is_gone(runs, tmp_path):
+    events = EventLog(runs, "rounds").read_table().sort_by("seq")
+    n = events.num_rows
+    data = tmp_path / "data"
+    keeper = Keeper(data, "rounds", budget=1e9)
+    catalog = Catalog.empty(threads=DECISION_THREADS)
+    count = "select count(*) as n from events"
+    with LogWriter.create(data, "rounds") as writer:
+
+        def publish(cut: int, keep: bool) -> None:
+            rows = events.slice(writer.tail, cut - writer.tail)
+            writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
+            catalog.insert(rows)
+            writer.flush()
+            if keep:
+                keeper.published(catalog)
+
+        publish(n // 3, keep=True)
+        assert open_runs(data).query(count) == [{"n": n // 3}]  # (a reader: the writer keeps from now on)
+        publish(n // 2, keep=True)
+        publish(2 * n // 3, keep=False)  # published; its state not kept yet (a reader comes first)
+        reader = open_runs(data)
+        assert reader.query(count) == [{"n": n // 2}]  # as of the writer's last state: nothing derived
+        assert not reader.derived.built and not reader.derived.loaded
+        trees = "select tree_id, nodes, kept_edges from trees order by tree_id"
+        _write_prefix(events, tmp_path / "half", "rounds", [n // 2])
+        assert reader.query(trees) == open_runs(tmp_path / "half").query(trees)
+        keeper.close()  # the writer is gone: the run is read as its log is now
+        reader = open_runs(data)
+        assert reader.query(count) == [{"n": 2 * n // 3}] and reader.derived.built == {"caught_up": 1}
+    catalog.close()
+
+
+def test_a_killed_writers_last_state_is_not_read_for_a_log_that_grew(runs, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    events = EventLog(runs, "rounds").read_table().sort_by("seq")
+    n = events.num_rows
+    data = tmp_path / "data"
+    keeper = Keeper(data, "rounds", budget=1e9)
+    _live_writer(events, data, "rounds", [n // 3], keeper, lambda cut: open_runs(data).query("select 1"))
+    keeper._keep(Catalog.for_log(EventLog(data, "rounds"), threads=DECISION_THREADS))  # noqa: SLF001
+    mark = data / "derived" / "rounds" / "keeper.json"
+    # as a writer killed with its mark in place: a process that has ended
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    from engine.derived.files import dump_json, load_json
+
+    body = load_json(mark, "rounds/keeper.json") | {"pid": int(gone.stdout), "started": None}
+    mark.write_text(dump_json("rounds/keeper.json", body))
+    _write_prefix(events, data, "rounds", [n // 2])
+    reader = open_runs(data)
+    assert reader.query("select count(*) as n from events") == [{"n": n // 2}]
+    assert reader.derived.built == {"caught_up": 1}
+    assert json.loads(mark.read_text())["pid"] == int(gone.stdout)

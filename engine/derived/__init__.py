@@ -246,6 +246,7 @@ class Derived:
                 held.close()
                 raise
             self.catalogs.keep(state.dir, held)
+            self.source(run_id)  # (its cache kept, derived/ made now: a live writer's sign that the run is read)
             return state
         raise LogError(f"{run_dir(self.data_dir, run_id) / 'log'}: the log kept changing while its state was derived")
 

@@ -22,19 +22,24 @@ never depends on it.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from engine.derived.files import Listings
-from engine.derived.keys import DERIVED, NOW, SOURCE_CACHE, Source, flavour_key
+from engine.derived.files import Damaged, Listings, dump_json, load_json
+from engine.derived.keys import _TMP, DERIVED, NOW, SOURCE_CACHE, Source, State, flavour_key, source_from
+from ingest.paths import run_dir
+from ingest.record import read_record
 
 if TYPE_CHECKING:
     from engine.catalog import Catalog
     from engine.derived import Derived
 
 BUDGET = 0.2  # the share of the writer's time its states may take
+KEEPER = "keeper.json"  # per run: the last state its live writer kept, and the writer's process
 
 
 class Keeper:
@@ -90,6 +95,7 @@ class Keeper:
             self.off = True
             return
         self.kept += 1
+        self._mark({"pid": os.getpid(), "started": _started(os.getpid()), "source": state.source.as_json()})
 
     def _read_since(self) -> bool:
         """Whether a reader read the run's log since the last state was begun (see the module doc)."""
@@ -107,6 +113,65 @@ class Keeper:
             views |= set(listed.files(directory))
         return tuple(sorted(views))
 
+    def _mark(self, body: dict[str, Any] | None) -> None:
+        """Name the last state kept in keeper.json (None: remove it - the keeping has ended)."""
+        path = self.data_dir / DERIVED / self.run_id / KEEPER
+        with contextlib.suppress(OSError):
+            if body is None:
+                path.unlink(missing_ok=True)
+                return
+            tmp = path.with_name(f".{KEEPER}{_TMP}{os.getpid()}")
+            tmp.write_text(dump_json(f"{self.run_id}/{KEEPER}", body))
+            os.replace(tmp, path)
+
     def close(self) -> None:
+        """The run's writer is done: its last state is of its log (see the module doc), nothing is named."""
+        self._mark(None)
         if self._derived is not None:
             self._derived.close()
+
+
+def kept_state(derived: Derived, run_id: str, source: Source) -> State | None:
+    """The last state a live writer kept of a run (``now``), when the run's log (``source``) has only grown
+    since; None when its writer is gone, kept none, or the log changed otherwise (quarantined, replaced)."""
+    try:
+        held = load_json(derived.root / run_id / KEEPER, f"{run_id}/{KEEPER}")
+        kept = source_from(held["source"]) if held else None
+    except (Damaged, KeyError, TypeError, ValueError):
+        return None
+    if kept is None or kept.run_id != run_id or not _alive(held.get("pid"), held.get("started")):
+        return None
+    if kept == source:
+        return None  # (of the log as it is now: found as any state is)
+    if kept.identity != source.identity or not kept.entries or kept.tail > source.tail:
+        return None
+    live = {name: stat for name, *stat in source.parts}
+    if any(live.get(name, stat) != stat for name, *stat in kept.parts):  # a part changed: read from the log
+        return None
+    try:
+        record = read_record(run_dir(derived.data_dir, run_id) / "log", run_id)
+    except Exception:  # noqa: BLE001 - a record that cannot be read now is the log's reader's to report
+        return None
+    if record is None or not record.extends(kept.entries, kept.last_sha):
+        return None
+    return derived.find(run_id, NOW, kept)
+
+
+def _started(pid: int) -> int | None:
+    """When a process started (clock ticks after boot: /proc), to tell it from a later one of its number."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: Any, started: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return started is None or _started(pid) == started
