@@ -92,20 +92,22 @@ def reads(data: Path, seconds: float) -> list[float]:
 
 def make_live(root: Path, n_runs: int) -> Path:
     """``live/``: the 1M collection's runs (their parts hard-linked, their records copied) and, to make
-    ``n_runs``, copies of its first runs under new ids."""
+    ``n_runs``, more tasks' runs written as that collection's are (``benchmarks/logs.py``'s copy_run)."""
+    from benchmarks.collection import SEEDS
+    from benchmarks.logs import copy_run
+
     src = root / "1M"
     data = root / "live"
     shutil.rmtree(data, ignore_errors=True)
     runs = run_ids(src)
-    for i in range(max(n_runs, len(runs))):
-        run = runs[i % len(runs)]
-        name = run if i < len(runs) else f"{run}-copy{i // len(runs)}"
-        log_dir = data / "runs" / name / "log"
+    for run in runs:
+        log_dir = data / "runs" / run / "log"
         log_dir.mkdir(parents=True)
         for part in EventLog(src, run).parts():
             os.link(part.path, log_dir / part.path.name)
-        record = (src / "runs" / run / "log" / "_record.jsonl").read_text()
-        (log_dir / "_record.jsonl").write_text(record)
+        shutil.copyfile(src / "runs" / run / "log" / "_record.jsonl", log_dir / "_record.jsonl")
+    for k in range(len(runs) + 1, n_runs + 1):
+        copy_run(root / "base", f"base-{SEEDS[k % len(SEEDS)]}", data, f"task-{k:03d}", f"task-{k:03d}")
     return data
 
 
