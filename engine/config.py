@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ingest.columns import fits_int64
 from ingest.errors import InputError
-from ingest.schema import fits_int64
 
 SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
 # Weights and score levels are bounded so that no score can overflow to infinity

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 
 from engine.catalog import Catalog
 from engine.config import RunConfig, problems
+from ingest.checks import check_part
 from ingest.errors import LogError
-from ingest.integrity import verify_log
-from ingest.log import EventLog, check_part
-from ingest.log import run_ids as runs_under
 from ingest.paths import command_line
+from ingest.reader import EventLog
+from ingest.reader import run_ids as runs_under
 
 T = TypeVar("T")
 
@@ -97,6 +97,8 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
 
 def diagnosed(data_dir: Path, run_id: str, problem: str) -> DamagedRun:
     """A run a reader could not read (``problem``), as ``verify`` diagnoses it."""
+    from ingest.integrity import verify_log  # (the log's whole check: not what opening a run needs)
+
     verification = verify_log(EventLog(data_dir, run_id))
     bad = verification.first_bad
     return DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None, data_dir)

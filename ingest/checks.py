@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ingest.columns import ENVELOPE, SCHEMA
 from ingest.errors import LogError, PartDamagedError
 from ingest.parts import Part, content_digest
 from ingest.paths import log_command
-from ingest.schema import ENVELOPE, SCHEMA
 
 CHECKSUM_MISMATCH = "its content does not match the checksum its name records"
 

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ingest.columns import ENVELOPE, SCHEMA
 from ingest.parts import content_digest
-from ingest.schema import ENVELOPE, SCHEMA
 
 # A kind with at least 1/GROUP_SHARE of a merged part's rows gets a row group of its own
 # (the tool calls, ~85% of a run's events): the catalog's scans of the other kinds skip

@@ -17,13 +17,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ingest.checks import check_part, unreadable_part
+from ingest.columns import SCHEMA
 from ingest.errors import LogError
-from ingest.events import as_utf8
 from ingest.listing import has_log, located, run_ids  # noqa: F401 - run_ids re-exported
 from ingest.parts import Part
 from ingest.paths import check_run_id, log_command, run_dir
 from ingest.record import Record, legacy_cover, list_parts, read_record
-from ingest.schema import SCHEMA
+from ingest.text import as_utf8
 
 
 class EventLog:

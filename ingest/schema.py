@@ -15,24 +15,11 @@ from typing import Any, Literal, get_args, get_origin
 
 import pyarrow as pa
 
+from ingest.columns import ENVELOPE, FIELD_TYPES, HEAVY_FIELDS, JSON_FIELDS, KIND_FIELDS, SCHEMA
+from ingest.columns import fits_int64 as fits_int64  # (re-exported)
 from ingest.events import EVENT_TYPES, Event, as_utf8
 
-ENVELOPE = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("seq", pa.int64()),
-        ("kind", pa.string()),
-        ("schema_version", pa.int32()),
-        ("recorded_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
-
 _SCALARS = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
-
-
-def fits_int64(value: int) -> bool:
-    """Whether an integer fits the log's int64 columns (and the views' BIGINT)."""
-    return -(2**63) <= value < 2**63
 
 
 def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
@@ -48,7 +35,8 @@ def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
     return pa.string(), True
 
 
-def _build_columns() -> tuple[dict[str, pa.DataType], frozenset[str], frozenset[str]]:
+def columns_of_models() -> tuple[dict[str, pa.DataType], frozenset[str], frozenset[str], dict[str, tuple[str, ...]]]:
+    """The columns the event models define: each field's type, the JSON and the heavy fields, each kind's own."""
     types: dict[str, pa.DataType] = {}
     json_fields: set[str] = set()
     heavy: set[str] = set()
@@ -65,13 +53,22 @@ def _build_columns() -> tuple[dict[str, pa.DataType], frozenset[str], frozenset[
                 json_fields.add(name)
             if (field.json_schema_extra or {}).get("heavy"):
                 heavy.add(name)
-    return dict(sorted(types.items())), frozenset(json_fields), frozenset(heavy)
+    kinds = {k: tuple(f for f in c.model_fields if f != "schema_version") for k, c in EVENT_TYPES.items()}
+    return dict(sorted(types.items())), frozenset(json_fields), frozenset(heavy), kinds
 
 
-FIELD_TYPES, JSON_FIELDS, HEAVY_FIELDS = _build_columns()
-_FIELDS = {k: [f for f in c.model_fields if f != "schema_version"] for k, c in EVENT_TYPES.items()}
-SCHEMA = pa.schema(list(ENVELOPE) + [pa.field(n, t) for n, t in FIELD_TYPES.items()])
-LIGHT_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in HEAVY_FIELDS])
+def _check_columns() -> None:
+    """ingest/columns.py must say what the models say (checked whenever events are written or read as models)."""
+    found = columns_of_models()
+    held = (FIELD_TYPES, JSON_FIELDS, HEAVY_FIELDS, KIND_FIELDS)
+    names = ("FIELD_TYPES", "JSON_FIELDS", "HEAVY_FIELDS", "KIND_FIELDS")
+    for name, model, constant in zip(names, found, held, strict=True):
+        if model != constant:
+            raise TypeError(f"ingest/columns.py's {name} is not what ingest/events.py's models define: write it again")
+
+
+_check_columns()
+_FIELDS = KIND_FIELDS
 # Columns that change from one identical run to the next (never compared, never decided on).
 WALL_CLOCK_COLUMNS = frozenset({"recorded_at", "started_at", "wall_seconds"})
 _ORDER = {name: i for i, name in enumerate(SCHEMA.names)}

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
+from conftest import ROOT
 
 from engine.catalog import KIND_COLUMNS, Catalog
 from engine.mcts.spool import Spool
@@ -114,3 +115,34 @@ def test_text_without_a_utf8_form_is_stored_with_u_fffd_json_included():
     task, config = duckdb.connect().execute('select task, json(config) from "table"').fetchone()
     assert task == "t\ufffd"
     assert json.loads(config) == {"task": "t\ufffd", "notes": ["\ufffd", "😀"]}
+
+
+def test_the_columns_written_out_are_what_the_models_define_and_a_difference_is_named():
+    """ingest/columns.py (what readers import, without the models) says what ingest/events.py's models say."""
+    import subprocess
+    import sys
+
+    from ingest import columns
+    from ingest.schema import columns_of_models
+
+    assert columns_of_models() == (columns.FIELD_TYPES, columns.JSON_FIELDS, columns.HEAVY_FIELDS, columns.KIND_FIELDS)
+    # a field added to a model without writing the columns again: ingest.schema refuses to load, naming it
+    script = (
+        "import ingest.columns as c; c.KIND_FIELDS = {**c.KIND_FIELDS, 'run_finished': ('extra',)}; "
+        "import ingest.schema"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode != 0 and "ingest/columns.py's KIND_FIELDS" in done.stderr
+
+
+def test_reading_a_log_into_a_catalog_does_not_import_the_event_models():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from engine.catalog import Catalog; import engine.catalog.tables, engine.runs, "
+        "engine.derived.store, engine.derived.catalogs; print(sorted(m for m in ('ingest.events', 'ingest.schema', "
+        "'ingest.writer') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "[]"

@@ -16,19 +16,18 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.checks import check_part
+from ingest.columns import ENVELOPE, KIND_FIELDS, LIGHT_SCHEMA
+from ingest.encoding import GROUP_SHARE
 from ingest.errors import LogError
-from ingest.events import EVENT_TYPES
-from ingest.log import GROUP_SHARE, EventLog, check_part
-from ingest.schema import ENVELOPE, LIGHT_SCHEMA
+from ingest.reader import EventLog
 
 
 def _kind_columns() -> dict[str, list[str]]:
     """The light columns each kind's table holds: envelope plus its own fields."""
-    out = {}
-    for kind, cls in EVENT_TYPES.items():
-        own = set(cls.model_fields) - {"schema_version"}
-        out[kind] = [n for n in LIGHT_SCHEMA.names if n in ENVELOPE.names or n in own]
-    return out
+    return {
+        kind: [n for n in LIGHT_SCHEMA.names if n in ENVELOPE.names or n in own] for kind, own in KIND_FIELDS.items()
+    }
 
 
 KIND_COLUMNS = _kind_columns()
