@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 from engine.catalog import Catalog
 from engine.config import RunConfig, TreeConfig
 from engine.selections import default_parameters, selection_decision
+from ingest.columns import LIGHT_SCHEMA
 from ingest.events import RunFinished
 from ingest.log import EventLog, LogWriter, encode_part, part_name, run_dir
-from ingest.schema import LIGHT_SCHEMA
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "data" / "student_run" / "all_snapshots"
 ONCE = {"run_started", "snapshot_seen", "snapshots_picked", "paths_selected", "content_recorded"}

@@ -131,8 +131,8 @@ def comparable(rows: list[dict]) -> list[str]:
 
 
 def test_tables_refreshed_tree_by_tree_equal_a_full_rebuild(sim_log):
+    from ingest.columns import LIGHT_SCHEMA
     from ingest.log import EventLog
-    from ingest.schema import LIGHT_SCHEMA
 
     log = EventLog(*sim_log)
     events = log.read_table(LIGHT_SCHEMA.names)
@@ -152,8 +152,8 @@ def test_tables_refreshed_tree_by_tree_equal_a_full_rebuild(sim_log):
 
 def test_a_query_computes_only_the_tables_it_reads(sim_log):
     """After a load, tables wait until read; stale trees upstream of a table still to compute whole."""
+    from ingest.columns import LIGHT_SCHEMA
     from ingest.log import EventLog
-    from ingest.schema import LIGHT_SCHEMA
 
     log = EventLog(*sim_log)
     events = log.read_table(LIGHT_SCHEMA.names)

@@ -18,8 +18,8 @@ from conftest import ROOT, SNAPSHOTS, copy_run
 from cli import cli
 from engine.catalog import Catalog
 from engine.watch import follow
+from ingest.columns import LIGHT_SCHEMA
 from ingest.log import EventLog
-from ingest.schema import LIGHT_SCHEMA
 
 MONOTONE = ("trees_done", "kept_edges", "pruned_edges", "retried_edges", "leaves", "tool_calls")
 
