@@ -15,6 +15,7 @@ from test_watch import start_endless
 from engine.catalog import DECISION_THREADS, Catalog
 from engine.collection import open_runs
 from engine.derived import NOW, Derived
+from engine.derived.files import dump_json, load_json
 from engine.derived.live import Keeper
 from ingest.log import EventLog, LogWriter
 
@@ -149,9 +150,19 @@ def test_a_live_run_is_read_as_of_its_writers_last_state_and_as_its_log_once_the
         trees = "select tree_id, nodes, kept_edges from trees order by tree_id"
         _write_prefix(events, tmp_path / "half", "rounds", [n // 2])
         assert reader.query(trees) == open_runs(tmp_path / "half").query(trees)
-        keeper.close()  # the writer is gone: the run is read as its log is now
+        # the writer had the time to keep a later state and did not (nobody read, or its budget): from the log
+        mark = data / "derived" / "rounds" / "keeper.json"
+        held = load_json(mark, "rounds/keeper.json")
+        assert held["until"] > time.time_ns()
+        mark.write_text(dump_json("rounds/keeper.json", held | {"until": time.time_ns() - 1}))
         reader = open_runs(data)
         assert reader.query(count) == [{"n": 2 * n // 3}] and reader.derived.built == {"caught_up": 1}
+        publish(5 * n // 6, keep=False)
+        mark.write_text(dump_json("rounds/keeper.json", held))  # (as it was: of n // 2, readable still)
+        keeper.close()  # the writer is gone: the run is read as its log is now
+        assert not mark.exists()
+        reader = open_runs(data)
+        assert reader.query(count) == [{"n": 5 * n // 6}] and reader.derived.built == {"caught_up": 1}
     catalog.close()
 
 
@@ -169,8 +180,6 @@ def test_a_killed_writers_last_state_is_not_read_for_a_log_that_grew(runs, tmp_p
     mark = data / "derived" / "rounds" / "keeper.json"
     # as a writer killed with its mark in place: a process that has ended
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    from engine.derived.files import dump_json, load_json
-
     body = load_json(mark, "rounds/keeper.json") | {"pid": int(gone.stdout), "started": None}
     mark.write_text(dump_json("rounds/keeper.json", body))
     _write_prefix(events, data, "rounds", [n // 2])

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 BUDGET = 0.2  # the share of the writer's time its states may take
 KEEPER = "keeper.json"  # per run: the last state its live writer kept, and the writer's process
+GRACE = 1.0  # seconds a kept state is read as of beyond the writer's next chance to keep another
 
 
 class Keeper:
@@ -62,17 +63,29 @@ class Keeper:
             return
         started, self._since = time.monotonic(), time.time_ns()
         try:
-            self._keep(catalog)
+            state = self._keep(catalog)
         except Exception as err:  # never the writer's failure: readers derive from the log
-            self.off = True
-            print(
-                f"note: the derived state of run {self.run_id!r} is no longer kept by its writer ({err}); "
-                "readers derive it from the log",
-                file=sys.stderr,
-            )
-        self._next = time.monotonic() + (time.monotonic() - started) / self.budget
+            self._stop(str(err))
+            return
+        cost = time.monotonic() - started
+        self._next = started + cost / self.budget
+        if state is not None:
+            self.kept += 1
+            # readers may read it while the log grows, until the writer could have kept a later one
+            until = time.time_ns() + int((cost / self.budget + cost + GRACE) * 1e9)
+            self._mark({"pid": os.getpid(), "started": _started(os.getpid()), "source": state.source.as_json()}, until)
 
-    def _keep(self, catalog: Catalog) -> None:
+    def _stop(self, why: str) -> None:
+        self.off = True
+        self._mark(None)
+        print(
+            f"note: the derived state of run {self.run_id!r} is no longer kept by its writer ({why}); "
+            "readers derive it from the log",
+            file=sys.stderr,
+        )
+
+    def _keep(self, catalog: Catalog) -> State | None:
+        """Store the state of the log the catalog holds, unless stored already (the state; None: not stored)."""
         from engine.derived import Derived
         from engine.derived.catalogs import Held
         from engine.derived.store import set_flavour
@@ -82,9 +95,10 @@ class Keeper:
         derived = self._derived
         source = Source.of(self.data_dir, self.run_id)  # (not derived.source: its cache is the readers' sign)
         if catalog.tail_seq() != source.tail:  # something staged, or the log moved on: not this log's state
-            return
-        if derived.find(self.run_id, NOW, source) is not None:
-            return
+            return None
+        found = derived.find(self.run_id, NOW, source)
+        if found is not None:
+            return found
         views = self._read_views(derived)
         set_flavour(catalog, NOW)  # (once: the engine's catalog is at "now" already, by default)
         catalog.refresh()
@@ -92,10 +106,9 @@ class Keeper:
         held.how = "written"
         state = derived._store(held, source, NOW, views)  # noqa: SLF001 - the package's own writing of a state
         if not state.dir.is_relative_to(derived.root):  # derived/ refused it: of no use to other processes
-            self.off = True
-            return
-        self.kept += 1
-        self._mark({"pid": os.getpid(), "started": _started(os.getpid()), "source": state.source.as_json()})
+            self._stop(f"{derived.root} cannot take it")
+            return None
+        return state
 
     def _read_since(self) -> bool:
         """Whether a reader read the run's log since the last state was begun (see the module doc)."""
@@ -113,15 +126,16 @@ class Keeper:
             views |= set(listed.files(directory))
         return tuple(sorted(views))
 
-    def _mark(self, body: dict[str, Any] | None) -> None:
-        """Name the last state kept in keeper.json (None: remove it - the keeping has ended)."""
+    def _mark(self, body: dict[str, Any] | None, until: int = 0) -> None:
+        """Name the last state kept in keeper.json, readable as of until ``until`` (ns of the wall clock; None:
+        remove it - the keeping has ended)."""
         path = self.data_dir / DERIVED / self.run_id / KEEPER
         with contextlib.suppress(OSError):
             if body is None:
                 path.unlink(missing_ok=True)
                 return
             tmp = path.with_name(f".{KEEPER}{_TMP}{os.getpid()}")
-            tmp.write_text(dump_json(f"{self.run_id}/{KEEPER}", body))
+            tmp.write_text(dump_json(f"{self.run_id}/{KEEPER}", body | {"until": until}))
             os.replace(tmp, path)
 
     def close(self) -> None:
@@ -141,6 +155,8 @@ def kept_state(derived: Derived, run_id: str, source: Source) -> State | None:
         return None
     if kept is None or kept.run_id != run_id or not _alive(held.get("pid"), held.get("started")):
         return None
+    if not isinstance(held.get("until"), int) or time.time_ns() > held["until"]:
+        return None  # the writer published since without keeping (nobody read, or its budget): read the log
     if kept == source:
         return None  # (of the log as it is now: found as any state is)
     if kept.identity != source.identity or not kept.entries or kept.tail > source.tail:
