@@ -176,7 +176,7 @@ def test_a_killed_writers_last_state_is_not_read_for_a_log_that_grew(runs, tmp_p
     data = tmp_path / "data"
     keeper = Keeper(data, "rounds", budget=1e9)
     _live_writer(events, data, "rounds", [n // 3], keeper, lambda cut: open_runs(data).query("select 1"))
-    keeper._keep(Catalog.for_log(EventLog(data, "rounds"), threads=DECISION_THREADS))  # noqa: SLF001
+    keeper.published(Catalog.for_log(EventLog(data, "rounds"), threads=DECISION_THREADS), force=True)
     mark = data / "derived" / "rounds" / "keeper.json"
     # as a writer killed with its mark in place: a process that has ended
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
