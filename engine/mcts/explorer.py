@@ -178,7 +178,7 @@ class Explorer:
         """Stage and publish facts from outside the engine (a campaign's grants), whole."""
         with self._whole():
             self._stage(events)
-        self._publish(force=True)
+        self._publish(force=True, keep=False)
 
     def cancel(self) -> None:
         """Stop the turns in flight from another thread: the engine's loop then unwinds (see :meth:`run`)."""
@@ -459,12 +459,13 @@ class Explorer:
             kept.append(fact)
         self._stage(kept)
 
-    def _publish(self, force: bool = False) -> None:
-        """Flush what is staged, unless a streak of backend errors is open (see the module doc)."""
+    def _publish(self, force: bool = False, keep: bool | None = None) -> None:
+        """Flush what is staged, unless a streak of backend errors is open (see the module doc), and tell the
+        run's keeper; ``keep``: keep the derived state whatever the keeper's rules say (default: ``force``)."""
         if self._held and not force:
             return
         self.writer.flush()
-        self.keeper.published(self.catalog, force)
+        self.keeper.published(self.catalog, force=force if keep is None else keep)
         if self.spool is not None:
             for edge_id, turn in self._unpublished:
                 self.spool.drop(edge_id, turn)
