@@ -23,6 +23,7 @@ never depends on it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -171,6 +172,18 @@ def kept_state(derived: Derived, run_id: str, source: Source) -> State | None:
     if record is None or not record.extends(kept.entries, kept.last_sha):
         return None
     return derived.find(run_id, NOW, kept)
+
+
+def mark_stamp(data_dir: Path, run_id: str) -> tuple | None:
+    """What changes when a collection would read a live run as of another state: the writer's mark replaced
+    or removed, or lapsed (None: no mark). A page that redraws on a changed record redraws on this too."""
+    path = Path(data_dir) / DERIVED / run_id / KEEPER
+    try:
+        st = path.stat()
+        until = json.loads(path.read_text()).get("until")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return st.st_mtime_ns, st.st_ino, not isinstance(until, int) or time.time_ns() > until
 
 
 def _started(pid: int) -> int | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection, Limits, open_runs
+from engine.derived.live import mark_stamp
 from ingest.errors import ProjectError
 from ingest.log import RECORD, EventLog, run_ids
 from ingest.paths import command_line
@@ -44,14 +45,15 @@ class Source:
         self._samples: OrderedDict[tuple, Any] = OrderedDict()
 
     def fingerprint(self, runs: list[str] | None = None) -> tuple:
-        """Which runs, and the state of each one's record (it changes whenever a part is published)."""
+        """Which runs, and the state of each one's record (it changes whenever a part is published) and of its
+        live writer's mark (a collection reads a live run as of its writer's last state: engine/derived/live.py)."""
         found = []
         for run_id in runs if runs is not None else run_ids(self.data_dir):
             try:
                 stat = (EventLog(self.data_dir, run_id).log_dir / RECORD).stat()
-                found.append((run_id, stat.st_mtime_ns, stat.st_size))
+                found.append((run_id, stat.st_mtime_ns, stat.st_size, mark_stamp(self.data_dir, run_id)))
             except FileNotFoundError:
-                found.append((run_id, None, None))
+                found.append((run_id, None, None, None))
         return tuple(found)
 
     def collection(self) -> Collection:
