@@ -3,11 +3,13 @@ being written finds the state of what the writer published, equal to one derived
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import copy_run
 from test_derived import QUERIES, _every_view, _write_prefix, answers
 from test_watch import start_endless
@@ -166,8 +168,10 @@ def test_a_live_run_is_read_as_of_its_writers_last_state_and_as_its_log_once_the
     catalog.close()
 
 
-def test_a_killed_writers_last_state_is_not_read_for_a_log_that_grew(runs, tmp_path):
-    import json
+@pytest.mark.parametrize("who", ["killed", "alive, not the writer", "the writer, its mark forged"])
+def test_a_mark_is_read_only_while_its_process_writes_the_run_and_within_its_bound(runs, tmp_path, who):
+    """A killed writer's mark, or a mark (forged or left) naming a live process that does not hold the run's
+    writer lock, or one whose time runs far ahead: the run is read as its log is."""
     import subprocess
     import sys
 
@@ -178,12 +182,20 @@ def test_a_killed_writers_last_state_is_not_read_for_a_log_that_grew(runs, tmp_p
     _live_writer(events, data, "rounds", [n // 3], keeper, lambda cut: open_runs(data).query("select 1"))
     keeper.published(Catalog.for_log(EventLog(data, "rounds"), threads=DECISION_THREADS), force=True)
     mark = data / "derived" / "rounds" / "keeper.json"
-    # as a writer killed with its mark in place: a process that has ended
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    body = load_json(mark, "rounds/keeper.json") | {"pid": int(gone.stdout), "started": None}
-    mark.write_text(dump_json("rounds/keeper.json", body))
-    _write_prefix(events, data, "rounds", [n // 2])
-    reader = open_runs(data)
-    assert reader.query("select count(*) as n from events") == [{"n": n // 2}]
-    assert reader.derived.built == {"caught_up": 1}
-    assert json.loads(mark.read_text())["pid"] == int(gone.stdout)
+    body = load_json(mark, "rounds/keeper.json")
+    day = 86_400 * 10**9
+    with LogWriter.open(data, "rounds") as writer:  # the run grows, written by this process
+        rows = events.slice(writer.tail, n // 2 - writer.tail)
+        writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
+        writer.flush()
+        if who == "killed":
+            gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+            body |= {"pid": int(gone.stdout)}
+        elif who == "alive, not the writer":
+            body |= {"pid": os.getppid(), "until": time.time_ns() + 10**9}
+        else:
+            body |= {"pid": os.getpid(), "until": time.time_ns() + day}
+        mark.write_text(dump_json("rounds/keeper.json", body))
+        reader = open_runs(data)
+        assert reader.query("select count(*) as n from events") == [{"n": n // 2}]
+        assert reader.derived.built == {"caught_up": 1}

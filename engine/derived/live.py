@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 BUDGET = 0.2  # the share of the writer's time its states may take
 KEEPER = "keeper.json"  # per run: the last state its live writer kept, and the writer's process
 GRACE = 1.0  # seconds a kept state is read as of beyond the writer's next chance to keep another
+MAX_LAG = 60.0  # seconds a kept state is read as of at most, whatever a mark says
 
 
 class Keeper:
@@ -73,8 +74,8 @@ class Keeper:
         if state is not None:
             self.kept += 1
             # readers may read it while the log grows, until the writer could have kept a later one
-            until = time.time_ns() + int((cost / self.budget + cost + GRACE) * 1e9)
-            self._mark({"pid": os.getpid(), "started": _started(os.getpid()), "source": state.source.as_json()}, until)
+            until = time.time_ns() + int(min(cost / self.budget + cost + GRACE, MAX_LAG) * 1e9)
+            self._mark({"pid": os.getpid(), "source": state.source.as_json()}, until)
 
     def _stop(self, why: str) -> None:
         self.off = True
@@ -154,10 +155,14 @@ def kept_state(derived: Derived, run_id: str, source: Source) -> State | None:
         kept = source_from(held["source"]) if held else None
     except (Damaged, KeyError, TypeError, ValueError):
         return None
-    if kept is None or kept.run_id != run_id or not _alive(held.get("pid"), held.get("started")):
+    if kept is None or kept.run_id != run_id:
         return None
-    if not isinstance(held.get("until"), int) or time.time_ns() > held["until"]:
+    until, now = held.get("until"), time.time_ns()
+    if not isinstance(until, int) or not now <= until <= now + MAX_LAG * 1e9:
         return None  # the writer published since without keeping (nobody read, or its budget): read the log
+    log_dir = run_dir(derived.data_dir, run_id) / "log"
+    if not _writing(held.get("pid"), log_dir.parent / "writer.lock"):  # (ended, killed, or not the writer)
+        return None
     if kept == source:
         return None  # (of the log as it is now: found as any state is)
     if kept.identity != source.identity or not kept.entries or kept.tail > source.tail:
@@ -166,7 +171,7 @@ def kept_state(derived: Derived, run_id: str, source: Source) -> State | None:
     if any(live.get(name, stat) != stat for name, *stat in kept.parts):  # a part changed: read from the log
         return None
     try:
-        record = read_record(run_dir(derived.data_dir, run_id) / "log", run_id)
+        record = read_record(log_dir, run_id)
     except Exception:  # noqa: BLE001 - a record that cannot be read now is the log's reader's to report
         return None
     if record is None or not record.extends(kept.entries, kept.last_sha):
@@ -186,21 +191,19 @@ def mark_stamp(data_dir: Path, run_id: str) -> tuple | None:
     return st.st_mtime_ns, st.st_ino, not isinstance(until, int) or time.time_ns() > until
 
 
-def _started(pid: int) -> int | None:
-    """When a process started (clock ticks after boot: /proc), to tell it from a later one of its number."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _alive(pid: Any, started: Any) -> bool:
+def _writing(pid: Any, lock: Path) -> bool:
+    """Whether process ``pid`` holds the run's writer lock (``lock``: its file) now, as /proc/locks says; False
+    where that cannot be told (no /proc): the run is then read as its log is."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        st = lock.stat()
+        held = Path("/proc/locks").read_text()
+    except OSError:
         return False
-    except PermissionError:  # another user's process
-        pass
-    return started is None or _started(pid) == started
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in held.splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[4] == str(pid) and fields[5] == where:
+            return True
+    return False
