@@ -147,10 +147,11 @@ def test_catalog_loads_and_verify_see_whole_prefixes_while_parts_merge(data_dir)
         [sys.executable, "-c", code, str(data_dir)], env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE
     )
     log = EventLog(data_dir, "r")
-    loads, last = 0, 0
+    loads, last, ended = 0, 0, False
     try:
         wait_for(log.exists, "the first part")
-        while proc.poll() is None or loads < 3:
+        while not ended or loads < 3:  # the last load begins after the writer has ended
+            ended = proc.poll() is not None
             catalog = Catalog.for_log(log)
             n, tail = catalog.con.execute("select count(*), max(seq) from event_log").fetchone()
             assert n == tail >= last
