@@ -198,9 +198,9 @@ def test_readers_see_a_consistent_prefix_while_a_writer_appends(data_dir):
         data_dir,
     )
     log = EventLog(data_dir, "r")
-    last = 0
-    reads = 0
-    while writer.poll() is None or reads < 3:
+    last, reads, ended = 0, 0, False
+    while not ended or reads < 3:  # the last read begins after the writer has ended
+        ended = writer.poll() is not None
         seqs = log.read_table(["seq"]).column("seq").to_pylist()
         assert seqs == list(range(1, len(seqs) + 1))
         assert len(seqs) >= last
