@@ -31,6 +31,28 @@ from ingest.events import SnapshotSeen
 from ingest.snapshots import grader_direction, numeric_score
 
 HEX = re.compile(r"^[0-9a-fA-F]{7,64}$")
+# What CORAL's processes keep at the top of ``public/`` while a run is live (pid files,
+# heartbeats, the agents' logs and sessions, the gateway's): its checkpoints hold them,
+# but they are no shared knowledge. A root's ``shared/`` and every copy of a shared dir
+# (engine.teachers.opencode.worktrees.copy_dir) leave them out.
+RUNTIME = frozenset(
+    {
+        "manager.pid",
+        "agent.pids",
+        "agent_pids.json",
+        "agent_state.json",
+        "grader_daemon.pid",
+        "grader_daemon_heartbeat",
+        "ui.pid",
+        "sessions.json",
+        "sessions",
+        "heartbeat",
+        "logs",
+        "diagnostics",
+        "gateway",
+        ".gitignore",
+    }
+)
 
 
 def find_coral(path: Path) -> Path | None:
@@ -196,8 +218,9 @@ def _first_commit(repo: Path) -> str | None:
 def export(pick: dict[str, Any], dest: Path) -> None:
     """Write the picked attempt ``pick`` (a ``snapshots`` row) as a snapshot folder ``dest``.
 
-    ``code/`` is the commit's tree, ``shared/`` the checkpoint's tree plus the
-    graded attempt itself (the state right after its eval returned), and
+    ``code/`` is the commit's tree, ``shared/`` the checkpoint's tree without CORAL's
+    runtime files (``RUNTIME``) plus the graded attempt itself (the state right after
+    its eval returned), and
     ``metadata.json`` the attempt's fields; the run's ``config.yaml`` goes along
     as ``coral_config.yaml`` (its ``grader.direction`` is the task's).
     """
@@ -206,6 +229,12 @@ def export(pick: dict[str, Any], dest: Path) -> None:
     dest.mkdir(parents=True)
     _extract(repository(coral), pick["commit_hash"], dest / "code")
     _extract(coral / "public", pick["shared_state_hash"], dest / "shared")
+    for name in RUNTIME:
+        found = dest / "shared" / name
+        if found.is_dir() and not found.is_symlink():
+            shutil.rmtree(found)
+        else:
+            found.unlink(missing_ok=True)
     (dest / "shared" / "attempts").mkdir(exist_ok=True)
     shutil.copyfile(attempt_path, dest / "shared" / "attempts" / f"{pick['commit_hash']}.json")
     shutil.copyfile(coral / "config.yaml", dest / "coral_config.yaml")

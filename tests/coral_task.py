@@ -142,6 +142,15 @@ def coral_eval(bin_dir: Path, workdir: Path, message: str, *extra: str) -> subpr
 
 
 SHARED_ITEMS = ("notes", "skills", "attempts", "logs")
+# The files of a live CORAL run's processes in its public/ (pids, heartbeats, the agents'
+# logs): no shared knowledge, so never in a root's shared/.
+LIVE_FILES = {
+    "manager.pid": "4242\n",
+    "agent.pids": "4243\n4244\n",
+    "agent_pids.json": '{"agent-1": 4243, "agent-2": 4244}\n',
+    "heartbeat/agent-1.json": '{"actions": []}\n',
+    "logs/agent-1.log": "agent-1 started\n",
+}
 
 
 def make_coral_run(
@@ -161,6 +170,9 @@ def make_coral_run(
     """
     coral = make_student_coral(run_dir, direction)
     agents = sorted({agent for agent, _ in evals + pending})
+    for name, text in LIVE_FILES.items():  # what `coral start` keeps in public/, checkpointed with it
+        (coral / "public" / name).parent.mkdir(parents=True, exist_ok=True)
+        (coral / "public" / name).write_text(text)
     for agent in agents:
         tree = run_dir / "agents" / agent
         git(run_dir / "repo", "worktree", "add", "-q", "-b", f"coral/{agent}", str(tree))
@@ -203,9 +215,13 @@ def check_written_root(folder: Path, run: Path, attempt: dict) -> None:
     )
     assert (folder / "code" / "solution.py").read_text() == git(repo, "show", f"{commit}:solution.py") + "\n"
     checkpoint = attempt.get("shared_state_hash") or git(public, "rev-list", "--max-parents=0", "HEAD")
-    expected = set(git(public, "ls-tree", "-r", "--name-only", checkpoint).split()) | {f"attempts/{commit}.json"}
+    checkpointed = set(git(public, "ls-tree", "-r", "--name-only", checkpoint).split())
+    assert checkpointed >= set(LIVE_FILES)  # the test means something: the checkpoint holds them
+    # ... and what the grader daemon and the checkpoint write there, as CORAL's do.
+    not_knowledge = set(LIVE_FILES) | {"grader_daemon_heartbeat", ".gitignore"}
+    expected = (checkpointed - not_knowledge) | {f"attempts/{commit}.json"}
     written = {str(p.relative_to(folder / "shared")) for p in (folder / "shared").rglob("*") if p.is_file()}
-    assert written == expected
+    assert written == expected, written ^ expected
     assert (folder / "shared" / "attempts" / f"{commit}.json").read_bytes() == (
         public / "attempts" / f"{commit}.json"
     ).read_bytes()

@@ -17,6 +17,7 @@ from coral_task import STAND_IN_BIN, git, make_student_coral
 from cli import cli
 from engine.teachers.opencode import resolve_options
 from engine.teachers.opencode.coral import CoralLayout, check_daemon, coral_python
+from engine.teachers.opencode.worktrees import copy_dir
 from ingest.errors import InputError
 
 
@@ -118,7 +119,14 @@ def test_a_turn_s_layout_holds_pending_attempts_aside_and_cleans_up(tmp_path):
     layout.finish(edge, worktree, shared, 1)
     assert sorted(p.name for p in (shared / "attempts").iterdir()) == [f"{'c' * 40}.json", f"{'e' * 40}.json"]
     assert json.loads((shared / "attempts" / f"{'c' * 40}.json").read_text()) == pending
-    assert not (shared / "grader_daemon_heartbeat").exists()
+    # The state the turn passes on: its shared dir without the daemon's leftovers or
+    # CORAL's other runtime files (a root selected before they were left out holds them).
+    for name in ("manager.pid", "agent_pids.json", "logs/agent-1.log", "heartbeat/agent-1.json"):
+        (shared / name).parent.mkdir(exist_ok=True)
+        (shared / name).write_text("{}")
+    copy_dir(shared, edge / "shared-t1")
+    kept = sorted(str(p.relative_to(edge / "shared-t1")) for p in (edge / "shared-t1").rglob("*"))
+    assert kept == ["attempts", f"attempts/{'c' * 40}.json", f"attempts/{'e' * 40}.json"]
     assert list((coral / "private" / "grader_checkouts").iterdir()) == []
     assert "grader_checkouts" not in git(worktree, "worktree", "list")
     assert {p: p.read_bytes() for p in student.rglob("*") if p.is_file()} == before

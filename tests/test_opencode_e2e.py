@@ -234,13 +234,13 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, studen
     assert not (worktrees / "T001_e1-1").exists()
     assert (worktrees / "T001_e2-1" / "wt" / "solution.py").exists()
     # The shared state after each turn: the held pending attempts as they were, the
-    # turn's own attempt graded, one grading counted, no checkpoint repository or
-    # daemon files; the breadcrumbs were never committed.
+    # turn's own attempt graded, one grading counted, no checkpoint repository (nor its
+    # .gitignore) or daemon files; the breadcrumbs were never committed.
     root_attempts = roots / next(roots.iterdir()).name / "shared" / "attempts"
     for turn in (1, 2):
         shared = worktrees / "T001_e2-1" / f"shared-t{turn}"
         commit = evals[("T001/e2-1", turn)]["commit_hash"]
-        assert sorted(p.name for p in shared.iterdir()) == [".gitignore", "attempts", "eval_count", "notes"]
+        assert sorted(p.name for p in shared.iterdir()) == ["attempts", "eval_count", "notes"]
         assert (shared / "eval_count").read_text() == str(turn)
         for pending in PENDING:
             assert (shared / "attempts" / f"{pending}.json").read_bytes() == (

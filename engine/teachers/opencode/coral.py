@@ -42,7 +42,6 @@ DAEMON_SCRIPT = (
 )
 # pip's first lines of a console script whose interpreter path is too long for "#!".
 TRAMPOLINE = re.compile(r"^'''exec' \"([^\"]+)\"")
-DAEMON_LEFTOVERS = ("grader_daemon_heartbeat", "grader_daemon.pid")
 
 
 def student_coral_dir(path: str | Path) -> Path:
@@ -223,8 +222,6 @@ class CoralLayout:
                 if not (shared / "attempts" / path.name).exists():
                     os.replace(path, shared / "attempts" / path.name)
             shutil.rmtree(held, ignore_errors=True)
-        for name in DAEMON_LEFTOVERS:
-            (shared / name).unlink(missing_ok=True)
         for tmp in (shared / "attempts").glob(".*.json.tmp"):  # a write the kill interrupted
             tmp.unlink(missing_ok=True)
         self._clear_checkouts(edge_dir / ".coral", worktree)

@@ -15,9 +15,10 @@ import subprocess
 import threading
 from pathlib import Path
 
+from ingest import coral_run
 from ingest.errors import InputError, ProjectError
 
-NOT_SHARED = frozenset({".git", "node_modules"})  # never copied from a shared dir (copy_dir)
+NOT_SHARED = frozenset({".git", "node_modules"}) | coral_run.RUNTIME  # never copied from a shared dir (copy_dir)
 CORAL_BREADCRUMBS = ("/.coral_dir", "/.coral_agent_id")  # how `coral eval` finds its run (coral.py)
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "teacher-mcts",
@@ -45,9 +46,11 @@ def copy_dir(src: Path | None, dest: Path) -> None:
 
     Left out at the top of ``src`` (``NOT_SHARED``): ``.git``, where CORAL keeps the
     checkpoint repository of a shared dir it used, which a copy for the next state
-    does not carry; and ``node_modules``, where OpenCode installs its plugin package
+    does not carry; ``node_modules``, where OpenCode installs its plugin package
     into a project's ``.opencode/`` when a registry is reachable (not knowledge; a
-    CORAL run's shared dir never holds it).
+    CORAL run's shared dir never holds it); and CORAL's runtime files
+    (``ingest.coral_run.RUNTIME``: pid files, heartbeats, logs), which a root made
+    before they were left out of roots may still hold.
     """
     if dest.exists():
         shutil.rmtree(dest)
