@@ -52,10 +52,13 @@ def _text_of(message: dict) -> str:
 class FakeModel:
     """The server; ``start()`` binds 127.0.0.1 on a free port."""
 
-    def __init__(self, script: Script, stall: bool = False, fail_status: int | None = None) -> None:
+    def __init__(
+        self, script: Script, stall: bool = False, fail_status: int | None = None, fail_agent: bool = False
+    ) -> None:
         self.script = script
-        self.stall = stall
+        self.stall = stall  # answer no agent request (one offering tools): a model that never answers a turn
         self.fail_status = fail_status  # answer every request with this HTTP error (a broken endpoint)
+        self.fail_agent = fail_agent  # ... only the agent's requests (a server that cannot serve tools)
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -130,18 +133,21 @@ class FakeModel:
                 with fake.lock:
                     fake.calls += 1
                     fake.requests.append(record)
-                if fake.stall or isinstance(step, Stall):
+                agent = bool(body.get("tools"))
+                if (fake.stall and agent) or isinstance(step, Stall):
                     if isinstance(step, Stall) and step.after_headers:
                         self._headers()
                     fake.stopping.wait()
                     return
-                status = fake.fail_status or (step.status if isinstance(step, Fail) else None)
+                refused = fake.fail_status if agent or not fake.fail_agent else None
+                status = refused or (step.status if isinstance(step, Fail) else None)
                 if status:
                     record["answered"] = status
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.end_headers()
-                    self.wfile.write(json.dumps({"error": {"message": "model not found"}}).encode())
+                    message = "tools are not supported" if fake.fail_agent else "model not found"
+                    self.wfile.write(json.dumps({"error": {"message": message}}).encode())
                     return
                 self._headers()
                 chunks = _chunks(step, body)

@@ -203,12 +203,13 @@ def events() -> list[Event]:
     )
     out.append(EdgeStarted(tree_id="T1", edge_id="T1.1/e1-1", parent_id="T1.1", slot=1, attempt=1))
     out.append(EdgeStarted(tree_id="T1", edge_id="T1.1/e2-1", parent_id="T1.1", slot=2, attempt=1))
-    out += turn_facts("T1.1/e1-1", 1, None, t11a, n1, n1, [], 0, 1, "timeout", n1)
+    # Killed during their calls: the endpoint's answer is the step the stream never printed.
+    out += turn_facts("T1.1/e1-1", 1, None, t11a, n1, n1, [], 1, 1, "timeout", n1)
     out += turn_facts(
         "T1.1/e1-1", 2, 1.5, t11b, n1 + 2, n1 + 3, [("c5", "bash", "ok", None)], 2, 2, inherited_state=n1 + 2
     )
     out += turn_facts("T1.1/e2-1", 1, 1.4, t12a, n1, n1, [], 1, 1, inherited_state=n1)
-    out += turn_facts("T1.1/e2-1", 2, None, t12b, n1 + 2, n1 + 2, [], 0, 1, "timeout", n1 + 2)
+    out += turn_facts("T1.1/e2-1", 2, None, t12b, n1 + 2, n1 + 2, [], 1, 1, "timeout", n1 + 2)
     return out
 
 

@@ -157,7 +157,9 @@ def test_atif_golden_file_of_the_hand_built_run(hand, tmp_path):
     assert steps[3]["extra"]["eval"] == {"score": 1.2, "eval_status": "improved", "outcome": "completed"}
     killed = steps[8]  # turn 1 of T1.1/e1-1: its one model call, killed while its bash call ran
     assert killed["observation"]["results"] == [{"source_call_id": "c4", "content": "[Tool execution was interrupted]"}]
-    assert "metrics" not in killed and killed["extra"]["eval"]["outcome"] == "timeout"
+    assert killed["extra"]["eval"]["outcome"] == "timeout"
+    # Its tokens: the step the stream never printed, from the endpoint's usage.
+    assert killed["metrics"] == first["metrics"]  # the hand run's first call of a turn: 1200 + 55 tokens
     assert deep["final_metrics"]["total_steps"] == len(steps) and deep["extra"]["leaf_id"] == "T1.1.1"
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, make_snapshot
 from coral_task import digest, make_student_coral
-from fake_model import FakeModel
+from fake_model import FakeModel, Stall
 
 from cli import cli
 from engine.catalog import Catalog
@@ -302,8 +304,11 @@ def survivors(seen: set[int], home: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, student, coral_on_path):
-    """No process outlives a timed-out turn: OpenCode's, its tools', CORAL's grader daemon."""
+def test_a_model_that_never_answers_a_turn_stops_the_run_and_leaves_no_process(tmp_path, roots, student, coral_on_path):
+    """The endpoint answers its check, then no turn's request: each turn waits out its timeout,
+    is a backend failure, never an edge the tree keeps; backend_error_limit of them stop the
+    run (exit 1) with nothing recorded. No process outlives a timed-out turn: OpenCode's,
+    its tools', CORAL's grader daemon."""
     model = FakeModel(script, stall=True).start()
     config = tmp_path / "run.toml"
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
@@ -325,18 +330,78 @@ def test_a_stalled_model_times_out_and_leaves_no_process(tmp_path, roots, studen
         done.set()
         watcher.join()
         model.stop()
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output
     assert seen, "no opencode process was observed"
     alive = survivors(seen, home)
     assert alive == [], f"processes survived: {alive}"
+    assert "the last 3 turns failed with a backend error, the last one: the model never answered" in r.stderr
+    assert f"at {model.base_url}: turn timed out after 6 s" in r.stderr and "explore --resume stall" in r.stderr
+    assert len([q for q in model.requests if q["tools"]]) >= 3  # three turns asked, none was answered
     cat = Catalog.for_log(EventLog(data, "stall"))
-    turns = cat.query("select edge_id, turn, score, outcome, skipped from turns order by edge_id, turn")
-    ran = [t for t in turns if not t["skipped"]]
-    assert ran and all(t["outcome"] == "timeout" and t["score"] is None for t in ran)
-    evals = cat.query("select eval_status from stg_eval_finished")
-    assert {e["eval_status"] for e in evals} == {"timeout"}
-    edges = {e["edge_id"]: e["verdict"] for e in cat.query("select * from edges")}
-    assert edges == {"T001/e1-1": "retry", "T001/e1-2": "kept_exempt"}
+    assert cat.query("select count(*) as n from stg_turn_finished")[0]["n"] == 0
+    assert cat.query("select count(*) as n from edges where verdict is not null")[0]["n"] == 0
+    assert cat.query("select count(*) as n from nodes where depth > 0")[0]["n"] == 0
+
+
+def graded_then_silent(edge: str, turn: int, step: int, workdir: str):
+    """Turn 1 of the first edge is graded (1.5), then its final request is never answered."""
+    if (edge, turn) == ("T001/e1-1", 1) and step == 1:
+        return [("write", {"filePath": f"{workdir}/solution.py", "content": "VALUE = 1.5\n"})]
+    if (edge, turn) == ("T001/e1-1", 1) and step == 3:
+        return Stall()
+    return script(edge, turn, step, workdir)
+
+
+@pytest.mark.slow
+def test_a_turn_that_times_out_after_its_eval_was_graded_keeps_the_score(tmp_path, roots, student, coral_on_path):
+    """CORAL graded the turn's attempt, then the turn timed out waiting for the model: the log
+    records the grade (as the attempt file has it), the next turn starts from that commit and
+    is judged against it, the steps are the requests the model answered, and the path's
+    sample is what the model received."""
+    model = FakeModel(graded_then_silent).start()
+    config = tmp_path / "run.toml"
+    config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
+    data = tmp_path / "data"
+    try:
+        # 60 s: ample for OpenCode's start, three answers and the grading, even on a loaded machine.
+        r = explore_opencode(data, roots, model, config, "late", "--turn-timeout", "60", "--coral-dir", str(student))
+    finally:
+        model.stop()
+    assert r.exit_code == 0, r.output
+    cat = Catalog.for_log(EventLog(data, "late"))
+    turns = {
+        (t["edge_id"], t["turn"]): t
+        for t in cat.query("select edge_id, turn, score, outcome, steps, session_id, state from int_turns")
+    }
+    late, after = turns[("T001/e1-1", 1)], turns[("T001/e1-1", 2)]
+    requests = [q for q in model.requests if q["session"] == late["session_id"] and q["tools"]]
+    assert [q["answered"] for q in requests] == [200, 200, 200, None], "the turn did not reach its silent request"
+    assert late["outcome"] == "timeout" and late["score"] == 1.5
+    (graded,) = cat.query("select * from stg_eval_finished where edge_id = 'T001/e1-1' and turn = 1")
+    state = json.loads(late["state"]) if isinstance(late["state"], str) else late["state"]
+    attempt = json.loads((Path(state["shared"]) / "attempts" / f"{graded['commit_hash']}.json").read_text())
+    recorded = (graded["score"], graded["eval_status"], graded["source"])
+    assert recorded == (attempt["score"], attempt["status"], "attempt_json")
+    assert state["commit"] == graded["commit_hash"] == attempt["commit_hash"]
+    # The steps are the model's answers, not the request it never answered.
+    assert late["steps"] == 3
+    # Turn 2 went on from that commit, and is judged against turn 1's grade.
+    first = model.first_request_of(after["session_id"])
+    assert "[edge T001/e1-1 turn 1]" in json.dumps(first["messages"])
+    (edge,) = cat.query("select s1, s2, regression_stability, verdict from edges")
+    assert (edge["s1"], edge["s2"]) == (1.5, float(value_for("T001/e1-1", 2)))
+    # Turn 2's 1.112 regressed against turn 1's 1.5 (against the root's 1.0, had the grade been lost, it would not).
+    assert edge["regression_stability"] == 0.5 and edge["verdict"] == "kept"
+    # The path through it is exported as the model received it.
+    out = tmp_path / "train"
+    done = CliRunner().invoke(cli, ["--data", str(data), "export", "late", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    (sample,) = [json.loads(line) for line in (out / "late.chat.jsonl").read_text().splitlines()]
+    last = [q for q in model.requests if q["session"] == after["session_id"] and q["tools"]][-1]
+    worktrees = re.escape(str((data / "runs" / "late" / "worktrees").resolve()))
+    placed = json.loads(re.sub(worktrees + r"/T001/[^/\"]+/wt", "/workspace", json.dumps(last["messages"])))
+    assert sample["messages"] == [*placed, {"role": "assistant", "content": "Done with T001/e1-1 turn 2."}]
+    assert CliRunner().invoke(cli, ["--data", str(data), "replay", "late"]).exit_code == 0
 
 
 def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, run_id: str, student: Path):
@@ -472,6 +537,37 @@ def test_opencode_backend_errors_are_clean(tmp_path, roots):
     assert shutil.which("git")
 
 
+def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_run(tmp_path, roots, coral_on_path):
+    """docs/REAL_RUNS.md followed with nothing listening, or a server that does not serve the
+    model: the run is refused at once, says why, and nothing of it exists."""
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        nothing = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    refusing = FakeModel(script, fail_status=404).start()
+    silent = socket.socket()  # accepts, never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    cases = [
+        (nothing, "30", "cannot reach it"),
+        (refusing.base_url, "30", "it answered HTTP 404: model not found"),
+        (f"http://127.0.0.1:{silent.getsockname()[1]}/v1", "2", "no answer within 2 s"),
+    ]
+    try:
+        for endpoint, timeout, why in cases:
+            data = tmp_path / "data"
+            args = ["--data", str(data), "explore", str(roots), "--task", "t", "--backend", "opencode"]
+            args += ["--model", "fake/scripted", "--endpoint", endpoint, "--turn-timeout", timeout]
+            r = CliRunner().invoke(cli, args)
+            assert r.exit_code == 1, r.output
+            assert f"the model endpoint {endpoint} does not answer for model 'scripted': {why}" in r.stderr
+            assert "no turn ran" in r.stderr and "Traceback" not in r.output
+            assert not data.exists() or not any((data / "runs").glob("*")), "a run was created"
+    finally:
+        refusing.stop()
+        silent.close()
+    assert [q["body"]["model"] for q in refusing.requests] == ["scripted"]
+
+
 def opencode_process(args: list[str], cwd: Path, model: FakeModel, config: Path) -> subprocess.CompletedProcess:
     """``python cli.py ... explore --backend opencode`` in a process started in ``cwd`` (with
     ``--resume``: the run keeps its recorded backend, model, endpoint and config)."""
@@ -551,12 +647,13 @@ def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots,
 
 @pytest.mark.slow
 def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after_the_fix(tmp_path, roots, student):
-    """An endpoint that refuses the model: every turn fails the same way. The run must stop
+    """An endpoint that answers its check but refuses the agent's requests (tools): every turn
+    fails the same way. The run must stop
     after backend_error_limit such turns with that error and exit 1, record none of them,
     leave no process, and complete on --resume once the endpoint works."""
     config = tmp_path / "two.toml"
     config.write_text("parallel = 2\n[tree]\nroot_children = 2\nmax_depth = 1\n")
-    model = FakeModel(script, fail_status=404).start()
+    model = FakeModel(script, fail_status=400, fail_agent=True).start()
     data = tmp_path / "data"
     try:
         done = opencode_process(
@@ -578,7 +675,7 @@ def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after
         )
         assert done.returncode == 1, done.stderr
         assert "Error: the last 3 turns failed with a backend error" in done.stderr, done.stderr
-        assert "model not found" in done.stderr and "explore --resume down" in done.stderr
+        assert "tools are not supported" in done.stderr and "explore --resume down" in done.stderr
         assert "Traceback" not in done.stderr
         cat = Catalog.for_log(EventLog(data, "down"))
         assert cat.query("select count(*) as n from stg_turn_finished")[0]["n"] == 0

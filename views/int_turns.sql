@@ -1,12 +1,13 @@
 -- One row per finished rollout turn: eval score, tool-call counts, steps, context tokens.
 -- grain: tree_id, edge_id, turn
--- sources: stg_turn_finished, stg_eval_finished, stg_step_finished, stg_conversation_recorded, tool_calls
+-- sources: stg_turn_finished, stg_eval_finished, stg_step_finished, tool_calls
 -- materialized: table
 --
 -- A turn's facts are appended together, ending with TurnFinished, so every fact of
 -- (edge, turn) belongs to that one finished turn. A non-finite score counts as null.
--- steps: the model calls the turn made; a call still unanswered when the turn was
--- killed printed no step, but the recorded conversation counts it (model_calls).
+-- steps: the model calls the model answered, one StepFinished each (a call answered
+-- while the turn was killed during its tools printed none: the backend records it
+-- from the endpoint's usage). A request the model never answered is no step.
 with calls as (
     select
         tree_id,
@@ -27,16 +28,6 @@ steps as (
         count(*) as steps
     from stg_step_finished
     group by all
-),
-
-conversations as (
-    select
-        tree_id,
-        edge_id,
-        turn,
-        max(model_calls) as model_calls
-    from stg_conversation_recorded
-    group by all
 )
 
 select
@@ -51,7 +42,7 @@ select
     coalesce(c.tool_calls, 0) as tool_calls,
     coalesce(c.tool_errors, 0) as tool_errors,
     coalesce(c.knowledge_actions, 0) as knowledge_actions,
-    greatest(coalesce(s.steps, 0), coalesce(v.model_calls, 0)) as steps,
+    coalesce(s.steps, 0) as steps,
     f.context_tokens,
     f.outcome,
     f.state
@@ -59,4 +50,3 @@ from stg_turn_finished as f
 left join stg_eval_finished as e using (tree_id, edge_id, turn)
 left join calls as c using (tree_id, edge_id, turn)
 left join steps as s using (tree_id, edge_id, turn)
-left join conversations as v using (tree_id, edge_id, turn)

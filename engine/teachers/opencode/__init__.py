@@ -13,7 +13,12 @@ A turn, in the rooms of this package:
 4. its stream is parsed as it arrives (``ingest.opencode_stream``) and its eval
    result read from what ``coral eval`` left (``ingest.coral_eval``);
 5. ``recorder``: with an endpoint, OpenCode's requests pass through a recording
-   server on loopback, and the turn records what the model received.
+   server on loopback, and the turn records what the model received. A turn the
+   model never answered is a backend error (``outcome = error``), however it ended;
+   a score that came back before a timeout stands.
+
+With an endpoint, ``endpoint`` checks before anything else that it answers the
+run's model (a run with nothing listening is refused at once).
 
 With ``coral_dir`` (the Student run's ``.coral``), ``coral`` gives every edge a
 CORAL run of its own around its worktree, and CORAL's grader daemon runs beside
@@ -45,7 +50,8 @@ from engine.teachers.opencode.coral import (
     CoralLayout,
     check_daemon,
 )
-from engine.teachers.opencode.environment import Environment, node_store
+from engine.teachers.opencode.endpoint import check_endpoint
+from engine.teachers.opencode.environment import Environment, api_key, node_store
 from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
     TURN1,
     TURN2,
@@ -55,7 +61,7 @@ from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
     resolve_options,
 )
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
-from engine.teachers.opencode.recorder import Recorder, conversation_facts, unreported_steps
+from engine.teachers.opencode.recorder import Recorder, agent_exchanges, conversation_facts, unreported_steps
 from engine.teachers.opencode.sessions import (
     export_session,
     has_session,
@@ -64,7 +70,15 @@ from engine.teachers.opencode.sessions import (
 )
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
-from ingest.events import EvalFinished, Event, GraderChecked, StepFinished, TurnFinished
+from ingest.events import (
+    EvalFinished,
+    Event,
+    GraderChecked,
+    MessageWritten,
+    StepFinished,
+    ToolCalled,
+    TurnFinished,
+)
 from ingest.opencode_stream import StreamParser
 
 
@@ -78,6 +92,10 @@ class OpenCodeTeacher:
         self.task = config.task or "task"
         self.node = node
         check_eval_command(self.opts.eval_command)  # before anything is created
+        if self.opts.endpoint:
+            check_endpoint(
+                self.opts.endpoint, self.opts.model.split("/", 1)[1], api_key(self.opts), self.opts.turn_timeout_s
+            )
         self.run_store = Environment(run_dir, self.opts)
         self.environment = (
             Environment(run_dir, self.opts, node_store(self.opts.node_store, run_dir, node)) if node else self.run_store
@@ -161,13 +179,17 @@ class OpenCodeTeacher:
         wall = time.monotonic() - t0
         after = git("rev-parse", "HEAD", cwd=worktree)
         result = self._eval_result(shared, before, after, parser)
-        if outcome == "timeout":
+        if outcome == "timeout" and result.score is None:  # a score that came back stands (graded in time)
             result = coral_eval.EvalResult(None, "timeout", result.feedback, result.source)
         snapshot = edge_dir / f"shared-t{request.turn}"
         copy_dir(shared, snapshot)
         ids = {"tree_id": request.tree_id, "edge_id": request.edge_id, "turn": request.turn}
         conversation = start.get("conversation")
         context_tokens = parser.summary.context_tokens
+        if outcome != "error" and not _answered(facts, exchanges):
+            # Not a rollout: a backend failure (int_turns__failing), never an edge the tree keeps.
+            where = f" at {self.opts.endpoint}" if self.opts.endpoint else ""
+            outcome, error = "error", f"the model never answered{where}: {error or 'opencode ended without an answer'}"
         if exchanges is not None:
             recorded, conversation = conversation_facts(
                 exchanges, ids, conversation, str(worktree), parser.summary.results
@@ -392,6 +414,14 @@ class OpenCodeTeacher:
                 return found
         eval_word = self.opts.eval_command.split()[0]
         return coral_eval.from_printed(parser.summary.shell_calls, eval_word) or coral_eval.NO_EVAL
+
+
+def _answered(facts: list[Event], exchanges: list | None) -> bool:
+    """Whether the model answered the turn at all: a step, a tool call or text in its stream,
+    or (with the recorder) a finished answer the endpoint sent."""
+    if any(isinstance(f, (StepFinished, ToolCalled, MessageWritten)) for f in facts):
+        return True
+    return exchanges is not None and any(x.answer is not None for x in agent_exchanges(exchanges))
 
 
 GRADER_LOG_LIMIT = 64 * 1024

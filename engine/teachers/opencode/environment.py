@@ -61,7 +61,7 @@ def opencode_config(opts: Any, base_url: str | None = None) -> dict[str, Any]:
         "share": "disabled",
     }
     if opts.endpoint:
-        key = os.environ.get(opts.api_key_env or "", "") or "none"
+        key = api_key(opts)
         config["provider"] = {
             provider: {
                 "npm": "@ai-sdk/openai-compatible",
@@ -74,6 +74,11 @@ def opencode_config(opts: Any, base_url: str | None = None) -> dict[str, Any]:
         }
     config.update(opts.opencode_config)
     return config
+
+
+def api_key(opts: Any) -> str:
+    """The endpoint's key: the value of the variable ``api_key_env`` names, else ``none`` (as OpenCode sends it)."""
+    return os.environ.get(opts.api_key_env or "", "") or "none"
 
 
 def node_store(root: str | None, run_dir: Path, node: str) -> Path:

@@ -368,13 +368,14 @@ def _continuation(answer: dict[str, Any] | None, results: dict[str, str]) -> lis
 
 
 def unreported_steps(exchanges: list[Exchange], ids: dict[str, Any], reported: set[int]) -> list[StepFinished]:
-    """StepFinished facts, from the endpoint's usage, of the model calls the stream never finished.
+    """StepFinished facts, from the endpoint's usage, of the answered model calls the stream never finished.
 
     OpenCode prints a step's tokens when its tool calls are done: a turn killed during a
-    call prints none for that model call, though the endpoint reported them. Step ``n``
+    call prints none for that model call, though the endpoint answered it. Step ``n``
     is the ``n``-th request the model received; ``reported`` are the steps the stream
-    finished. The split is OpenCode's: input without the cached tokens, output without
-    the reasoning ones.
+    finished. A request the model never answered is no step (nor, as it has no tokens to
+    give, an answer that came without the endpoint's usage). The split is OpenCode's:
+    input without the cached tokens, output without the reasoning ones.
     """
     facts = []
     for step, exchange in enumerate(agent_exchanges(exchanges), start=1):
