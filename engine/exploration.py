@@ -22,7 +22,7 @@ from engine.roots import (
     run_started,
 )
 from engine.runs import open_run, recorded_config
-from engine.teachers import Teacher, make_teacher
+from engine.teachers import Teacher, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
@@ -212,6 +212,8 @@ def new_run(
     ``roots/``).
     """
     plan = plan_run(data_dir, source, config, run_id, select)
+    if executor == "local":
+        check_memory(turn_memory_mb(plan.config), plan.config.parallel)
     teacher = make_teacher(plan.config, EventLog(data_dir, plan.run_id).dir)  # fails before the run exists
     try:
         plan.copy_roots()
@@ -314,6 +316,8 @@ def resume_run(
         if on_start:
             on_start(catalog.query("select * from run_progress")[0] | {"task": config.task, "finished": finished})
         if not finished:
+            if executor == "local":
+                check_memory(turn_memory_mb(config), config.parallel)
             teacher = make_teacher(config, log.dir)
             try:
                 _explore(writer, catalog, config, teacher, on_progress, True, executor, ray_address, note)

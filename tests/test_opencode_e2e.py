@@ -568,6 +568,32 @@ def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_
     assert [q["body"]["model"] for q in refusing.requests] == ["scripted"]
 
 
+def test_more_concurrent_turns_than_the_memory_carries_are_refused_before_the_run(tmp_path, roots, coral_on_path):
+    """--parallel × turn_memory_mb above the memory available: refused with the --parallel that
+    fits, before the run exists (a run the OOM killer cuts loses its turns in flight)."""
+    model = FakeModel(script).start()
+    data = tmp_path / "data"
+    config = tmp_path / "wide.toml"
+    config.write_text("[backend_options]\nturn_memory_mb = 1000000\n")  # 1 TB a turn: more than this machine has
+    try:
+        base = ["--data", str(data), "explore", str(roots), "--task", "t", "--backend", "opencode"]
+        base += ["--model", "fake/scripted", "--endpoint", model.base_url, "--config", str(config)]
+        r = CliRunner().invoke(cli, [*base, "--parallel", "3"])
+        assert not (data / "runs").exists() or not any((data / "runs").iterdir()), "a run was created"
+        sim = CliRunner().invoke(cli, ["--data", str(data), "explore", str(roots), "--task", "t", "--parallel", "64"])
+    finally:
+        model.stop()
+    assert r.exit_code == 1, r.output
+    found = re.search(
+        r"--parallel 3: 3 concurrent turns need about 3,000,000 MB \(1,000,000 MB each, "
+        r"backend_options.turn_memory_mb\) and this machine has ([\d,]+) MB available: not even one turn fits",
+        r.stderr,
+    )
+    assert found, r.stderr
+    assert int(found[1].replace(",", "")) < 1_000_000 and "--executor ray" in r.stderr
+    assert sim.exit_code == 0, sim.output  # the simulated Teacher's turns take no memory of their own
+
+
 def opencode_process(args: list[str], cwd: Path, model: FakeModel, config: Path) -> subprocess.CompletedProcess:
     """``python cli.py ... explore --backend opencode`` in a process started in ``cwd`` (with
     ``--resume``: the run keeps its recorded backend, model, endpoint and config)."""

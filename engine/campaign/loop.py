@@ -20,7 +20,7 @@ from engine.config import RunConfig
 from engine.exploration import PlannedRun, plan_run
 from engine.mcts.explorer import Explorer
 from engine.runs import recorded_config
-from engine.teachers import Teacher, TurnCancelled, TurnRequest, make_teacher
+from engine.teachers import Teacher, TurnCancelled, TurnRequest, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError
 from ingest.events import BlockGranted, BudgetAllocated, CampaignStopped, Event, GrantsClosed, RunFinished
 from ingest.faults import crash_point
@@ -37,6 +37,7 @@ class SharedSlots:
     """``parallel`` slots for the turns of every run of a campaign: a turn waits for a free one."""
 
     def __init__(self, parallel: int) -> None:
+        self.parallel = parallel
         self._free = threading.Semaphore(parallel)
 
     def runner(self, run: Callable[[TurnRequest, threading.Event], list[Event]]) -> Callable:
@@ -156,6 +157,8 @@ def _attach(live: list[TaskRun], slots: SharedSlots, executor: str, ray_address:
 
     if executor not in EXECUTORS:
         raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
+    if executor == "local" and live:  # the campaign's slots take turns of any of its runs
+        check_memory(max(turn_memory_mb(r.config) for r in live), slots.parallel)
     for run in live:
         turn = run.teacher.run_turn
         if executor == "ray":

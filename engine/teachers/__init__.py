@@ -12,6 +12,10 @@ turn then ends with outcome ``timeout`` and a failed eval) and ``cancel`` (stop
 promptly, leave no process behind, and return or raise ``TurnCancelled``). A turn
 whose Teacher process itself failed ends with outcome ``error``.
 
+A backend whose turns take memory outside this process has a config option for it
+per concurrent turn (``turn_memory_mb``); ``check_memory`` refuses more slots on this
+machine than its memory carries, before a run starts its turns here.
+
 A backend that can grade a root's own code with the task's grader offers
 ``check_grader(root, root_state)``, returning a ``GraderChecked`` fact (or None when
 it does not check); the engine calls it before the first turn (``opencode`` with
@@ -87,6 +91,56 @@ class Teacher(Protocol):
     def close(self) -> None:
         """Release everything the backend holds."""
         ...
+
+
+def memory_available_mb() -> int | None:
+    """The memory this machine still gives its processes, in MB: ``MemAvailable``, or less
+    under a cgroup (v2) limit; None when neither can be read."""
+    found: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) // 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            found.append(max(int(limit) - used, 0) // (1 << 20))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def turn_memory_mb(config: Any) -> int:
+    """The memory one concurrent turn of ``config``'s backend takes outside this process (0 for ``sim``)."""
+    if config.backend != "opencode":
+        return 0
+    from engine.teachers.opencode.options import OpenCodeOptions
+
+    found = config.backend_options.get("turn_memory_mb")  # (a run recorded before it had none)
+    return found if isinstance(found, int) else OpenCodeOptions.model_fields["turn_memory_mb"].default
+
+
+def check_memory(per_turn: int, parallel: int) -> None:
+    """Refuse ``parallel`` concurrent turns of ``per_turn`` MB each on this machine beyond what its memory carries.
+
+    Without it a wide run is cut by the OOM killer, which takes the turns in flight
+    (and maybe the writer) at a moment nobody chose.
+    """
+    available = memory_available_mb() if per_turn else None
+    if available is None or parallel * per_turn <= available:
+        return
+    fits = available // per_turn
+    advice = (
+        f"use --parallel {fits} or fewer" if fits else "not even one turn fits: free memory first"
+    ) + ", or spread the turns over a cluster (--executor ray)"
+    raise InputError(
+        f"--parallel {parallel}: {parallel} concurrent turns need about {parallel * per_turn:,} MB "
+        f"({per_turn:,} MB each, backend_options.turn_memory_mb) and this machine has {available:,} MB "
+        f"available: {advice}"
+    )
 
 
 def make_teacher(config: Any, run_dir: Path, node: str | None = None) -> Teacher:

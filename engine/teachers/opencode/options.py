@@ -63,6 +63,12 @@ class OpenCodeOptions(BaseModel):
         None,
         description="cluster nodes: where each keeps OpenCode's store (a local disk; default: the temporary directory)",
     )
+    turn_memory_mb: int = Field(
+        800,
+        ge=1,
+        description="the memory one concurrent turn takes here (OpenCode, its tools, the grader daemon): "
+        "--parallel is refused beyond what the machine carries",
+    )
     grader_check: bool = Field(True, description="with coral_dir: grade a root's own code before the first turn")
     grader_check_tolerance: GraderTolerance = GraderTolerance()
 
