@@ -1,8 +1,8 @@
 """The audit of a collection: coverage, N_eff/N, learnability, tool errors, knowledge use, cost, violations.
 
 Every figure is a row of a view (``coverage``, ``learnability``, ``tool_error_rates``,
-``tool_error_messages``, ``knowledge_usage``, ``knowledge_improvement``, ``cost_tasks``
-and every ``audit_*`` view); this module only chooses which rows to show. It reads them
+``tool_error_messages``, ``knowledge_usage``, ``knowledge_improvement``, ``cost_tasks``,
+``phase_times`` and every ``audit_*`` view); this module only chooses which rows to show. It reads them
 through a :class:`~engine.collection.Collection` (the runs' stored derived state), one
 query a table for every run at once; the ``audit_*`` views read the states evaluated at
 every decision, and the tables of final rows come from those same states.
@@ -38,6 +38,7 @@ class AuditReport:
     knowledge: Rows
     knowledge_improvement: Rows
     cost: Rows
+    time: Rows
     violations: Rows = field(default_factory=list)
     damaged: list[DamagedRun] = field(default_factory=list)  # runs under --data left out (none named)
 
@@ -94,4 +95,6 @@ def _queries(by: tuple[str, ...]) -> dict[str, str]:
         "knowledge_improvement": "select * from knowledge_improvement "
         "order by run_id, task, measure, with_knowledge desc",
         "cost": "select * from cost_tasks order by run_id, task",
+        "time": "select * from phase_times order by run_id, node, "
+        "list_position(['wall', 'startup', 'model', 'tools', 'eval', 'other'], phase)",
     }

@@ -71,11 +71,22 @@ def from_attempt(path: Path) -> EvalResult | None:
     )
 
 
+def runs_eval(call: ShellCall, eval_word: str) -> bool:
+    """Whether a shell call ran the eval command (its first word anywhere in the command)."""
+    return eval_word in call.command
+
+
+def eval_seconds(calls: list[ShellCall], eval_word: str) -> float | None:
+    """How long the turn's completed eval commands ran; None when none was timed."""
+    found = [call.seconds for call in calls if runs_eval(call, eval_word) and call.seconds is not None]
+    return round(sum(found), 3) if found else None
+
+
 def from_printed(calls: list[ShellCall], eval_word: str) -> EvalResult | None:
     """The last result block printed by a shell call that ran the eval command."""
     last = None
     for call in calls:
-        if eval_word in call.command:
+        if runs_eval(call, eval_word):
             found = EVAL_BLOCK.findall(call.output)
             if found:
                 last = found[-1]

@@ -298,7 +298,11 @@ class TurnFinished(Event):
     """A rollout turn ended; ``state`` is the backend checkpoint to fork from later.
 
     ``context_tokens`` is the session context at the end of the turn (ALGORITHM §2 ``tok``).
-    ``started_at`` and ``wall_seconds`` are wall-clock and never feed a decision.
+    ``started_at`` and ``wall_seconds`` are wall-clock and never feed a decision, nor do
+    the turn's phases (None where the backend cannot tell): ``startup_seconds`` from the
+    turn's start to its first request to the model, ``model_seconds`` the time the model
+    took to answer, ``tool_seconds`` the time some tool call ran, ``eval_seconds`` the
+    time its eval commands ran (part of the tool time).
     """
 
     tree_id: str
@@ -311,6 +315,10 @@ class TurnFinished(Event):
     state: dict[str, Any] = Field(default_factory=dict)
     started_at: str | None = None
     wall_seconds: float | None = None
+    startup_seconds: float | None = None
+    model_seconds: float | None = None
+    tool_seconds: float | None = None
+    eval_seconds: float | None = None
     prompt: str = Field(default="", json_schema_extra=HEAVY)
     transcript: str = Field(default="", json_schema_extra=HEAVY)
 

@@ -62,10 +62,11 @@ def tool_target(tool: str, inputs: Any) -> str | None:
 
 @dataclass(frozen=True)
 class ShellCall:
-    """A shell tool call that completed: its command and what it printed."""
+    """A shell tool call that completed: its command, what it printed, and how long it ran (None if not said)."""
 
     command: str
     output: str
+    seconds: float | None = None
 
 
 @dataclass
@@ -79,6 +80,19 @@ class TurnStream:
     lines: int = 0
     shell_calls: list[ShellCall] = field(default_factory=list)  # read for the eval result
     results: dict[str, str] = field(default_factory=dict)  # call id -> what OpenCode gives the model as its result
+    tool_spans: list[tuple[int, int]] = field(default_factory=list)  # (start, end) ms of every finished call
+
+    def tool_seconds(self) -> float | None:
+        """The time some tool call ran (overlapping parallel calls counted once); None without a timed call."""
+        if not self.tool_spans:
+            return None
+        total, reach = 0, None
+        for start, end in sorted(self.tool_spans):
+            if reach is None or start > reach:
+                total, reach = total + end - start, end
+            elif end > reach:
+                total, reach = total + end - reach, end
+        return total / 1000
 
 
 class StreamParser:
@@ -167,8 +181,14 @@ class StreamParser:
         state = part.get("state") or {}
         tool = str(part["tool"])
         inputs = state.get("input")
+        span = _span(state.get("time"))
+        if span is not None and state.get("status") in ("completed", "error"):
+            self.summary.tool_spans.append(span)
         if tool in SHELL_TOOLS and state.get("status") == "completed" and isinstance(inputs, dict):
-            self.summary.shell_calls.append(ShellCall(str(inputs.get("command", "")), str(state.get("output") or "")))
+            seconds = (span[1] - span[0]) / 1000 if span else None
+            self.summary.shell_calls.append(
+                ShellCall(str(inputs.get("command", "")), str(state.get("output") or ""), seconds)
+            )
         call_id = str(part.get("callID") or part.get("id"))
         if state.get("status") in ("completed", "error"):  # a finished call: its result, as OpenCode sends it
             self.summary.results[call_id] = str(
@@ -203,6 +223,15 @@ class StreamParser:
         data = err.get("data") or {}
         self.summary.errors.append(f"{err.get('name', 'Error')}: {data.get('message', '')}".strip())
         return []
+
+
+def _span(time: Any) -> tuple[int, int] | None:
+    """A part's ``time`` ({start, end} in ms) as a span, None when it is not a sane one."""
+    if not isinstance(time, dict):
+        return None
+    start, end = time.get("start"), time.get("end")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**53 for v in (start, end))
+    return (start, end) if ok and start <= end else None
 
 
 def _clip(value: str | None) -> str | None:

@@ -59,6 +59,7 @@ class FakeModel:
         self.stall = stall  # answer no agent request (one offering tools): a model that never answers a turn
         self.fail_status = fail_status  # answer every request with this HTTP error (a broken endpoint)
         self.fail_agent = fail_agent  # ... only the agent's requests (a server that cannot serve tools)
+        self.delay_s = 0.0  # how long each agent request waits before its answer (the model's time)
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
@@ -149,6 +150,8 @@ class FakeModel:
                     message = "tools are not supported" if fake.fail_agent else "model not found"
                     self.wfile.write(json.dumps({"error": {"message": message}}).encode())
                     return
+                if agent and fake.delay_s:
+                    fake.stopping.wait(fake.delay_s)
                 self._headers()
                 chunks = _chunks(step, body)
                 record["usage"], record["answered"] = chunks[-1]["usage"], 200

@@ -359,6 +359,7 @@ def test_a_turn_that_times_out_after_its_eval_was_graded_keeps_the_score(tmp_pat
     is judged against it, the steps are the requests the model answered, and the path's
     sample is what the model received."""
     model = FakeModel(graded_then_silent).start()
+    model.delay_s = 0.4  # the model's time, which the turns' phases must show
     config = tmp_path / "run.toml"
     config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n")
     data = tmp_path / "data"
@@ -401,6 +402,20 @@ def test_a_turn_that_times_out_after_its_eval_was_graded_keeps_the_score(tmp_pat
     worktrees = re.escape(str((data / "runs" / "late" / "worktrees").resolve()))
     placed = json.loads(re.sub(worktrees + r"/T001/[^/\"]+/wt", "/workspace", json.dumps(last["messages"])))
     assert sample["messages"] == [*placed, {"role": "assistant", "content": "Done with T001/e1-1 turn 2."}]
+    # Where the turns' time went: OpenCode's start, the model's 0.4 s an answer, the tools (the eval among them).
+    phases = {p["turn"]: p for p in cat.query("select * from turn_phases where edge_id = 'T001/e1-1'")}
+    for turn, answered in ((1, 3), (2, 4)):
+        p = phases[turn]
+        assert p["node"] == "local" and 0 < p["startup_seconds"] < p["wall_seconds"], p
+        assert answered * 0.4 <= p["model_seconds"] < p["wall_seconds"], p
+        assert 0 < p["eval_seconds"] <= p["tool_seconds"], p
+        assert p["startup_seconds"] + p["model_seconds"] + p["tool_seconds"] + p["other_seconds"] == pytest.approx(
+            p["wall_seconds"], abs=0.01
+        )
+    summary = {(r["node"], r["phase"]): r for r in cat.query("select * from phase_times")}
+    assert {phase for node, phase in summary} == {"wall", "startup", "model", "tools", "eval", "other"}
+    assert summary[("*", "model")]["turns"] == 2 and {node for node, _ in summary} == {"*"}  # one node
+    assert summary[("*", "wall")]["total_seconds"] == pytest.approx(sum(p["wall_seconds"] for p in phases.values()))
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "late"]).exit_code == 0
 
 

@@ -249,3 +249,29 @@ def test_a_line_a_fuzzer_found_is_a_recorded_skip_or_a_storable_fact():
     table = to_arrow(facts, "r", 1, datetime.now(UTC))
     assert table.column("text").to_pylist() == ["half \ufffd", None]
     assert table.column("target").to_pylist() == [None, "echo \ufffd"]
+
+
+def test_a_turn_s_tool_and_eval_time_come_from_its_calls_spans():
+    """Parallel calls count once; a span that is not one (missing, reversed, a string) counts nothing."""
+    from ingest.coral_eval import eval_seconds
+
+    t0 = 1796006538000
+    stream = [
+        tool("read", "completed", {"filePath": "/a"}, output="a", time={"start": t0, "end": t0 + 1000}),
+        tool("grep", "error", {"pattern": "x"}, error="bad", time={"start": t0 + 500, "end": t0 + 2000}),
+        tool(
+            "bash",
+            "completed",
+            {"command": 'coral eval -m "x"'},
+            output="",
+            time={"start": t0 + 3000, "end": t0 + 3500},
+        ),
+        tool("bash", "completed", {"command": "ls"}, output="", time={"start": t0 + 4000, "end": t0 + 3900}),
+        tool("bash", "completed", {"command": "coral eval -m y"}, output="", time={"start": "0", "end": t0}),
+        tool("glob", "running", {"pattern": "*"}, time={"start": t0 + 5000, "end": t0 + 9000}),
+    ]
+    _, summary = parse_stream("\n".join(stream), "T", "T/e1-1", 1)
+    assert summary.tool_seconds() == 2.5
+    assert eval_seconds(summary.shell_calls, "coral") == 0.5
+    assert eval_seconds(summary.shell_calls, "local-eval") is None
+    assert parse_stream(tool("read", "completed", {}, output=""), "T", "T/e1-1", 1)[1].tool_seconds() is None

@@ -13,6 +13,10 @@ select
     error,
     state,
     started_at,
-    wall_seconds
+    wall_seconds,
+    startup_seconds,
+    model_seconds,
+    tool_seconds,
+    eval_seconds
 from log_turn_finished
 where in_prefix(seq) and in_scope(tree_id)

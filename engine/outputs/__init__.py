@@ -350,6 +350,11 @@ def _audit_lines(report: Any) -> list[str]:
             report.cost,
             ["run_id", "task", "roots", "turns", "tokens", "cost", "selected_paths", "tokens_per_selected_path"],
         ),
+        (
+            "where the turns' time goes (node * is every node; startup: until the first model request)",
+            report.time,
+            ["run_id", "node", "phase", "turns", "p50_seconds", "p95_seconds", "share"],
+        ),
     )
     for title, rows, columns in sections:
         lines += [f"\n{title}:", table(rows, columns) if rows else "  (none)"]

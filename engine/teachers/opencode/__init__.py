@@ -61,7 +61,13 @@ from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
     resolve_options,
 )
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
-from engine.teachers.opencode.recorder import Recorder, agent_exchanges, conversation_facts, unreported_steps
+from engine.teachers.opencode.recorder import (
+    Recorder,
+    agent_exchanges,
+    conversation_facts,
+    model_phases,
+    unreported_steps,
+)
 from engine.teachers.opencode.sessions import (
     export_session,
     has_session,
@@ -177,6 +183,7 @@ class OpenCodeTeacher:
             # A cancelled turn's requests are cut off at once (Ctrl-C should not wait).
             exchanges = self.recorder.close(token, 0.0 if cancel.is_set() else 5.0) if token else None
         wall = time.monotonic() - t0
+        startup, model = model_phases(exchanges, t0) if exchanges is not None else (None, None)
         after = git("rev-parse", "HEAD", cwd=worktree)
         result = self._eval_result(shared, before, after, parser)
         if outcome == "timeout" and result.score is None:  # a score that came back stands (graded in time)
@@ -240,6 +247,10 @@ class OpenCodeTeacher:
                 state=state,
                 started_at=started_at.isoformat(),
                 wall_seconds=round(wall, 3),
+                startup_seconds=startup,
+                model_seconds=model,
+                tool_seconds=parser.summary.tool_seconds(),
+                eval_seconds=coral_eval.eval_seconds(parser.summary.shell_calls, self.opts.eval_command.split()[0]),
                 prompt=prompt,
                 transcript="".join(lines),
             )

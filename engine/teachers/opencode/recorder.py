@@ -26,8 +26,9 @@ import json
 import re
 import socket
 import threading
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -62,6 +63,8 @@ class Exchange:
     status: int | None = None  # the endpoint's HTTP status; None when it never answered (cut off)
     answer: dict[str, Any] | None = None  # None until the model finished answering
     usage: dict[str, Any] | None = None  # the endpoint's ``usage`` of that answer, when it sent one
+    started: float = field(default_factory=time.monotonic)  # when OpenCode sent it
+    ended: float | None = None  # when its answer ended (or was cut off)
 
 
 class Recorder:
@@ -131,7 +134,8 @@ class Recorder:
             self._active[token] = self._active.get(token, 0) + 1
         return exchange
 
-    def _end(self, token: str) -> None:
+    def _end(self, token: str, exchange: Exchange) -> None:
+        exchange.ended = time.monotonic()
         with self._idle:
             if token in self._active:
                 self._active[token] -= 1
@@ -173,7 +177,7 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
                 self._relay(method, token, rest, body, exchange)
             finally:
                 if exchange is not None:
-                    recorder._end(token)
+                    recorder._end(token, exchange)
 
         def _relay(self, method: str, token: str, rest: str, body: bytes, exchange: Exchange | None) -> None:
             conn = recorder._connect(token)
@@ -365,6 +369,16 @@ def _continuation(answer: dict[str, Any] | None, results: dict[str, str]) -> lis
     """The tool messages that follow a last answer's calls when the session goes on."""
     calls = (answer or {}).get("tool_calls") or []
     return [{"role": "tool", "tool_call_id": c["id"], "content": results.get(c["id"], INTERRUPTED)} for c in calls]
+
+
+def model_phases(exchanges: list[Exchange], t0: float) -> tuple[float | None, float | None]:
+    """A turn's start-up (from ``t0``, its process start, to its first request to the model) and
+    its model time (the requests' durations summed; they do not overlap), None without a request."""
+    agent = agent_exchanges(exchanges)
+    if not agent:
+        return None, None
+    model = sum((x.ended or x.started) - x.started for x in agent)
+    return round(max(agent[0].started - t0, 0.0), 3), round(model, 3)
 
 
 def unreported_steps(exchanges: list[Exchange], ids: dict[str, Any], reported: set[int]) -> list[StepFinished]:
