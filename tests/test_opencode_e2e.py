@@ -335,7 +335,7 @@ def test_a_model_that_never_answers_a_turn_stops_the_run_and_leaves_no_process(t
     alive = survivors(seen, home)
     assert alive == [], f"processes survived: {alive}"
     assert "the last 3 turns failed with a backend error, the last one: the model never answered" in r.stderr
-    assert f"at {model.base_url}: turn timed out after 6 s" in r.stderr and "explore --resume stall" in r.stderr
+    assert f"at {model.base_url}: turn timed out after 6 s of work" in r.stderr and "explore --resume stall" in r.stderr
     assert len([q for q in model.requests if q["tools"]]) >= 3  # three turns asked, none was answered
     cat = Catalog.for_log(EventLog(data, "stall"))
     assert cat.query("select count(*) as n from stg_turn_finished")[0]["n"] == 0
@@ -404,6 +404,8 @@ def test_a_turn_that_times_out_after_its_eval_was_graded_keeps_the_score(tmp_pat
     assert sample["messages"] == [*placed, {"role": "assistant", "content": "Done with T001/e1-1 turn 2."}]
     # Where the turns' time went: OpenCode's start, the model's 0.4 s an answer, the tools (the eval among them).
     phases = {p["turn"]: p for p in cat.query("select * from turn_phases where edge_id = 'T001/e1-1'")}
+    # The turn timeout counts the turn's work, from its first request to the model: not OpenCode's start.
+    assert phases[1]["wall_seconds"] >= phases[1]["startup_seconds"] + 60
     for turn, answered in ((1, 3), (2, 4)):
         p = phases[turn]
         assert p["node"] == "local" and 0 < p["startup_seconds"] < p["wall_seconds"], p
@@ -417,6 +419,29 @@ def test_a_turn_that_times_out_after_its_eval_was_graded_keeps_the_score(tmp_pat
     assert summary[("*", "model")]["turns"] == 2 and {node for node, _ in summary} == {"*"}  # one node
     assert summary[("*", "wall")]["total_seconds"] == pytest.approx(sum(p["wall_seconds"] for p in phases.values()))
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "late"]).exit_code == 0
+
+
+@pytest.mark.slow
+def test_a_turn_whose_opencode_never_reaches_the_model_within_the_start_up_limit_is_a_backend_error(
+    tmp_path, roots, coral_on_path
+):
+    """OpenCode needs seconds to send its first request: with a start-up limit of half a second
+    every turn is cut before it, each a backend failure, and the run stops with the reason."""
+    model = FakeModel(local_script).start()
+    config = tmp_path / "slow.toml"
+    config.write_text(
+        "parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n[backend_options]\nstartup_timeout_s = 0.5\n"
+    )
+    data = tmp_path / "data"
+    try:
+        r = explore_opencode(data, roots, model, config, "slow", "--eval-command", "local-eval -m")
+    finally:
+        model.stop()
+    assert r.exit_code == 1, r.output
+    assert "the last 3 turns failed with a backend error" in r.stderr
+    assert "opencode sent no request to the model within 0.5 s of its start (startup_timeout_s)" in r.stderr
+    assert [q for q in model.requests if q["tools"]] == []
+    assert marked_processes(EventLog(data, "slow").dir) == []
 
 
 def start_explore_until_sessions_run(data: Path, roots: Path, model: FakeModel, run_id: str, student: Path):

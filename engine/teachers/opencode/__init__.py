@@ -394,6 +394,8 @@ class OpenCodeTeacher:
                 timeout_s=timeout,
                 cancel=cancel,
                 companions=companions,
+                work_started=(lambda: self.recorder.first_request(token)) if self.recorder and token else None,
+                startup_s=self.opts.startup_timeout_s,
             )
             # Sessions starting together in one store can find its SQLite database locked:
             # OpenCode then exits before its first line, nothing done, and the turn starts again.
@@ -410,8 +412,13 @@ class OpenCodeTeacher:
         facts.extend(parser.finish())  # the tool calls a killed turn's stream ended with
         if finished.outcome == "cancelled":
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
+        if finished.outcome == "startup":  # a backend failure: the turn never reached the model
+            limit = self.opts.startup_timeout_s
+            why = f"opencode sent no request to the model within {limit:g} s of its start (startup_timeout_s)"
+            return parser, lines, facts, "error", why
         if finished.outcome == "timeout":
-            return parser, lines, facts, "timeout", f"turn timed out after {timeout:.0f} s"
+            counted = " of work (from its first request to the model)" if self.recorder else ""
+            return parser, lines, facts, "timeout", f"turn timed out after {timeout:.0f} s{counted}"
         if finished.returncode != 0 or parser.summary.errors:
             detail = "; ".join(parser.summary.errors) or stderr.read_text(errors="replace")[-500:]
             return parser, lines, facts, "error", f"opencode exited with {finished.returncode}: {detail}".strip()

@@ -50,7 +50,10 @@ class OpenCodeOptions(BaseModel):
     opencode_bin: str | None = None
     opencode_config: dict[str, Any] = Field(default_factory=dict)
     eval_command: str = "coral eval -m"
-    turn_timeout_s: float = Field(1800.0, gt=0)
+    turn_timeout_s: float = Field(1800.0, gt=0, description="a turn's work: from its first request to the model")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="with an endpoint: from a turn's start to its first request to the model"
+    )
     prompt_turn1: str = TURN1
     prompt_turn2: str = TURN2
     worktree_root: str | None = None

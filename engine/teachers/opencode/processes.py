@@ -69,7 +69,8 @@ class Companion:
 
 @dataclass
 class Finished:
-    """How a supervised process ended: ``completed`` (any exit code), ``timeout`` or ``cancelled``."""
+    """How a supervised process ended: ``completed`` (any exit code), ``timeout``, ``startup`` (it had
+    not begun its work by the start-up limit) or ``cancelled``."""
 
     outcome: str
     returncode: int | None
@@ -109,11 +110,16 @@ class Supervisor:
         timeout_s: float,
         cancel: threading.Event,
         companions: tuple[Companion, ...] = (),
+        work_started: Callable[[], float | None] | None = None,
+        startup_s: float | None = None,
     ) -> Finished:
         """Run ``args`` to its end, its deadline or ``cancel``; every stdout line to ``on_line``.
 
-        ``companions`` start first and carry the same marker. On a deadline or
-        cancel the process and everything carrying its marker are killed; so is
+        The deadline is ``timeout_s`` after the start; with ``work_started`` (when the
+        process began its work, a ``time.monotonic()``, None until then), ``timeout_s``
+        after that, and ``startup_s`` after the start while it has not begun (outcome
+        ``startup``). ``companions`` start first and carry the same marker. On a deadline
+        or cancel the process and everything carrying its marker are killed; so is
         whatever carries the marker once the process has exited (the companions).
         """
         marker = f"{label}#{uuid.uuid4().hex[:8]}"
@@ -148,7 +154,15 @@ class Supervisor:
                 )
                 reader = threading.Thread(target=self._read, args=(proc, on_line), daemon=True)
                 reader.start()
-                finished = self._wait(proc, marker, time.monotonic() + timeout_s, cancel)
+                t0 = time.monotonic()
+
+                def deadline() -> tuple[float, str]:
+                    begun = work_started() if work_started else t0
+                    if begun is None:
+                        return t0 + (startup_s if startup_s is not None else timeout_s), "startup"
+                    return begun + timeout_s, "timeout"
+
+                finished = self._wait(proc, marker, deadline, cancel)
                 reader.join(timeout=10)
         finally:
             kill_marked(marker)  # tool processes that outlived the turn, and the companions
@@ -165,14 +179,17 @@ class Supervisor:
         for raw in proc.stdout:
             on_line(raw.decode("utf-8", errors="replace"))
 
-    def _wait(self, proc: subprocess.Popen, marker: str, deadline: float, cancel: threading.Event) -> Finished:
+    def _wait(
+        self, proc: subprocess.Popen, marker: str, deadline: Callable[[], tuple[float, str]], cancel: threading.Event
+    ) -> Finished:
         while proc.poll() is None:
             if cancel.is_set():
                 self._kill(proc, marker)
                 return Finished("cancelled", proc.returncode)
-            if time.monotonic() > deadline:
+            due, outcome = deadline()
+            if time.monotonic() > due:
                 self._kill(proc, marker)
-                return Finished("timeout", proc.returncode)
+                return Finished(outcome, proc.returncode)
             time.sleep(0.1)
         return Finished("completed", proc.returncode)
 

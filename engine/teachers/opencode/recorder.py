@@ -115,6 +115,12 @@ class Recorder:
             self._active.pop(token, None)
         return exchanges
 
+    def first_request(self, token: str) -> float | None:
+        """When the turn's first request to the model came (``time.monotonic()``), None before it."""
+        with self._lock:
+            found = [x.started for x in self._turns.get(token, []) if x.request and x.request.get("tools")]
+        return min(found, default=None)
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
