@@ -418,6 +418,12 @@ def test_a_turn_that_times_out_after_its_eval_was_graded_keeps_the_score(tmp_pat
     assert {phase for node, phase in summary} == {"wall", "startup", "model", "tools", "eval", "other"}
     assert summary[("*", "model")]["turns"] == 2 and {node for node, _ in summary} == {"*"}  # one node
     assert summary[("*", "wall")]["total_seconds"] == pytest.approx(sum(p["wall_seconds"] for p in phases.values()))
+    from engine.collection import Collection
+    from engine.web import data as web
+
+    shown = web.run_page(Collection(data, ["late"]), "late")["phases"]  # serve's run page
+    assert [r["phase"] for r in shown] == ["startup", "model", "tools", "eval", "other"]
+    assert shown[1]["p50_seconds"] == summary[("*", "model")]["p50_seconds"]
     assert CliRunner().invoke(cli, ["--data", str(data), "replay", "late"]).exit_code == 0
 
 
