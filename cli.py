@@ -293,7 +293,7 @@ def select_snapshots(
     "--turn-timeout",
     type=FiniteFloat(min=0, min_open=True, max=MAX_TURN_TIMEOUT_S),
     default=None,
-    help="opencode: seconds per turn (at most a week).",
+    help="opencode: seconds of a turn's work, from its first model request (at most a week).",
 )
 @click.option("--worktrees", default=None, help="opencode: where worktrees go (default: in the run).")
 @click.option(
