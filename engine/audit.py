@@ -95,6 +95,5 @@ def _queries(by: tuple[str, ...]) -> dict[str, str]:
         "knowledge_improvement": "select * from knowledge_improvement "
         "order by run_id, task, measure, with_knowledge desc",
         "cost": "select * from cost_tasks order by run_id, task",
-        "time": "select * from phase_times order by run_id, node, "
-        "list_position(['wall', 'startup', 'model', 'tools', 'eval', 'other'], phase)",
+        "time": "select * from phase_times order by run_id, node, phase_order",
     }

@@ -268,10 +268,7 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
     tools = q("select * from tool_error_rates where run_id = '{run}' and dimension = 'tool' order by calls desc, key")
     knowledge = q("select * from knowledge_usage where run_id = '{run}' and dimension = 'all' order by area, access")
     costs = q("select * from cost_roots where run_id = '{run}' order by tree_id")
-    phases = q(
-        "select * from phase_times where run_id = '{run}' "
-        "order by node, list_position(['wall', 'startup', 'model', 'tools', 'eval', 'other'], phase)"
-    )
+    phases = q("select * from phase_times where run_id = '{run}' order by node, phase_order")
     o = overall[0] if overall else {}
     parts = [
         f'<section class="run" data-run="{_e(run_id)}"><h2>run {_e(run_id)}</h2>',

@@ -2,44 +2,46 @@
 -- grain: node, phase
 -- sources: turn_phases
 --
--- One row per phase (wall, startup, model, tools, eval, other) for node '*' (every
--- turn) and, when turns ran on more than one node, for each node: turns is the turns that measured the phase,
--- p50/p95 its quantiles (continuous), total its seconds and share total / the wall
--- seconds of the same turns. A start-up share near or above the model's means the
+-- One row per phase (wall, startup, model, tools, eval, other: phase_order 1-6) for
+-- node '*' (every turn) and, when turns ran on more than one node, for each node:
+-- turns is the turns that measured the phase, p50/p95 its quantiles (continuous),
+-- total its seconds and share total / the wall seconds of the same turns. A start-up share near or above the model's means the
 -- turns wait on process starts, not on the model (see docs/REAL_RUNS.md).
 with phases as (
     select
         t.node,
         p.phase,
+        p.phase_order,
         p.seconds,
         t.wall_seconds
     from turn_phases as t
     cross join lateral (
         values
-            ('wall', t.wall_seconds),
-            ('startup', t.startup_seconds),
-            ('model', t.model_seconds),
-            ('tools', t.tool_seconds),
-            ('eval', t.eval_seconds),
-            ('other', t.other_seconds)
-    ) as p (phase, seconds)
+            ('wall', 1, t.wall_seconds),
+            ('startup', 2, t.startup_seconds),
+            ('model', 3, t.model_seconds),
+            ('tools', 4, t.tool_seconds),
+            ('eval', 5, t.eval_seconds),
+            ('other', 6, t.other_seconds)
+    ) as p (phase, phase_order, seconds)
     where p.seconds is not null
 ),
 
 everywhere as (
-    select '*' as node, phase, seconds, wall_seconds from phases
+    select '*' as node, phase, phase_order, seconds, wall_seconds from phases
     union all
-    select node, phase, seconds, wall_seconds from phases
+    select node, phase, phase_order, seconds, wall_seconds from phases
     where (select count(distinct node) from phases) > 1
 )
 
 select
     node,
     phase,
+    phase_order,
     count(*) as turns,
     round(quantile_cont(seconds, 0.5), 3) as p50_seconds,
     round(quantile_cont(seconds, 0.95), 3) as p95_seconds,
     round(sum(seconds order by seconds), 3) as total_seconds,
     round(sum(seconds order by seconds) / nullif(sum(wall_seconds order by wall_seconds), 0), 4) as share
 from everywhere
-group by node, phase
+group by node, phase, phase_order

@@ -142,10 +142,7 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
         "trees": q(f"select * from trees where run_id = {run} order by status = 'done', tree_id"),
         "paths": q(f"select * from top_paths where run_id = {run} order by tree_id, rank, leaf_id"),
         "seq": q(f"select asof_seq from stg_log_tail where run_id = {run}")[0]["asof_seq"],
-        "phases": q(
-            f"select * from phase_times where run_id = {run} and phase <> 'wall' "
-            "order by node, list_position(['startup', 'model', 'tools', 'eval', 'other'], phase)"
-        ),
+        "phases": q(f"select * from phase_times where run_id = {run} and phase <> 'wall' order by node, phase_order"),
     }
     page["in_flight"] = (
         []
