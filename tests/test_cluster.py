@@ -167,6 +167,38 @@ def test_a_rounds_sim_run_on_ray_has_the_trees_of_a_local_run(tmp_path, cluster)
     assert len(query(data, "ray", "select * from nodes")) > 6  # the trees grew
 
 
+def test_a_node_whose_teacher_cannot_start_is_named_not_a_traceback(tmp_path, cluster):
+    """A node whose Teacher refuses to start (here: its endpoint does not answer) makes the run
+    refuse with the node and the reason, as a node without the run directory does."""
+    address, env = cluster
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    (tmp_path / "run").mkdir()
+    code = (
+        "import sys\n"
+        "from engine.config import RunConfig\n"
+        "from engine.mcts.cluster import RayExecutor\n"
+        "from ingest.errors import ProjectError\n"
+        "opts = {'model': 'fake/scripted', 'endpoint': sys.argv[3], 'eval_command': 'local-eval -m'}\n"
+        "config = RunConfig(task='t', backend='opencode', parallel=1, backend_options=opts)\n"
+        "try:\n"
+        "    RayExecutor(config, sys.argv[1], sys.argv[2])\n"
+        "except ProjectError as err:\n"
+        "    print('refused:', err)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "run"), address, endpoint],
+        env=dict(env, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused: the node at " in done.stdout, done.stdout + done.stderr[-3000:]
+    assert f"the model endpoint {endpoint} does not answer for model 'scripted': cannot reach it" in done.stdout
+
+
 def test_a_worker_killed_mid_turn_costs_that_turn_only(tmp_path, cluster):
     """kill -9 of a TurnWorker while turns are in flight: Ray restarts it, its turn runs again."""
     address, env = cluster

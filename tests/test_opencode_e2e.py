@@ -583,7 +583,9 @@ def test_opencode_backend_errors_are_clean(tmp_path, roots):
     assert shutil.which("git")
 
 
-def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_run(tmp_path, roots, coral_on_path):
+def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_run(
+    tmp_path, roots, coral_on_path, monkeypatch
+):
     """docs/REAL_RUNS.md followed with nothing listening, or a server that does not serve the
     model: the run is refused at once, says why, and nothing of it exists."""
     with socket.socket() as closed:  # a port nothing listens on
@@ -612,6 +614,13 @@ def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_
         refusing.stop()
         silent.close()
     assert [q["body"]["model"] for q in refusing.requests] == ["scripted"]
+    # A key with a line break (a file read with its newline) cannot be sent: said, never echoed.
+    monkeypatch.setenv("BROKEN_KEY", "sk-secret-77\n")
+    args = ["--data", str(tmp_path / "data"), "explore", str(roots), "--task", "t", "--backend", "opencode"]
+    args += ["--model", "fake/scripted", "--endpoint", nothing, "--api-key-env", "BROKEN_KEY"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1 and "the API key (the variable api_key_env names) holds a line break" in r.stderr
+    assert "sk-secret-77" not in r.output
 
 
 def test_more_concurrent_turns_than_the_memory_carries_are_refused_before_the_run(tmp_path, roots, coral_on_path):

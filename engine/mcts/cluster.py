@@ -37,7 +37,7 @@ from typing import Any
 from engine.config import RunConfig
 from engine.mcts.turns import TeacherFailedError
 from engine.teachers import TurnCancelled, TurnRequest
-from ingest.errors import InputError
+from ingest.errors import InputError, ProjectError
 from ingest.events import Event
 
 RESOURCE = "teacher_slot"
@@ -66,7 +66,12 @@ class TurnWorker:
                 "put --data on storage every node mounts at the same path"
             )
         )
-        self.teacher = None if self.problem else make_teacher(config, self.run_dir, self.node)
+        self.teacher = None
+        if not self.problem:
+            try:  # what keeps this node's Teacher from starting (its endpoint, its opencode) is said, not raised
+                self.teacher = make_teacher(config, self.run_dir, self.node)
+            except ProjectError as err:
+                self.problem = f"the node at {ray.util.get_node_ip_address()}: {err}"
         self.cancel = threading.Event()
 
     def ready(self) -> tuple[str, str | None]:

@@ -30,6 +30,11 @@ def check_endpoint(endpoint: str, model: str, key: str, timeout_s: float) -> Non
         "max_tokens": 1,
         "stream": True,
     }
+    if any(c in key for c in "\r\n\0"):  # a header could not carry it; never echo it
+        raise ProjectError(
+            "the API key (the variable api_key_env names) holds a line break or a NUL: "
+            "no request could carry it - remove it from the variable"
+        )
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     timeout_s = min(timeout_s, CHECK_LIMIT_S)
     try:
@@ -45,7 +50,7 @@ def check_endpoint(endpoint: str, model: str, key: str, timeout_s: float) -> Non
             conn.close()
     except TimeoutError:
         why = f"no answer within {timeout_s:.0f} s"
-    except ValueError as err:  # a port that is not a number, a URL with no host
+    except ValueError as err:  # a port that is not a number, a URL with no host (never the key: checked above)
         why = f"the endpoint is not usable ({err})"
     except (OSError, http.client.HTTPException) as err:
         why = f"cannot reach it ({getattr(err, 'strerror', None) or err or type(err).__name__})"
