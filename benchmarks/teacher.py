@@ -3,19 +3,22 @@
 Real ``opencode`` (the npm install), the scripted model server of the tests
 (``tests/fake_model.py``: each agent request answered after ``--delay`` seconds; a turn
 reads a note, reads a missing file, writes the solution, runs the eval and answers) and
-the self-contained eval of the tests (``local-eval``). For each width N of ``--widths``,
-N turn 1s of fresh sessions from one root run at once through the backend's
-``run_turn`` (today: an ``opencode run`` process per turn, its requests through the
-recorder). Printed per width: the wall time and turns per minute, and over the turns the
-phases each recorded (``TurnFinished``): start-up until the first request to the model,
-the model's time, and the overhead outside the model and the tools (wall - model -
-tools), p50 and p95; the peak proportional set size (PSS) of every process of the turns,
-in all and per concurrent turn. Then what ``--parallel 64`` gets on this machine.
+the self-contained eval of the tests (``local-eval``). For each width N of ``--widths``
+and each way of running turns (``served``: sessions of one ``opencode serve``, the
+default; ``process``: an ``opencode run`` process a turn, as before), N turn 1s of fresh
+sessions from one root run at once through the backend's ``run_turn``, their requests
+through the recorder. Printed per width and way: the wall time and turns per minute, and
+over the turns the phases each recorded (``TurnFinished``): start-up until the first
+request to the model, the model's time, and the overhead outside the model and the tools
+(wall - model - tools), p50 and p95; the peak proportional set size (PSS) of every process
+of the run (the server, OpenCode processes, tools, evals), in all, its fixed base (the
+idle server) and per concurrent turn beyond it. A width the memory check refuses for a
+way is named, not run.
 
 Targets (issue 35): overhead p50 <= 1 s and p95 <= 3 s at 16 concurrent turns, <= 150 MB
 a session beyond a fixed base, 64 concurrent turns on a 24 GB, 2-core machine.
 
-    python benchmarks/teacher.py [--widths 1,4,16] [--delay 1.0]
+    python benchmarks/teacher.py [--widths 1,4,16,64] [--delay 1.0] [--ways served,process]
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from fake_model import FakeModel  # noqa: E402
 from test_opencode_e2e import local_script  # noqa: E402
 
 from engine.config import RunConfig  # noqa: E402
-from engine.teachers import RootInfo, TurnRequest, check_memory, memory_available_mb  # noqa: E402
-from engine.teachers.opencode import OpenCodeOptions, OpenCodeTeacher  # noqa: E402
+from engine.teachers import RootInfo, TurnRequest, check_memory, memory_available_mb, turn_memory_mb  # noqa: E402
+from engine.teachers.opencode import OpenCodeTeacher  # noqa: E402
 from ingest.errors import InputError  # noqa: E402
 from ingest.events import TurnFinished  # noqa: E402
 
@@ -67,8 +70,9 @@ def quantiles(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), statistics.quantiles(ordered, n=20, method="inclusive")[18]
 
 
-def width(n: int, delay: float, work: Path) -> dict[str, float]:
+def width(n: int, delay: float, work: Path, serve: bool) -> dict[str, float]:
     """N concurrent turn 1s; their phases, wall time and peak PSS."""
+    work = work / ("served" if serve else "process")
     roots = work / f"roots-{n}"
     folder = make_snapshot(roots, 1, score=1.0)
     (folder / "code" / "solution.py").write_text("VALUE = 1.0\n")
@@ -76,9 +80,14 @@ def width(n: int, delay: float, work: Path) -> dict[str, float]:
     (folder / "shared" / "notes" / "tiling.md").write_text("# Tiling\nTiles of 64 were best.\n")
     model = FakeModel(local_script).start()
     model.delay_s = delay
-    options = {"model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m"}
+    options = {"model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m", "serve": serve}
     teacher = OpenCodeTeacher(RunConfig(task="bench", backend="opencode", backend_options=options), work / f"run-{n}")
     marker = f"TEACHER_MCTS_RUN={(work / f'run-{n}').resolve()}".encode()
+    base = 0
+    if teacher.servers is not None:  # the server started and settled: the fixed base
+        teacher.servers.release(teacher.servers.acquire())
+        time.sleep(2)
+        base = pss_mb(marker)
     peak, done = [0], threading.Event()
 
     def sample() -> None:
@@ -121,36 +130,43 @@ def width(n: int, delay: float, work: Path) -> dict[str, float]:
         "overhead_p50": overhead[0],
         "overhead_p95": overhead[1],
         "pss": peak[0],
-        "pss_per_turn": peak[0] / n,
+        "base": base,
+        "pss_per_turn": (peak[0] - base) / n,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--widths", default="1,4,16", help="concurrent turns, comma-separated")
+    parser.add_argument("--widths", default="1,4,16,64", help="concurrent turns, comma-separated")
     parser.add_argument("--delay", type=float, default=1.0, help="seconds the model takes for each answer")
+    parser.add_argument("--ways", default="served,process", help="served, process or both (comma-separated)")
     args = parser.parse_args()
     os.environ["PATH"] = f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}"
     print(
         f"machine: {os.cpu_count()} cores, {memory_available_mb():,} MB available; model answers after {args.delay} s"
     )
-    header = "turns  wall s  turns/min  startup p50/p95 s  model p50 s  overhead p50/p95 s  peak PSS MB  per turn MB"
-    print(header)
+    print(
+        "way      turns  wall s  turns/min  startup p50/p95 s  model p50 s  overhead p50/p95 s"
+        "  peak PSS MB  base MB  per turn MB"
+    )
     with tempfile.TemporaryDirectory(prefix="teacher-bench-") as tmp:
         for n in (int(w) for w in args.widths.split(",")):
-            r = width(n, args.delay, Path(tmp))
-            print(
-                f"{n:5d}  {r['wall']:6.1f}  {r['per_minute']:9.1f}  {r['startup_p50']:7.2f} / {r['startup_p95']:6.2f}"
-                f"  {r['model_p50']:11.2f}  {r['overhead_p50']:8.2f} / {r['overhead_p95']:6.2f}"
-                f"  {r['pss']:11,d}  {r['pss_per_turn']:11.0f}",
-                flush=True,
-            )
-    per_turn = OpenCodeOptions.model_fields["turn_memory_mb"].default
-    try:
-        check_memory(per_turn, 64)
-        print(f"--parallel 64 at {per_turn} MB a turn: fits this machine")
-    except InputError as err:
-        print(f"--parallel 64 at {per_turn} MB a turn: refused: {err}")
+            for way in args.ways.split(","):
+                serve = way == "served"
+                per_turn = turn_memory_mb(RunConfig(task="bench", backend="opencode", backend_options={"serve": serve}))
+                try:
+                    check_memory(per_turn, n)
+                except InputError as err:
+                    print(f"{way:7s}  {n:5d}  refused by the memory check: {err}", flush=True)
+                    continue
+                r = width(n, args.delay, Path(tmp), serve)
+                print(
+                    f"{way:7s}  {n:5d}  {r['wall']:6.1f}  {r['per_minute']:9.1f}"
+                    f"  {r['startup_p50']:7.2f} / {r['startup_p95']:6.2f}  {r['model_p50']:11.2f}"
+                    f"  {r['overhead_p50']:8.2f} / {r['overhead_p95']:6.2f}  {r['pss']:11,d}  {r['base']:7,d}"
+                    f"  {r['pss_per_turn']:11.0f}",
+                    flush=True,
+                )
     print("targets (issue 35): overhead p50 <= 1 s, p95 <= 3 s at 16 turns; <= 150 MB a session beyond a base")
 
 

@@ -238,6 +238,44 @@ def _clip(value: str | None) -> str | None:
     return value if value is None or len(value) <= MAX_TEXT else value[:MAX_TEXT] + "…"
 
 
+def session_lines(messages: list[dict[str, Any]]) -> list[str]:
+    """The lines ``opencode run --format json`` prints for the last prompt of a stored session.
+
+    ``messages`` is the session as ``GET /session/{id}/message`` gives it (``info`` and
+    ``parts`` each). What follows its last user message is the turn: every assistant
+    message's parts in order - ``step-start``, ``tool`` once finished (completed or
+    error), ``text`` once complete, ``step-finish`` - and its ``error``, as ``run``
+    prints them (``reasoning`` only with ``--thinking``, which turns do not use; a
+    running tool or a text cut off are never printed). Parallel calls come in the
+    model's order here, where ``run`` prints them as they finish.
+    """
+    last_user = max((i for i, m in enumerate(messages) if (m.get("info") or {}).get("role") == "user"), default=-1)
+    lines: list[str] = []
+    for message in messages[last_user + 1 :]:
+        info = message.get("info") or {}
+        session = info.get("sessionID")
+        for part in message.get("parts") or []:
+            kind = part.get("type")
+            state = part.get("state") or {}
+            if kind == "step-start":
+                name = "step_start"
+            elif kind == "step-finish":
+                name = "step_finish"
+            elif kind == "tool" and state.get("status") in ("completed", "error"):
+                name = "tool_use"
+            elif kind == "text" and (part.get("time") or {}).get("end") is not None:
+                name = "text"
+            else:
+                continue
+            stamp = (part.get("time") or state.get("time") or {}).get("end") or (info.get("time") or {}).get("created")
+            lines.append(json.dumps({"type": name, "timestamp": stamp, "sessionID": session, "part": part}) + "\n")
+        if info.get("error"):
+            stamp = (info.get("time") or {}).get("completed") or (info.get("time") or {}).get("created")
+            error = {"type": "error", "timestamp": stamp, "sessionID": session, "error": info["error"]}
+            lines.append(json.dumps(error) + "\n")
+    return lines
+
+
 def parse_stream(text: str, tree_id: str, edge_id: str, turn: int) -> tuple[list[Event], TurnStream]:
     """Facts and summary of a whole stream."""
     parser = StreamParser(tree_id, edge_id, turn)

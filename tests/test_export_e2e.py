@@ -111,9 +111,13 @@ def sleepy(edge: str, turn: int, step: int, workdir: str):
 
 
 @pytest.mark.slow
-def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roots, coral_on_path):  # noqa: F811
-    """OpenCode prints a tool call only when it finishes: the recorder keeps it, and the fork's
-    request shows the result OpenCode gave the model."""
+@pytest.mark.parametrize("serve", [True, False], ids=["served", "process"])
+def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roots, coral_on_path, serve):  # noqa: F811
+    """A turn cut in the middle of a tool call: what its continuation sends the model is recorded,
+    and the next turn's request begins with exactly that. A served turn is aborted, and OpenCode
+    finishes the call with ``User aborted the command``; a killed ``opencode run`` prints a call
+    only when it finishes, so the recorder keeps it, and OpenCode sends the model
+    ``[Tool execution was interrupted]`` when the session goes on."""
     import threading
 
     from engine.config import RunConfig
@@ -123,7 +127,9 @@ def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roo
 
     model = FakeModel(sleepy).start()
     config = RunConfig(
-        task="speedup", backend="opencode", backend_options={"model": "fake/scripted", "endpoint": model.base_url}
+        task="speedup",
+        backend="opencode",
+        backend_options={"model": "fake/scripted", "endpoint": model.base_url, "serve": serve},
     )
     teacher = OpenCodeTeacher(config, tmp_path / "run")
     try:
@@ -149,15 +155,16 @@ def test_a_turn_killed_in_the_middle_of_a_tool_call_keeps_the_call(tmp_path, roo
         teacher.close()
         model.stop()
     assert isinstance(first[-1], TurnFinished) and first[-1].outcome == "timeout"
-    assert not [f for f in first if isinstance(f, ToolCalled)]  # the stream never showed the call
+    calls = [(f.tool, f.target) for f in first if isinstance(f, ToolCalled)]
+    assert calls == ([("bash", "sleep 600")] if serve else [])  # aborted and finished, or never printed
     (killed,) = [f for f in first if isinstance(f, ConversationRecorded)]
     assert killed.model_calls == 1 and killed.base == 0
     # After the answer, the result OpenCode sends the model when the session goes on.
     assert [m["role"] for m in killed.messages] == ["user", "assistant", "tool"]
     call = killed.messages[1]["tool_calls"][0]
     assert call["function"] == {"name": "bash", "arguments": '{"command":"sleep 600"}'}
-    interrupted = {"role": "tool", "tool_call_id": call["id"], "content": "[Tool execution was interrupted]"}
-    assert killed.messages[2] == interrupted
+    result = "User aborted the command" if serve else "[Tool execution was interrupted]"
+    assert killed.messages[2]["tool_call_id"] == call["id"] and result in killed.messages[2]["content"]
     (fork,) = [f for f in second if isinstance(f, ConversationRecorded)]
     assert fork.base == 3  # turn 1's conversation, its continuation included, as the fork received it
     assert fork.turn_start == 3 and fork.messages[0]["role"] == "user"

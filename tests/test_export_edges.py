@@ -5,11 +5,13 @@ tests/fake_model.py (which keeps every request body and the usage it reported). 
 run of three trees' worth of paths (root_children = 3, depth 2) plays one edge case
 in the last turn of each leaf (turn 2 of the edge T001.<k>/e1-1):
 
-- run ``cut``: a stall before the first byte until the turn times out (the request
-  carried two real tool results), a stall after the headers, a turn timeout during
-  a hanging call of two parallel calls of which the other finished;
-- run ``odd``: kill -9 of OpenCode during two parallel calls of which one finished,
-  an HTTP 500 that OpenCode retries, a call of a tool that does not exist.
+- run ``cut`` (served, and with a process a turn): a stall before the first byte until
+  the turn times out (the request carried two real tool results), a stall after the
+  headers, a turn timeout during a hanging call of two parallel calls of which the
+  other finished;
+- run ``odd`` (a process a turn): kill -9 of the turn's OpenCode during two parallel
+  calls of which one finished, an HTTP 500 that OpenCode retries, a call of a tool
+  that does not exist.
 
 Each exported sample is compared, message for message, with the last request of its
 last turn (what the model received) and the model's answer; what follows a killed
@@ -81,10 +83,21 @@ def scenario_script(cases: dict[int, str]):
     return play
 
 
-def run_cases(tmp_path: Path, roots: Path, student: Path, run_id: str, cases: dict[int, str], timeout: int):  # noqa: F811
+def run_cases(
+    tmp_path: Path,
+    roots: Path,  # noqa: F811
+    student: Path,  # noqa: F811
+    run_id: str,
+    cases: dict[int, str],
+    timeout: int,
+    serve: bool = True,
+):
     model = FakeModel(scenario_script(cases)).start()
     config = tmp_path / f"{run_id}.toml"
-    config.write_text("parallel = 3\n[tree]\nroot_children = 3\nmax_children = 1\nmax_depth = 2\n")
+    config.write_text(
+        "parallel = 3\n[tree]\nroot_children = 3\nmax_children = 1\nmax_depth = 2\n"
+        f"[backend_options]\nserve = {str(serve).lower()}\n"
+    )
     data = tmp_path / "data"
     r = explore_opencode(
         data, roots, model, config, run_id, "--coral-dir", str(student), "--turn-timeout", str(timeout)
@@ -225,14 +238,16 @@ def compare_run(model: FakeModel, data: Path, run_id: str, cases: dict[int, str]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("serve", [True, False], ids=["served", "process"])
 def test_cut_turns_export_what_the_model_received_and_what_opencode_sends_on(
     tmp_path,
     roots,  # noqa: F811 - a fixture
     student,  # noqa: F811
     coral_on_path,  # noqa: F811
+    serve,
 ):
     cases = {1: "stall-first-byte", 2: "stall-headers", 3: "hanging"}
-    model, data = run_cases(tmp_path, roots, student, "cut", cases, timeout=120)
+    model, data = run_cases(tmp_path, roots, student, "cut", cases, timeout=120, serve=serve)
     try:
         problems, facts = compare_run(model, data, "cut", cases)
     finally:
@@ -246,7 +261,14 @@ def test_cut_turns_export_what_the_model_received_and_what_opencode_sends_on(
         assert [m["content"] != INTERRUPTED for m in tools] == [True, True], tools
         assert sample["metadata"]["interrupted_calls"] == []
     hanging = facts["hanging"]["sample"]["messages"]
-    assert [m["content"] for m in hanging[-2:]][1] == INTERRUPTED and "finished-call" in hanging[-2]["content"]
+    assert "finished-call" in hanging[-2]["content"]
+    # A served turn is aborted: OpenCode finishes the hanging call with what it sends on; a killed
+    # process leaves it running, and OpenCode sends the interrupted result when the session goes on.
+    if serve:
+        assert "User aborted the command" in hanging[-1]["content"]
+        assert facts["hanging"]["sample"]["metadata"]["interrupted_calls"] == []
+    else:
+        assert hanging[-1]["content"] == INTERRUPTED
     assert facts["hanging"]["leaf"]["context_tokens"] > 0
 
 
@@ -257,8 +279,10 @@ def test_killed_retried_and_invalid_calls_export_what_the_model_received(
     student,  # noqa: F811
     coral_on_path,  # noqa: F811
 ):
+    # kill -9 of the turn's own OpenCode: a process a turn (a served turn's is the server, whose
+    # loss test_opencode_server.py covers).
     cases = {1: "kill-9", 2: "retry-500", 3: "unknown-tool"}
-    model, data = run_cases(tmp_path, roots, student, "odd", cases, timeout=300)
+    model, data = run_cases(tmp_path, roots, student, "odd", cases, timeout=300, serve=False)
     try:
         problems, facts = compare_run(model, data, "odd", cases)
     finally:

@@ -431,12 +431,13 @@ def test_a_turn_that_times_out_after_its_eval_was_graded_keeps_the_score(tmp_pat
 def test_a_turn_whose_opencode_never_reaches_the_model_within_the_start_up_limit_is_a_backend_error(
     tmp_path, roots, coral_on_path
 ):
-    """OpenCode needs seconds to send its first request: with a start-up limit of half a second
-    every turn is cut before it, each a backend failure, and the run stops with the reason."""
+    """OpenCode needs a while to send a turn's first request (seconds for a process, tenths of a
+    second for a served session's new instance): with a start-up limit of 0.05 s every turn is
+    cut before it, each a backend failure, and the run stops with the reason."""
     model = FakeModel(local_script).start()
     config = tmp_path / "slow.toml"
     config.write_text(
-        "parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n[backend_options]\nstartup_timeout_s = 0.5\n"
+        "parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n[backend_options]\nstartup_timeout_s = 0.05\n"
     )
     data = tmp_path / "data"
     try:
@@ -445,7 +446,7 @@ def test_a_turn_whose_opencode_never_reaches_the_model_within_the_start_up_limit
         model.stop()
     assert r.exit_code == 1, r.output
     assert "the last 3 turns failed with a backend error" in r.stderr
-    assert "opencode sent no request to the model within 0.5 s of its start (startup_timeout_s)" in r.stderr
+    assert "opencode sent no request to the model within 0.05 s of its start (startup_timeout_s)" in r.stderr
     assert [q for q in model.requests if q["tools"]] == []
     assert marked_processes(EventLog(data, "slow").dir) == []
 

@@ -117,10 +117,17 @@ def turn_memory_mb(config: Any) -> int:
     """The memory one concurrent turn of ``config``'s backend takes outside this process (0 for ``sim``)."""
     if config.backend != "opencode":
         return 0
-    from engine.teachers.opencode.options import OpenCodeOptions
+    found = config.backend_options.get("turn_memory_mb")  # None: the measured cost of how turns run
+    if isinstance(found, int):
+        return found
+    return SERVED_TURN_MB if config.backend_options.get("serve", True) else PROCESS_TURN_MB
 
-    found = config.backend_options.get("turn_memory_mb")  # (a run recorded before it had none)
-    return found if isinstance(found, int) else OpenCodeOptions.model_fields["turn_memory_mb"].default
+
+# A concurrent turn's memory, measured (benchmarks/teacher.py): a served turn's instance in its
+# server (70-130 MB), a 16th of the server's ~300 MB base, its tools and CORAL's grader daemon;
+# an ``opencode run`` process and its tools took 515-777 MB.
+SERVED_TURN_MB = 300
+PROCESS_TURN_MB = 800
 
 
 def check_memory(per_turn: int, parallel: int) -> None:

@@ -7,11 +7,14 @@ A turn, in the rooms of this package:
    dir at ``.opencode/`` (where CORAL exposes it to OpenCode agents; never committed);
 2. ``sessions``: the session it forks is pointed at that worktree (a fresh session
    from a root), or brought in from another node's store (a cluster);
-3. ``processes``: ``opencode run --format json [--session S --fork]`` runs with the
-   prompt on stdin, in the ``environment`` of the run, until it ends, its timeout
-   or a cancel, and no process it started outlives it;
-4. its stream is parsed as it arrives (``ingest.opencode_stream``) and its eval
-   result read from what ``coral eval`` left (``ingest.coral_eval``);
+3. ``server`` (the default): a session of one of the store's ``opencode serve``
+   processes, created or forked, runs the prompt until it ends, its timeout or a
+   cancel (then it is aborted), and nothing it started in the worktree outlives it;
+   its stored messages become the lines ``opencode run`` prints. With ``serve =
+   false``, ``processes`` runs ``opencode run --format json [--session S --fork]``
+   instead, with the prompt on stdin, in the ``environment`` of the run;
+4. the lines are parsed (``ingest.opencode_stream``) and the eval result read from
+   what ``coral eval`` left (``ingest.coral_eval``);
 5. ``recorder``: with an endpoint, OpenCode's requests pass through a recording
    server on loopback, and the turn records what the model received. A turn the
    model never answered is a backend error (``outcome = error``), however it ended;
@@ -27,8 +30,7 @@ the first turn, ``check_grader`` has the same daemon grade a root's own commit i
 throwaway edge layout (``GraderChecked``; the engine stops the run when it fails).
 
 Every recorded state - commit, session, shared-dir snapshot - stays immutable and
-can be forked again: by the edge's turn 2, by the node's children, or by a resumed
-run. Every path given to git and OpenCode is absolute.
+can be forked again (by turn 2, the node's children, a resumed run). Paths are absolute.
 
 On a cluster node (``node``: ``explore --executor ray``) the run directory is shared
 by every node, and OpenCode's store is the node's own (``environment.node_store``):
@@ -60,7 +62,7 @@ from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
     check_eval_command,
     resolve_options,
 )
-from engine.teachers.opencode.processes import RUN_ENV, Companion, Supervisor, kill_marked
+from engine.teachers.opencode.processes import RUN_ENV, Companion, Finished, Supervisor, kill_marked
 from engine.teachers.opencode.recorder import (
     Recorder,
     agent_exchanges,
@@ -68,12 +70,8 @@ from engine.teachers.opencode.recorder import (
     model_phases,
     unreported_steps,
 )
-from engine.teachers.opencode.sessions import (
-    export_session,
-    has_session,
-    import_session,
-    move_session,
-)
+from engine.teachers.opencode.server import Servers, run_served
+from engine.teachers.opencode.sessions import bring_session, export_session, move_session
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
 from ingest.events import (
@@ -85,7 +83,7 @@ from ingest.events import (
     ToolCalled,
     TurnFinished,
 )
-from ingest.opencode_stream import StreamParser
+from ingest.opencode_stream import StreamParser, session_lines
 
 
 class OpenCodeTeacher:
@@ -125,6 +123,19 @@ class OpenCodeTeacher:
                 Path(self.opts.coral_dir), self.environment.run_dir, self.opts.coral_python, self.opts.coral_agent_id
             )
         self.recorder = Recorder(self.opts.endpoint, self.opts.turn_timeout_s) if self.opts.endpoint else None
+        self.servers = None
+        if self.opts.serve:
+            env = self.environment.through(self.recorder.served_url()) if self.recorder else self.environment.env
+            self.servers = Servers(
+                self.environment.bin,
+                env,
+                self.environment.home,
+                self.processes,
+                self.opts.server_width,
+                self.opts.server_turns,
+            )
+            if self.recorder is not None:
+                self.recorder.parent_of = self.servers.parent_of
 
     # -- Teacher interface
 
@@ -141,6 +152,8 @@ class OpenCodeTeacher:
 
     def close(self) -> None:
         """Stop every process of the turns; a node's store goes too (each session is in its exported file)."""
+        if self.servers is not None:
+            self.servers.stop()
         self.processes.stop_all()
         if self.recorder is not None:
             self.recorder.stop()
@@ -157,7 +170,9 @@ class OpenCodeTeacher:
         copy_dir(Path(start["shared"]) if start.get("shared") else None, shared)
         source = start.get("session")
         if source:
-            self._bring_session(source, start.get("session_file"), worktree, edge_dir)
+            # A served turn forks the session and moves the fork; ``opencode run`` needs the source moved.
+            file, moved = start.get("session_file"), self.servers is None
+            bring_session(self.environment, self.run_store, source, file, worktree, edge_dir, moved)
         before = git("rev-parse", "HEAD", cwd=worktree)
         prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
             task=self.task,
@@ -339,21 +354,6 @@ class OpenCodeTeacher:
 
     # -- the turn
 
-    def _bring_session(self, source: str, file: str | None, worktree: Path, edge_dir: Path) -> None:
-        """Point ``source`` at ``worktree`` in this store, importing it when another store made it.
-
-        A session with no exported file was made in the run's own store (a run started
-        without a cluster): it is exported from there first.
-        """
-        env = self.environment
-        if has_session(env.database, source):
-            move_session(env.database, source, worktree)
-            return
-        if file is None:
-            file = str(edge_dir / f"session-{source}.json")
-            export_session(self.run_store.bin, self.run_store.env, source, Path(file))
-        import_session(env.bin, env.env, Path(file), worktree)
-
     def _run(
         self,
         request: TurnRequest,
@@ -365,8 +365,6 @@ class OpenCodeTeacher:
         companions: tuple[Companion, ...],
         token: str | None,
     ):
-        args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model, "--dir", str(worktree)]
-        args += ["--session", source, "--fork"] if source else ["--title", f"{request.edge_id} turn {request.turn}"]
         parser = StreamParser(request.tree_id, request.edge_id, request.turn)
         lines: list[str] = []
         facts: list[Event] = []
@@ -375,43 +373,38 @@ class OpenCodeTeacher:
             lines.append(line)
             facts.extend(parser.feed(line))
 
-        prompt_file = edge_dir / f"prompt-t{request.turn}.txt"
-        prompt_file.write_text(prompt)
         stderr = edge_dir / f"stderr-t{request.turn}.log"
         timeout = request.timeout_s or self.opts.turn_timeout_s
-        for attempt in range(1, LOCKED_ATTEMPTS + 1):
-            finished = self.processes.run(
-                args,
-                label=f"{request.edge_id}#{request.turn}",
-                cwd=worktree,
-                env=dict(
-                    self.environment.through(self.recorder.url(token)) if token else self.environment.env,
-                    PWD=str(worktree),
-                ),
-                stdin=prompt_file,
-                stderr=stderr,
-                on_line=on_line,
-                timeout_s=timeout,
-                cancel=cancel,
-                companions=companions,
-                work_started=(lambda: self.recorder.first_request(token)) if self.recorder and token else None,
-                startup_s=self.opts.startup_timeout_s,
-            )
-            # Sessions starting together in one store can find its SQLite database locked:
-            # OpenCode then exits before its first line, nothing done, and the turn starts again.
-            locked = (
-                finished.outcome == "completed"
-                and finished.returncode != 0
-                and not lines
-                and "database is locked" in stderr.read_text(errors="replace")
-            )
-            if not locked or attempt == LOCKED_ATTEMPTS:
-                break
-            if cancel.wait(0.5 * attempt):
-                raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
+        work_started = (lambda: self.recorder.first_request(token)) if self.recorder and token else None
+        why = None
+        if self.servers is not None:
+            label = f"{request.edge_id}#{request.turn}"
+            with self.processes.companions(label, companions, self.environment.env):
+                served = run_served(
+                    self.servers,
+                    worktree=worktree,
+                    source=source,
+                    title=f"{request.edge_id} turn {request.turn}",
+                    prompt=prompt,
+                    model=self.opts.model,
+                    cancel=cancel,
+                    timeout_s=timeout,
+                    startup_s=self.opts.startup_timeout_s,
+                    move=lambda session: move_session(self.environment.database, session, worktree),
+                    bind=(lambda session: self.recorder.bind(token, session)) if self.recorder and token else _nothing,
+                    work_started=work_started,
+                )
+            for line in session_lines(served.messages):
+                on_line(line)
+            parser.summary.session_id = served.session
+            finished, why = Finished(served.outcome, 0), served.why
+        else:
+            finished = self._process(request, edge_dir, worktree, source, prompt, cancel, companions, token, on_line)
         facts.extend(parser.finish())  # the tool calls a killed turn's stream ended with
         if finished.outcome == "cancelled":
             raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
+        if finished.outcome == "gone":  # the server died under the turn, or could not start it: a backend failure
+            return parser, lines, facts, "error", f"opencode serve lost the turn: {why}"
         if finished.outcome == "startup":  # a backend failure: the turn never reached the model
             limit = self.opts.startup_timeout_s
             why = f"opencode sent no request to the model within {limit:g} s of its start (startup_timeout_s)"
@@ -423,6 +416,46 @@ class OpenCodeTeacher:
             detail = "; ".join(parser.summary.errors) or stderr.read_text(errors="replace")[-500:]
             return parser, lines, facts, "error", f"opencode exited with {finished.returncode}: {detail}".strip()
         return parser, lines, facts, "completed", None
+
+    def _process(self, request, edge_dir, worktree, source, prompt, cancel, companions, token, on_line) -> Finished:
+        """The turn as one ``opencode run`` process (``serve = false``)."""
+        args = [self.environment.bin, "run", "--format", "json", "--model", self.opts.model, "--dir", str(worktree)]
+        args += ["--session", source, "--fork"] if source else ["--title", f"{request.edge_id} turn {request.turn}"]
+        got: list[str] = []
+        prompt_file = edge_dir / f"prompt-t{request.turn}.txt"
+        prompt_file.write_text(prompt)
+        stderr = edge_dir / f"stderr-t{request.turn}.log"
+        for attempt in range(1, LOCKED_ATTEMPTS + 1):
+            finished = self.processes.run(
+                args,
+                label=f"{request.edge_id}#{request.turn}",
+                cwd=worktree,
+                env=dict(
+                    self.environment.through(self.recorder.url(token)) if token else self.environment.env,
+                    PWD=str(worktree),
+                ),
+                stdin=prompt_file,
+                stderr=stderr,
+                on_line=lambda line: (got.append(line), on_line(line)),
+                timeout_s=request.timeout_s or self.opts.turn_timeout_s,
+                cancel=cancel,
+                companions=companions,
+                work_started=(lambda: self.recorder.first_request(token)) if self.recorder and token else None,
+                startup_s=self.opts.startup_timeout_s,
+            )
+            # Sessions starting together in one store can find its SQLite database locked:
+            # OpenCode then exits before its first line, nothing done, and the turn starts again.
+            locked = (
+                finished.outcome == "completed"
+                and finished.returncode != 0
+                and not got
+                and "database is locked" in stderr.read_text(errors="replace")
+            )
+            if not locked or attempt == LOCKED_ATTEMPTS:
+                return finished
+            if cancel.wait(0.5 * attempt):
+                raise TurnCancelled(f"{request.edge_id} turn {request.turn} cancelled")
+        return finished
 
     def _eval_result(self, shared: Path, before: str, after: str, parser: StreamParser) -> coral_eval.EvalResult:
         """The turn's last eval: the attempt JSON of the new commit, else the printed block."""
@@ -440,6 +473,10 @@ def _answered(facts: list[Event], exchanges: list | None) -> bool:
     if any(isinstance(f, (StepFinished, ToolCalled, MessageWritten)) for f in facts):
         return True
     return exchanges is not None and any(x.answer is not None for x in agent_exchanges(exchanges))
+
+
+def _nothing(_session: str) -> None:
+    return None
 
 
 GRADER_LOG_LIMIT = 64 * 1024

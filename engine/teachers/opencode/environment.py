@@ -112,6 +112,10 @@ class Environment:
             OPENCODE_CONFIG_CONTENT=json.dumps(opencode_config(opts)),
             OPENCODE_DISABLE_MODELS_FETCH="1",
             OPENCODE_PERMISSION=json.dumps({"question": "deny"}),
+            # OpenCode installs its plugin package into every config dir it loads - a worktree's
+            # ``.opencode/`` (the shared knowledge) too - in the background, where a registry is
+            # reachable. A Teacher's OpenCode installs nothing: what it runs with is what it has.
+            npm_config_offline="true",
             **{RUN_ENV: str(self.run_dir)},
         )
 

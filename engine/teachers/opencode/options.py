@@ -66,11 +66,18 @@ class OpenCodeOptions(BaseModel):
         None,
         description="cluster nodes: where each keeps OpenCode's store (a local disk; default: the temporary directory)",
     )
-    turn_memory_mb: int = Field(
-        800,
+    serve: bool = Field(
+        True,
+        description="drive turns through one long-lived `opencode serve` of the store (false: an `opencode run` "
+        "process a turn)",
+    )
+    server_width: int = Field(16, ge=1, description="turns one server runs at once (more start another)")
+    server_turns: int = Field(200, ge=1, description="turns a server takes before a new one replaces it")
+    turn_memory_mb: int | None = Field(
+        None,
         ge=1,
         description="the memory one concurrent turn takes here (OpenCode, its tools, the grader daemon): "
-        "--parallel is refused beyond what the machine carries",
+        "--parallel is refused beyond what the machine carries (default: 300 served, 800 with a process a turn)",
     )
     grader_check: bool = Field(True, description="with coral_dir: grade a root's own code before the first turn")
     grader_check_tolerance: GraderTolerance = GraderTolerance()

@@ -33,24 +33,27 @@ RUN_ENV = "TEACHER_MCTS_RUN"  # every process of a run's turns: its run director
 OWNER_ENV = "TEACHER_MCTS_OWNER"  # every process of one supervisor's turns (its watchdog's mark)
 
 
-def kill_marked(marker: str, name: str = MARKER_ENV) -> list[int]:
-    """SIGKILL every process whose environment carries ``name=marker``."""
+def kill_marked(marker: str, name: str = MARKER_ENV, under: Path | None = None) -> list[int]:
+    """SIGKILL every process whose environment carries ``name=marker`` (and, with ``under``, whose
+    working directory is that directory or below it: what a served turn left in its worktree)."""
     needle = f"{name}={marker}".encode()
+    root = str(Path(under).resolve()) if under is not None else None
     killed = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
+            if root is not None:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                if cwd != root and not cwd.startswith(root + "/"):
+                    continue
             with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read()
-        except OSError:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+        except OSError:  # gone meanwhile, or not ours to read
             continue
-        if needle in env.split(b"\0"):
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-                killed.append(int(entry))
-            except ProcessLookupError:
-                pass
     return killed
 
 
@@ -97,6 +100,72 @@ class Supervisor:
                     start_new_session=True,
                 )
 
+    def spawn(
+        self, args: list[str], *, label: str, cwd: Path, env: dict[str, str], stderr: Path
+    ) -> tuple[subprocess.Popen, str]:
+        """Start a long-lived marked process (stdout piped, stderr to a file); end it with :meth:`reap`
+        (:meth:`stop_all`, the watchdog and a resumed run end it too)."""
+        marker = f"{label}#{uuid.uuid4().hex[:8]}"
+        self._watch()
+        with self._lock:
+            self._markers.add(marker)
+        with open(stderr, "ab") as ferr:
+            proc = subprocess.Popen(
+                args,
+                cwd=cwd,
+                env=dict(env, **{MARKER_ENV: marker, OWNER_ENV: self.owner}),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=ferr,
+                start_new_session=True,
+            )
+        return proc, marker
+
+    def reap(self, proc: subprocess.Popen, marker: str) -> None:
+        """Kill a process :meth:`spawn` started and everything carrying its marker."""
+        self._kill(proc, marker)
+        with self._lock:
+            self._markers.discard(marker)
+
+    @contextlib.contextmanager
+    def companions(self, label: str, companions: tuple[Companion, ...], env: dict[str, str]):
+        """Run ``companions`` (marked) for the body's duration, then kill them and what they started."""
+        marker = f"{label}#{uuid.uuid4().hex[:8]}"
+        self._watch()
+        with self._lock:
+            self._markers.add(marker)
+        started = []
+        try:
+            started = self._start_companions(companions, env, {MARKER_ENV: marker, OWNER_ENV: self.owner})
+            yield
+        finally:
+            kill_marked(marker)
+            for proc in started:
+                proc.kill()
+                proc.wait(timeout=30)
+            with self._lock:
+                self._markers.discard(marker)
+
+    @staticmethod
+    def _start_companions(
+        companions: tuple[Companion, ...], env: dict[str, str], marks: dict[str, str]
+    ) -> list[subprocess.Popen]:
+        started: list[subprocess.Popen] = []
+        for c in companions:
+            with open(c.output, "wb") as out:
+                started.append(
+                    subprocess.Popen(
+                        c.args,
+                        cwd=c.cwd,
+                        env=dict(c.env or env, **marks),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        return started
+
     def run(
         self,
         args: list[str],
@@ -129,19 +198,7 @@ class Supervisor:
         marks = {MARKER_ENV: marker, OWNER_ENV: self.owner}
         started: list[subprocess.Popen] = []
         try:
-            for c in companions:
-                with open(c.output, "wb") as out:
-                    started.append(
-                        subprocess.Popen(
-                            c.args,
-                            cwd=c.cwd,
-                            env=dict(c.env or env, **marks),
-                            stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
-                    )
+            started += self._start_companions(companions, env, marks)
             with open(stdin, "rb") as fin, open(stderr, "wb") as ferr:
                 proc = subprocess.Popen(
                     args,
@@ -198,7 +255,8 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         kill_marked(marker)
-        proc.wait(timeout=30)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
 
     def stop_all(self) -> None:
         """Kill every process of every turn still running, and end the watchdog."""

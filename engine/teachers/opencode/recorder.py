@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -52,6 +53,7 @@ HOP_HEADERS = {
     "upgrade",
 }
 PATH_RE = re.compile(r"^/turn/([0-9a-f]+)(/.*)$")
+SERVED_RE = re.compile(r"^/served(/.*)$")  # one server's requests: the turn is its session's (``bind``)
 
 
 @dataclass
@@ -76,6 +78,8 @@ class Recorder:
         self._turns: dict[str, list[Exchange]] = {}
         self._upstream: dict[str, list[http.client.HTTPConnection]] = {}
         self._active: dict[str, int] = {}  # requests of a turn being forwarded
+        self._sessions: dict[str, str] = {}  # a served turn's session (and its subagents') -> its token
+        self.parent_of: Callable[[str], str | None] | None = None  # a subagent session's parent (the server's)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -92,6 +96,30 @@ class Recorder:
 
     def url(self, token: str) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/turn/{token}"
+
+    def served_url(self) -> str:
+        """The base URL of a server's requests: each belongs to the turn its session is bound to."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}/served"
+
+    def bind(self, token: str, session: str) -> None:
+        """The requests of ``session`` (and of the subagents it starts) are the turn ``token``'s."""
+        with self._lock:
+            self._sessions[session] = token
+
+    def _token_of(self, session: str | None) -> str | None:
+        """The turn a served request belongs to: its session's, else its parent session's."""
+        seen: list[str] = []
+        while session and len(seen) < 8:
+            with self._lock:
+                token = self._sessions.get(session)
+            if token is not None:
+                with self._lock:
+                    for s in seen:
+                        self._sessions[s] = token
+                return token
+            seen.append(session)
+            session = self.parent_of(session) if self.parent_of else None
+        return None
 
     def close(self, token: str, grace_s: float = 5.0) -> list[Exchange]:
         """The turn's exchanges, once the requests it forwards have ended.
@@ -113,6 +141,8 @@ class Recorder:
             exchanges = self._turns.pop(token, [])
             self._upstream.pop(token, None)
             self._active.pop(token, None)
+            for session in [s for s, t in self._sessions.items() if t == token]:
+                del self._sessions[session]
         return exchanges
 
     def first_request(self, token: str) -> float | None:
@@ -156,7 +186,8 @@ class Recorder:
         else:
             conn = http.client.HTTPConnection(self.endpoint.hostname, port, timeout=self.timeout_s)
         with self._lock:
-            self._upstream.setdefault(token, []).append(conn)
+            if token in self._upstream:  # a turn's, cut off when it ends
+                self._upstream[token].append(conn)
         return conn
 
 
@@ -173,10 +204,14 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
 
         def _forward(self, method: str) -> None:
             found = PATH_RE.match(self.path)
-            if not found:
+            served = SERVED_RE.match(self.path)
+            if found:
+                token, rest = found[1], found[2]
+            elif served:
+                token, rest = recorder._token_of(self.headers.get("x-session-id")) or "", served[1]
+            else:
                 self._fail(404, f"no turn in {self.path}")
                 return
-            token, rest = found[1], found[2]
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             exchange = recorder._begin(token, self.headers.get("x-session-id"), body)
             try:

@@ -26,7 +26,8 @@ def move_session(database: Path, session: str, directory: Path) -> None:
     """Make ``session`` belong to ``directory`` (absolute)."""
     if not database.exists():
         raise ProjectError(f"{database}: OpenCode's database is missing (session {session})")
-    with sqlite3.connect(database, timeout=30) as con:
+    # Servers busy writing their sessions can hold the database for long: wait as long as a turn may.
+    with sqlite3.connect(database, timeout=300) as con:
         updated = con.execute(
             "update session set directory = ? where id = ?", (str(Path(directory).resolve()), session)
         ).rowcount
@@ -75,3 +76,21 @@ def import_session(binary: str, env: dict[str, str], file: Path, worktree: Path)
     if done.returncode != 0:
         msg = done.stderr.decode(errors="replace").strip()[-300:]
         raise ProjectError(f"opencode could not import the session in {file}: {msg}")
+
+
+def bring_session(env, run_store, source: str, file: str | None, worktree: Path, edge_dir: Path, move: bool) -> None:
+    """Make ``source`` a session of ``env``'s store (``environment.Environment``), importing it when
+    another store made it, and (``move``) point it at ``worktree``.
+
+    A session with no exported file was made in the run's own store (``run_store``; a run
+    started without a cluster): it is exported from there first. An import binds it to
+    ``worktree`` whatever ``move`` says.
+    """
+    if has_session(env.database, source):
+        if move:
+            move_session(env.database, source, worktree)
+        return
+    if file is None:
+        file = str(edge_dir / f"session-{source}.json")
+        export_session(run_store.bin, run_store.env, source, Path(file))
+    import_session(env.bin, env.env, Path(file), worktree)

@@ -1,0 +1,378 @@
+"""Turns driven through one long-lived ``opencode serve`` per store, over its HTTP API.
+
+A turn of ``opencode run`` starts a whole OpenCode (about 5 CPU-seconds and 500-700
+MB before its first request to the model, measured on 1.18.33). A server started
+once holds the store; a turn then costs a session (created, or forked from the
+recorded one), a prompt, and the server's instance for the turn's worktree (about
+0.5 CPU-seconds and 70-130 MB, disposed when the turn ends). What was measured on
+the pinned version, and what this module relies on:
+
+- ``POST /session?directory=D`` creates a session bound to ``D``; ``POST
+  /session/S/fork`` copies ``S`` whole into a new session bound to ``S``'s
+  directory, and ``S`` is left as it was. The fork's ``directory`` set in the store
+  (``sessions.move_session``) before its first prompt makes it, its instance and
+  its tools run in the turn's worktree;
+- ``POST /session/S/prompt_async`` starts the turn; ``session.idle`` on the server's
+  event stream (``/global/event``) says it ended; ``POST /session/S/abort`` stops
+  it, and kills the process group of a running tool;
+- the model's requests carry ``x-session-id`` (the recorder keys a turn's
+  exchanges by it);
+- ``OPENCODE_SERVER_PASSWORD`` guards the API (basic auth, user ``opencode``): the
+  server listens on loopback, and anyone who can reach it can run a shell.
+
+The server carries the run's and the supervisor's marks, so a resumed run and the
+watchdog stop it and every tool process it started, as they stop ``opencode run``.
+A server that served ``recycle_turns`` turns takes no more (Bun's heap grows with
+every instance it made): the next turn starts a new one, and the old one is stopped
+when its last turn ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import re
+import secrets
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from engine.teachers.opencode.processes import MARKER_ENV, Supervisor, kill_marked
+from ingest.errors import ProjectError
+
+LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+# The permissions ``opencode run`` gives a session it creates (a fork gets none; OPENCODE_PERMISSION
+# denies the question tool, which would wait for a person, for every session).
+RUN_PERMISSIONS = [{"permission": p, "pattern": "*", "action": "deny"} for p in ("question", "plan_enter", "plan_exit")]
+REQUEST_TIMEOUT_S = 120.0
+QUIET_S = 5.0  # a session idle this long with no finished answer has ended without one
+START_S = 120.0  # from ``opencode serve``'s start to its listening (about 2 s here)
+
+
+class ServerGone(Exception):
+    """The server exited (or stopped answering) during a turn."""
+
+
+class Server:
+    """One ``opencode serve`` process (see the module docstring)."""
+
+    def __init__(self, binary: str, env: dict[str, str], home: Path, supervisor: Supervisor) -> None:
+        self.password = secrets.token_urlsafe(24)
+        self.log = home / "server.log"
+        self.turns = 0  # turns given to this server
+        self.active = 0  # turns running on it
+        self._idle: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+        self.proc, self.marker = supervisor.spawn(
+            [binary, "serve", "--hostname", "127.0.0.1", "--port", str(_free_port())],
+            label="opencode-serve",
+            cwd=home,
+            env=dict(env, OPENCODE_SERVER_PASSWORD=self.password),
+            stderr=self.log,
+        )
+        self._supervisor = supervisor
+        self.url = self._listening(START_S)
+        self._auth = "Basic " + base64.b64encode(f"opencode:{self.password}".encode()).decode()
+        threading.Thread(target=self._events, name="opencode-events", daemon=True).start()
+
+    def _listening(self, start_s: float) -> str:
+        """The server's address, from the line it prints once it listens."""
+        found: list[str] = []
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            with open(self.log, "ab") as log:
+                for raw in self.proc.stdout:
+                    log.write(raw)
+                    log.flush()
+                    if not found and (m := LISTENING.search(raw.decode(errors="replace"))):
+                        found.append(m[1])
+                        ready.set()
+            ready.set()
+
+        threading.Thread(target=read, name="opencode-serve-out", daemon=True).start()
+        if not ready.wait(start_s) or not found:
+            self.stop()
+            tail = self.log.read_text(errors="replace")[-500:] if self.log.exists() else ""
+            raise ProjectError(f"opencode serve did not start within {start_s:g} s (log {self.log}): {tail}".strip())
+        return found[0]
+
+    # -- the API
+
+    def call(self, method: str, path: str, body: Any = None, directory: str | None = None) -> Any:
+        """One request to the API; its JSON answer (None when empty)."""
+        if directory is not None:
+            path += "?" + urlencode({"directory": directory}, quote_via=quote)
+        host, port = self.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=REQUEST_TIMEOUT_S)
+        try:
+            conn.request(
+                method,
+                path,
+                body=json.dumps(body).encode() if body is not None else None,
+                headers={"Authorization": self._auth, "Content-Type": "application/json"},
+            )
+            answer = conn.getresponse()
+            data = answer.read()
+        except (OSError, http.client.HTTPException) as err:
+            raise ServerGone(f"opencode serve did not answer {method} {path}: {err}") from err
+        finally:
+            conn.close()
+        if answer.status >= 400:
+            raise ProjectError(f"opencode serve: {method} {path}: HTTP {answer.status}: {data[:300]!r}")
+        return json.loads(data) if data.strip() else None
+
+    def create(self, directory: Path, title: str) -> str:
+        info = self.call("POST", "/session", {"title": title, "permission": RUN_PERMISSIONS}, str(directory))
+        return info["id"]
+
+    def fork(self, source: str) -> str:
+        return self.call("POST", f"/session/{source}/fork", {})["id"]
+
+    def prompt(self, session: str, text: str, model: str) -> threading.Event:
+        """Start the turn; the event is set when the session is idle again."""
+        provider, model_id = model.split("/", 1)
+        idle = threading.Event()
+        with self._lock:
+            self._idle[session] = idle
+        body = {"parts": [{"type": "text", "text": text}], "model": {"providerID": provider, "modelID": model_id}}
+        self.call("POST", f"/session/{session}/prompt_async", body)
+        return idle
+
+    def abort(self, session: str) -> None:
+        with contextlib.suppress(ServerGone, ProjectError):
+            self.call("POST", f"/session/{session}/abort")
+
+    def messages(self, session: str) -> list[dict[str, Any]]:
+        return self.call("GET", f"/session/{session}/message")
+
+    def busy(self, session: str) -> bool:
+        return session in (self.call("GET", "/session/status") or {})
+
+    def finished(self, session: str) -> list[dict[str, Any]] | None:
+        """The session's messages once its turn is over (not busy, its last message a finished
+        answer), else None. ``session.idle`` can come before the answer's end is stored."""
+        if self.busy(session):
+            return None
+        messages = self.messages(session)
+        last = (messages or [{}])[-1].get("info") or {}
+        done = last.get("role") == "assistant" and bool((last.get("time") or {}).get("completed") or last.get("error"))
+        return messages if done else None
+
+    def release(self, session: str, directory: Path) -> None:
+        """Forget the session's waiter and dispose of the worktree's instance (its memory)."""
+        with self._lock:
+            self._idle.pop(session, None)
+        with contextlib.suppress(ServerGone, ProjectError):
+            self.call("POST", "/instance/dispose", directory=str(directory))
+
+    def alive(self) -> bool:
+        return not self._stopped and self.proc.poll() is None
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._supervisor.reap(self.proc, self.marker)
+
+    def kill_tools(self, directory: Path) -> None:
+        """Kill what the server started and left running in ``directory`` (a tool that left its group)."""
+        kill_marked(self.marker, MARKER_ENV, under=directory)
+
+    # -- its events
+
+    def _events(self) -> None:
+        """Follow ``/global/event``: wake a turn's waiter at its ``session.idle``, and every waiter
+        when the server goes away (each then finds out why)."""
+        while self.alive():
+            host, port = self.url.removeprefix("http://").split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=None)
+            try:
+                conn.request("GET", "/global/event", headers={"Authorization": self._auth})
+                answer = conn.getresponse()
+                for raw in answer:
+                    if not raw.startswith(b"data:"):
+                        continue
+                    with contextlib.suppress(ValueError, AttributeError, TypeError):
+                        payload = json.loads(raw[5:]).get("payload") or {}
+                        if payload.get("type") == "session.idle":
+                            with self._lock:
+                                idle = self._idle.get(payload["properties"]["sessionID"])
+                            if idle is not None:
+                                idle.set()
+            except (OSError, http.client.HTTPException):
+                pass
+            finally:
+                conn.close()
+            if self.alive():  # a dropped stream: waiters re-check the sessions themselves
+                self._wake_all()
+                time.sleep(0.5)
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            for idle in self._idle.values():
+                idle.set()
+
+
+def _free_port() -> int:
+    """A port nothing listens on now (``--port 0`` takes OpenCode's default, 4096, when it is free)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Servers:
+    """The store's servers: a turn goes to the one with the fewest turns running, below ``width``
+    (else a new one starts). One server with many new instances at once stalls (64 at once did
+    here: its heap in the gigabytes, the API silent for minutes); 16 a server ran. A server
+    that died is replaced; one that took ``recycle_turns`` turns takes no more and is stopped
+    when its last turn ends. They share the store, so each sees every session."""
+
+    def __init__(
+        self, binary: str, env: dict[str, str], home: Path, supervisor: Supervisor, width: int, recycle_turns: int
+    ) -> None:
+        self._args = (binary, env, home, supervisor)
+        self.width = width
+        self.recycle_turns = recycle_turns
+        self._live: list[Server] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> Server:
+        with self._lock:
+            for server in [s for s in self._live if not s.alive()]:
+                self._live.remove(server)
+                server.stop()
+            open_ = [s for s in self._live if s.turns < self.recycle_turns and s.active < self.width]
+            server = min(open_, key=lambda s: s.active) if open_ else None
+            if server is None:
+                server = Server(*self._args)
+                self._live.append(server)
+            server.turns += 1
+            server.active += 1
+            return server
+
+    def release(self, server: Server) -> None:
+        with self._lock:
+            server.active -= 1
+            if server.active == 0 and server.turns >= self.recycle_turns and server in self._live:
+                self._live.remove(server)
+                server.stop()
+
+    def parent_of(self, session: str) -> str | None:
+        """The session a subagent's session was started from (None for a turn's own)."""
+        with self._lock:
+            live = [s for s in self._live if s.alive()]
+        for server in live[:1]:
+            with contextlib.suppress(ServerGone, ProjectError):
+                return (server.call("GET", f"/session/{session}") or {}).get("parentID")
+        return None
+
+    def stop(self) -> None:
+        with self._lock:
+            live, self._live = self._live, []
+        for server in live:
+            server.stop()
+
+
+@dataclass
+class Served:
+    """How a served turn ended (``completed``, ``timeout``, ``startup``, ``cancelled`` or ``gone``: the
+    server exited), its session and the session's messages (empty when the server is gone)."""
+
+    outcome: str
+    session: str | None
+    messages: list[dict[str, Any]]
+    why: str | None = None
+
+
+def run_served(
+    servers: Servers,
+    *,
+    worktree: Path,
+    source: str | None,
+    title: str,
+    prompt: str,
+    model: str,
+    cancel: threading.Event,
+    timeout_s: float,
+    startup_s: float | None,
+    move: Callable[[str], None],
+    bind: Callable[[str], None],
+    work_started: Callable[[], float | None] | None,
+) -> Served:
+    """One turn on the store's server: a session in ``worktree`` (forked from ``source`` and moved
+    there, or new), the prompt, and its wait - until the session is idle, ``cancel``, or a
+    deadline as :meth:`Supervisor.run` keeps it (``timeout_s`` of work, ``startup_s`` before it).
+    A turn cut short is aborted (the running tool's process group goes with it) and what it left
+    running in the worktree is killed."""
+    t0 = time.monotonic()
+    try:
+        server = servers.acquire()
+    except ProjectError as err:
+        return Served("gone", None, [], str(err))
+    session = None
+    try:
+        try:
+            if source:
+                session = server.fork(source)
+                move(session)
+            else:
+                session = server.create(worktree, title)
+            bind(session)
+            idle = server.prompt(session, prompt, model)
+        except (ServerGone, ProjectError, sqlite3.Error) as err:  # a backend failure of this turn
+            return Served("gone", session, [], str(err))
+        outcome, messages, woken, quiet_since, check_at = "completed", None, False, None, 0.0
+        while True:
+            if idle.wait(0.1):
+                idle.clear()
+                woken = True
+                if not server.alive():
+                    return Served("gone", session, [], f"opencode serve exited with {server.proc.returncode}")
+            now = time.monotonic()
+            if woken and now >= check_at:  # idle once: wait for its answer to be stored
+                check_at = now + 0.2
+                with contextlib.suppress(ServerGone, ProjectError):
+                    messages = server.finished(session)
+                    if messages is not None:
+                        break
+                    quiet_since = None if server.busy(session) else quiet_since or now
+                    if quiet_since is not None and now - quiet_since > QUIET_S:  # ended with no answer at all
+                        break
+            if cancel.is_set():
+                outcome = "cancelled"
+                break
+            begun = work_started() if work_started else t0
+            if begun is None and now > t0 + (startup_s if startup_s is not None else timeout_s):
+                outcome = "startup"
+                break
+            if begun is not None and now > begun + timeout_s:
+                outcome = "timeout"
+                break
+        if outcome != "completed":
+            server.abort(session)
+            deadline = time.monotonic() + 30
+            with contextlib.suppress(ServerGone):
+                while server.busy(session) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        # Nothing the turn started outlives it (as with a process a turn): a tool left in the
+        # background, or the npm install OpenCode starts in a ``.opencode/`` it finds.
+        server.kill_tools(worktree)
+        try:
+            messages = messages if outcome == "completed" and messages is not None else server.messages(session)
+        except (ServerGone, ProjectError) as err:
+            return Served("gone", session, [], str(err))
+        return Served(outcome, session, messages)
+    finally:
+        if session is not None:
+            server.release(session, worktree)
+        servers.release(server)

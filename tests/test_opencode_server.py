@@ -1,0 +1,149 @@
+"""Turns served by one long-lived ``opencode serve`` (the default): many at once, and the server's loss.
+
+Real opencode, real git, the scripted model server of tests/fake_model.py, the
+self-contained eval command of tests/fixtures/bin (``local-eval``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fake_model import FakeModel
+from test_opencode_e2e import (  # noqa: F401 - fixtures
+    coral_on_path,
+    explore_opencode,
+    local_script,
+    marked_processes,
+    roots,
+)
+
+from cli import cli
+from engine.catalog import Catalog
+from ingest.log import EventLog
+
+WIDE = 16  # one server's width (64 at once: see docs/REAL_RUNS.md)
+
+
+@pytest.mark.slow
+def test_16_concurrent_turns_each_record_what_the_model_received(tmp_path, roots, coral_on_path):  # noqa: F811
+    """16 turns at once on one server (a tree of 16 edges, two turns each), the model taking a
+    second a step: every turn completes, its requests are its own session's and recorded
+    whole, and every exported sample is what the model received."""
+    model = FakeModel(local_script).start()
+    model.delay_s = 1.0
+    config = tmp_path / "wide.toml"
+    config.write_text(f"parallel = {WIDE}\n[tree]\nroot_children = {WIDE}\nmax_children = {WIDE}\nmax_depth = 1\n")
+    data = tmp_path / "data"
+    try:
+        r = explore_opencode(data, roots, model, config, "wide", "--eval-command", "local-eval -m")
+    finally:
+        model.stop()
+    assert r.exit_code == 0, r.output
+    cat = Catalog.for_log(EventLog(data, "wide"))
+    turns = cat.query(  # the turns that ran (a skipped turn 2 has no outcome)
+        "select edge_id, turn, session_id, outcome from turns where outcome is not null order by edge_id, turn"
+    )
+    assert {t["outcome"] for t in turns} == {"completed"} and len({t["session_id"] for t in turns}) == len(turns)
+    # (the script's T001/e1-1 writes code the grader cannot score: its turn 2 is skipped, the edge retried)
+    kept = [e["edge_id"] for e in cat.query("select edge_id from edges where verdict = 'kept'")]
+    assert len(kept) == WIDE and len(turns) > 2 * WIDE
+    # The turns ran together: more than half of them were in flight at one moment.
+    spans = cat.query("select started_at, wall_seconds from stg_turn_finished")
+    assert max(_overlap(spans)) > WIDE // 2
+    # Each session's requests are its own turn's (the recorder keyed them right), all recorded.
+    recorded = {
+        (c["edge_id"], c["turn"]): c["model_calls"]
+        for c in cat.query("select edge_id, turn, model_calls from stg_conversation_recorded")
+    }
+    for t in turns:
+        mine = [q for q in model.requests if q["session"] == t["session_id"] and q["tools"]]
+        assert {(q["where"]["edge"], q["where"]["turn"]) for q in mine} == {(t["edge_id"], t["turn"])}, t
+        assert recorded[(t["edge_id"], t["turn"])] == len(mine), t
+    # Every sample of the export is what the model received in its path's last turn, and its answer.
+    out = tmp_path / "train"
+    done = CliRunner().invoke(cli, ["--data", str(data), "export", "wide", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    samples = [json.loads(line) for line in (out / "wide.chat.jsonl").read_text().splitlines()]
+    assert len(samples) == 6
+    worktrees = re.escape(str((data / "runs" / "wide" / "worktrees").resolve()))
+
+    def placed(value):  # the placeholder, applied independently of the exporter
+        return json.loads(re.sub(worktrees + r"/T001/[^/\"]+/wt", "/workspace", json.dumps(value)))
+
+    for sample in samples:
+        (leaf,) = cat.query(
+            "select t.edge_id, t.session_id from turns as t join nodes as n on n.edge_id = t.edge_id "
+            "where n.node_id = ? and t.turn = 2",
+            [sample["metadata"]["leaf_id"]],
+        )
+        last = [q for q in model.requests if q["session"] == leaf["session_id"] and q["tools"]][-1]
+        answer = {"role": "assistant", "content": f"Done with {leaf['edge_id']} turn 2."}
+        assert sample["messages"] == [*placed(last["messages"]), answer]
+        assert json.loads(sample["tools"]) == placed(last["tool_list"])
+    assert marked_processes(EventLog(data, "wide").dir) == []
+
+
+def _overlap(spans: list[dict]) -> list[int]:
+    """How many of the spans (``started_at``, ``wall_seconds``) were open at each span's start."""
+    from datetime import datetime
+
+    opened = [(datetime.fromisoformat(s["started_at"]).timestamp(), s["wall_seconds"]) for s in spans]
+    return [sum(1 for b, w in opened if b <= a < b + w) for a, _ in opened]
+
+
+def killing(edge: str, turn: int, step: int, workdir: str):
+    """The first edge's turn kills its OpenCode (the server, for a served turn); the others work."""
+    if edge.endswith("/e1-1") and step == 0:
+        return [("bash", {"command": "kill -9 $PPID; sleep 600"})]
+    return local_script(edge, turn, step, workdir)
+
+
+@pytest.mark.slow
+def test_a_served_turn_whose_server_dies_is_a_backend_error_and_the_next_gets_a_new_server(
+    tmp_path,
+    roots,  # noqa: F811
+    coral_on_path,  # noqa: F811
+):
+    """A tool that kills the server ends the turns it carried as backend errors (never an edge
+    the tree keeps), leaves no process, and the next turn starts a new server and completes."""
+    from engine.config import RunConfig
+    from engine.teachers import RootInfo, TurnRequest
+    from engine.teachers.opencode import OpenCodeTeacher
+    from ingest.events import ToolCalled, TurnFinished
+
+    model = FakeModel(killing).start()
+    config = RunConfig(
+        task="speedup",
+        backend="opencode",
+        backend_options={"model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m"},
+    )
+    teacher = OpenCodeTeacher(config, tmp_path / "run")
+    try:
+        folder = next(roots.iterdir())
+        start = teacher.root_state(RootInfo("T001", str(folder), 1.0, None))
+
+        def turn(slot: int) -> list:
+            ids = {"tree_id": "T001", "edge_id": f"T001/e{slot}-1", "parent_id": "T001", "slot": slot}
+            request = TurnRequest(
+                **ids, attempt=1, direction="maximize", turn=1, start_state=start, fork=True, timeout_s=300
+            )
+            return teacher.run_turn(request, threading.Event())
+
+        first = turn(1)
+        (server,) = teacher.servers._live
+        second = turn(2)
+    finally:
+        teacher.close()
+        model.stop()
+    (killed,) = [f for f in first if isinstance(f, TurnFinished)]
+    assert killed.outcome == "error" and "opencode serve lost the turn" in killed.error, killed.error
+    (done,) = [f for f in second if isinstance(f, TurnFinished)]
+    assert done.outcome == "completed", done.error
+    assert len([f for f in second if isinstance(f, ToolCalled)]) == 4
+    assert teacher.servers._live == [] and server is not None and not server.alive()
+    assert marked_processes(Path(tmp_path / "run").resolve()) == []
