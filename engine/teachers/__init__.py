@@ -124,7 +124,7 @@ def turn_memory_mb(config: Any) -> int:
 
 
 # A concurrent turn's memory, measured (benchmarks/teacher.py): a served turn's instance in its
-# server (70-130 MB), a 16th of the server's ~300 MB base, its tools and CORAL's grader daemon;
+# server with its tools (130-290 MB), a 16th of the server's ~250 MB base, CORAL's grader daemon;
 # an ``opencode run`` process and its tools took 515-777 MB.
 SERVED_TURN_MB = 300
 PROCESS_TURN_MB = 800

@@ -124,6 +124,7 @@ class OpenCodeTeacher:
             )
         self.recorder = Recorder(self.opts.endpoint, self.opts.turn_timeout_s) if self.opts.endpoint else None
         self.servers = None
+        self._discarded: list[Path] = []  # edge dirs of discarded worktrees (served turns)
         if self.opts.serve:
             env = self.environment.through(self.recorder.served_url()) if self.recorder else self.environment.env
             self.servers = Servers(
@@ -149,11 +150,16 @@ class OpenCodeTeacher:
         """Remove the worktree (and shared snapshots) of a pruned or retried edge."""
         if state.get("worktree"):
             self.worktrees.discard(Path(state["repo"]), Path(state["worktree"]))
+            if self.servers is not None:  # removed again at close (below)
+                self._discarded.append(Path(state["worktree"]).parent)
 
     def close(self) -> None:
         """Stop every process of the turns; a node's store goes too (each session is in its exported file)."""
         if self.servers is not None:
             self.servers.stop()
+            # A server's detached plugin install can recreate an empty ``.opencode/`` after a discard.
+            for edge_dir in self._discarded:
+                shutil.rmtree(edge_dir, ignore_errors=True)
         self.processes.stop_all()
         if self.recorder is not None:
             self.recorder.stop()

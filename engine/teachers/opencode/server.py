@@ -3,9 +3,10 @@
 A turn of ``opencode run`` starts a whole OpenCode (about 5 CPU-seconds and 500-700
 MB before its first request to the model, measured on 1.18.33). A server started
 once holds the store; a turn then costs a session (created, or forked from the
-recorded one), a prompt, and the server's instance for the turn's worktree (about
-0.5 CPU-seconds and 70-130 MB, disposed when the turn ends). What was measured on
-the pinned version, and what this module relies on:
+recorded one), a prompt, and the server's instance for the turn's worktree (2-3
+CPU-seconds and 130-290 MB with its tools, disposed when the turn ends: measured by
+benchmarks/teacher.py). What was measured on the pinned version, and what this
+module relies on:
 
 - ``POST /session?directory=D`` creates a session bound to ``D``; ``POST
   /session/S/fork`` copies ``S`` whole into a new session bound to ``S``'s
