@@ -176,8 +176,7 @@ class OpenCodeTeacher:
         copy_dir(Path(start["shared"]) if start.get("shared") else None, shared)
         source = start.get("session")
         if source:
-            # A served turn forks the session and moves the fork; ``opencode run`` needs the source moved.
-            file, moved = start.get("session_file"), self.servers is None
+            file, moved = start.get("session_file"), self.servers is None  # a served turn moves its fork
             bring_session(self.environment, self.run_store, source, file, worktree, edge_dir, moved)
         before = git("rev-parse", "HEAD", cwd=worktree)
         prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
@@ -420,7 +419,8 @@ class OpenCodeTeacher:
             return parser, lines, facts, "timeout", f"turn timed out after {timeout:.0f} s{counted}"
         if finished.returncode != 0 or parser.summary.errors:
             detail = "; ".join(parser.summary.errors) or stderr.read_text(errors="replace")[-500:]
-            return parser, lines, facts, "error", f"opencode exited with {finished.returncode}: {detail}".strip()
+            who = "opencode serve reported" if self.servers else f"opencode exited with {finished.returncode}"
+            return parser, lines, facts, "error", f"{who}: {detail}".strip()
         return parser, lines, facts, "completed", None
 
     def _process(self, request, edge_dir, worktree, source, prompt, cancel, companions, token, on_line) -> Finished:

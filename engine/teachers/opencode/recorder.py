@@ -3,7 +3,8 @@
 OpenCode's stream and its session store hold neither the system prompt nor the tool
 definitions it sends, and a turn killed in the middle of a tool call prints nothing
 of that call. Every turn's OpenCode therefore talks to the endpoint through this
-server (``http://127.0.0.1:<port>/turn/<token>``, one token per turn): each request
+server (``http://127.0.0.1:<port>/turn/<token>``, one token per turn; a served turn's
+requests come to ``/served`` and belong to the turn their ``x-session-id`` is bound to): each request
 is forwarded as it is, its answer streamed back as it arrives, and both are kept
 for the turn (never a header: the API key stays out of everything recorded).
 

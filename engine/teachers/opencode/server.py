@@ -1,4 +1,4 @@
-"""Turns driven through one long-lived ``opencode serve`` per store, over its HTTP API.
+"""Turns driven through long-lived ``opencode serve`` processes of the store, over their HTTP API.
 
 A turn of ``opencode run`` starts a whole OpenCode (about 5 CPU-seconds and 500-700
 MB before its first request to the model, measured on 1.18.33). A server started
@@ -14,7 +14,8 @@ module relies on:
   (``sessions.move_session``) before its first prompt makes it, its instance and
   its tools run in the turn's worktree;
 - ``POST /session/S/prompt_async`` starts the turn; ``session.idle`` on the server's
-  event stream (``/global/event``) says it ended; ``POST /session/S/abort`` stops
+  event stream (``/global/event``) says it ended (its answer is stored a moment
+  later: the turn waits for it); ``POST /session/S/abort`` stops
   it, and kills the process group of a running tool;
 - the model's requests carry ``x-session-id`` (the recorder keys a turn's
   exchanges by it);
@@ -287,7 +288,8 @@ class Servers:
 @dataclass
 class Served:
     """How a served turn ended (``completed``, ``timeout``, ``startup``, ``cancelled`` or ``gone``: the
-    server exited), its session and the session's messages (empty when the server is gone)."""
+    server exited, or could not start or fork it; ``why`` says), its session and the session's
+    messages (empty when gone)."""
 
     outcome: str
     session: str | None
