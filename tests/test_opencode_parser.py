@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ingest.events import MessageWritten, StepFinished, StreamLineSkipped, ToolCalled
-from ingest.opencode_stream import StreamParser, parse_stream, tool_target
+from ingest.opencode_stream import StreamParser, parse_stream, session_lines, tool_target
 
 SES = "ses_dd5ab1ccfffeR0BpNUhn009su1"
 
@@ -275,3 +275,40 @@ def test_a_turn_s_tool_and_eval_time_come_from_its_calls_spans():
     assert eval_seconds(summary.shell_calls, "coral") == 0.5
     assert eval_seconds(summary.shell_calls, "local-eval") is None
     assert parse_stream(tool("read", "completed", {}, output=""), "T", "T/e1-1", 1)[1].tool_seconds() is None
+
+
+def test_a_stored_session_gives_the_lines_run_prints_for_its_last_prompt():
+    """Only what follows the last user message; finished tools and complete texts only; steps
+    in order; an answer's error as an error line - and the parser reads them as a run's stream."""
+    ses = "ses_x"
+
+    def message(role, parts, **info):
+        return {"info": {"role": role, "sessionID": ses, "time": {"created": 1}, **info}, "parts": parts}
+
+    tool = {"type": "tool", "tool": "bash", "callID": "c1", "id": "prt_2"}
+    messages = [
+        message("user", [{"type": "text", "text": "earlier prompt"}]),
+        message("assistant", [{"type": "text", "text": "inherited", "time": {"start": 1, "end": 2}}]),
+        message("user", [{"type": "text", "text": "[edge e turn 1]"}]),
+        message(
+            "assistant",
+            [
+                {"type": "step-start", "id": "prt_1"},
+                dict(tool, state={"status": "completed", "input": {"command": "ls"}, "output": "a\n"}),
+                dict(tool, callID="c2", id="prt_3", state={"status": "running", "input": {"command": "sleep 9"}}),
+                {"type": "text", "text": "cut off", "time": {"start": 5}},
+                {"type": "reasoning", "text": "thinking", "time": {"start": 5, "end": 6}},
+                {"type": "patch", "hash": "h"},
+                {"type": "step-finish", "reason": "tool-calls", "tokens": {"input": 10, "output": 2}},
+            ],
+        ),
+        message("assistant", [], error={"name": "APIError", "data": {"message": "bad key"}}),
+    ]
+    lines = session_lines(messages)
+    assert [json.loads(line)["type"] for line in lines] == ["step_start", "tool_use", "step_finish", "error"]
+    assert all(json.loads(line)["sessionID"] == ses for line in lines)
+    facts, summary = parse_stream("".join(lines), "T", "T/e", 1)
+    assert [(f.tool, f.target) for f in facts if isinstance(f, ToolCalled)] == [("bash", "ls")]
+    assert [f.tokens_input for f in facts if isinstance(f, StepFinished)] == [10]
+    assert summary.errors == ["APIError: bad key"] and summary.session_id == ses
+    assert session_lines([]) == [] and session_lines(messages[:3]) == []
