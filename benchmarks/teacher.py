@@ -85,7 +85,7 @@ def width(n: int, delay: float, work: Path, serve: bool) -> dict[str, float]:
     marker = f"TEACHER_MCTS_RUN={(work / f'run-{n}').resolve()}".encode()
     base = 0
     if teacher.servers is not None:  # the server started and settled: the fixed base
-        teacher.servers.release(teacher.servers.acquire())
+        teacher.servers.release(*teacher.servers.acquire(None))
         time.sleep(2)
         base = pss_mb(marker)
     peak, done = [0], threading.Event()

@@ -1,4 +1,4 @@
-"""Turns served by one long-lived ``opencode serve`` (the default): many at once, and the server's loss.
+"""Turns served by long-lived ``opencode serve`` processes (the default): many at once, lanes, a server's loss.
 
 Real opencode, real git, the scripted model server of tests/fake_model.py, the
 self-contained eval command of tests/fixtures/bin (``local-eval``).
@@ -26,14 +26,15 @@ from cli import cli
 from engine.catalog import Catalog
 from ingest.log import EventLog
 
-WIDE = 16  # one server's width (64 at once: see docs/REAL_RUNS.md)
+WIDE = 64  # four servers, each with its own database (a lane)
 
 
 @pytest.mark.slow
-def test_16_concurrent_turns_each_record_what_the_model_received(tmp_path, roots, coral_on_path):  # noqa: F811
-    """16 turns at once on one server (a tree of 16 edges, two turns each), the model taking a
-    second a step: every turn completes, its requests are its own session's and recorded
-    whole, and every exported sample is what the model received."""
+def test_64_concurrent_turns_each_record_what_the_model_received(tmp_path, roots, coral_on_path):  # noqa: F811
+    """64 turns at once (a tree of 64 edges, two turns each: the second a fork of the first), the
+    model taking a second a step, on servers of 16 turns with a database each: every turn
+    completes, its requests are its own session's and recorded whole, and every exported
+    sample is what the model received."""
     model = FakeModel(local_script).start()
     model.delay_s = 1.0
     config = tmp_path / "wide.toml"
@@ -55,6 +56,9 @@ def test_16_concurrent_turns_each_record_what_the_model_received(tmp_path, roots
     # The turns ran together: more than half of them were in flight at one moment.
     spans = cat.query("select started_at, wall_seconds from stg_turn_finished")
     assert max(_overlap(spans)) > WIDE // 2
+    # ... on several servers (16 turns a server), each writing a database of its own.
+    lanes = list((data / "runs" / "wide" / "opencode" / "data" / "opencode").glob("opencode*.db"))
+    assert len(lanes) >= 2, lanes
     # Each session's requests are its own turn's (the recorder keyed them right), all recorded.
     recorded = {
         (c["edge_id"], c["turn"]): c["model_calls"]
@@ -135,8 +139,9 @@ def test_a_served_turn_whose_server_dies_is_a_backend_error_and_the_next_gets_a_
             return teacher.run_turn(request, threading.Event())
 
         first = turn(1)
-        (server,) = teacher.servers._live
+        (server,) = [lane.server for lane in teacher.servers._lanes]  # dead, not yet replaced
         second = turn(2)
+        (after,) = teacher.servers.live()  # its replacement, on the same lane's database
     finally:
         teacher.close()
         model.stop()
@@ -145,5 +150,69 @@ def test_a_served_turn_whose_server_dies_is_a_backend_error_and_the_next_gets_a_
     (done,) = [f for f in second if isinstance(f, TurnFinished)]
     assert done.outcome == "completed", done.error
     assert len([f for f in second if isinstance(f, ToolCalled)]) == 4
-    assert teacher.servers._live == [] and server is not None and not server.alive()
+    assert teacher.servers.live() == [] and not server.alive() and after is not server
+    assert marked_processes(Path(tmp_path / "run").resolve()) == []
+
+
+@pytest.mark.slow
+def test_a_fork_whose_sources_lane_is_full_runs_in_a_new_lane_with_its_own_database(
+    tmp_path,
+    roots,  # noqa: F811
+    coral_on_path,  # noqa: F811
+):
+    """Each server writes a database of its own (a lane). A turn whose source session's lane has
+    no room goes to a new lane: its source is copied into that lane's database, the fork runs
+    there in its own worktree, and the turn is what the model received, as in the first lane."""
+    import sqlite3
+
+    from engine.config import RunConfig
+    from engine.teachers import RootInfo, TurnRequest
+    from engine.teachers.opencode import OpenCodeTeacher
+    from ingest.events import ToolCalled, TurnFinished
+
+    model = FakeModel(local_script).start()
+    options = {"model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m"}
+    config = RunConfig(task="speedup", backend="opencode", backend_options={**options, "server_width": 2})
+    teacher = OpenCodeTeacher(config, tmp_path / "run")
+    store = tmp_path / "run" / "opencode" / "data" / "opencode"
+
+    def sessions(database: Path) -> set[str]:
+        with sqlite3.connect(database) as con:
+            return {row[0] for row in con.execute("select id from session")}
+
+    try:
+        folder = next(roots.iterdir())
+        start = teacher.root_state(RootInfo("T001", str(folder), 1.0, None))
+        ids = {"tree_id": "T001", "edge_id": "T001/e2-1", "parent_id": "T001", "slot": 2, "attempt": 1}
+        first = teacher.run_turn(
+            TurnRequest(**ids, direction="maximize", turn=1, start_state=start, fork=True, timeout_s=300),
+            threading.Event(),
+        )
+        (one,) = [f for f in first if isinstance(f, TurnFinished)]
+        assert one.outcome == "completed", one.error
+        assert one.session_id in sessions(store / "opencode.db")
+        held = [teacher.servers.acquire(one.session_id) for _ in range(2)]  # lane 0 is full
+        assert {lane.index for _, lane in held} == {0}
+        second = teacher.run_turn(
+            TurnRequest(**ids, direction="maximize", turn=2, start_state=one.state, fork=True, timeout_s=300),
+            threading.Event(),
+        )
+        for server, lane in held:
+            teacher.servers.release(server, lane)
+        servers = len(teacher.servers.live())
+    finally:
+        teacher.close()
+        model.stop()
+    (two,) = [f for f in second if isinstance(f, TurnFinished)]
+    assert two.outcome == "completed", two.error
+    assert servers == 2
+    lane1 = sessions(store / "opencode-lane1.db")
+    assert {one.session_id, two.session_id} <= lane1 and two.session_id not in sessions(store / "opencode.db")
+    # The fork ran in its own worktree, from the first turn's conversation, and was recorded whole.
+    calls = [f for f in second if isinstance(f, ToolCalled)]
+    assert [(c.tool, c.status) for c in calls] == [("read", "ok"), ("read", "error"), ("write", "ok"), ("bash", "ok")]
+    mine = [q for q in model.requests if q["session"] == two.session_id and q["tools"]]
+    assert {(q["where"]["edge"], q["where"]["turn"]) for q in mine} == {("T001/e2-1", 2)}
+    assert "Done with T001/e2-1 turn 1." in json.dumps(mine[0]["messages"])
+    assert (Path(two.state["worktree"]) / "solution.py").read_text() == "VALUE = 1.122\n"
     assert marked_processes(Path(tmp_path / "run").resolve()) == []

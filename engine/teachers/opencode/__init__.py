@@ -71,7 +71,7 @@ from engine.teachers.opencode.recorder import (
     unreported_steps,
 )
 from engine.teachers.opencode.server import Servers, run_served
-from engine.teachers.opencode.sessions import bring_session, export_session, move_session
+from engine.teachers.opencode.sessions import bring_session, export_session
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
 from ingest.events import (
@@ -126,15 +126,9 @@ class OpenCodeTeacher:
         self.servers = None
         self._discarded: list[Path] = []  # edge dirs of discarded worktrees (served turns)
         if self.opts.serve:
-            env = self.environment.through(self.recorder.served_url()) if self.recorder else self.environment.env
-            self.servers = Servers(
-                self.environment.bin,
-                env,
-                self.environment.home,
-                self.processes,
-                self.opts.server_width,
-                self.opts.server_turns,
-            )
+            url = self.recorder.served_url() if self.recorder else None
+            width, turns = self.opts.server_width, self.opts.server_turns
+            self.servers = Servers(self.environment, self.processes, width, turns, url)
             if self.recorder is not None:
                 self.recorder.parent_of = self.servers.parent_of
 
@@ -175,8 +169,9 @@ class OpenCodeTeacher:
         self.worktrees.prepare(repo, worktree, start["commit"], fresh=request.turn == 1)
         copy_dir(Path(start["shared"]) if start.get("shared") else None, shared)
         source = start.get("session")
-        if source:
-            file, moved = start.get("session_file"), self.servers is None  # a served turn moves its fork
+        # A session of the store is brought to a served turn's lane by its server pool (it moves the fork).
+        if source and (self.servers is None or self.servers.home(source) is None):
+            file, moved = start.get("session_file"), self.servers is None
             bring_session(self.environment, self.run_store, source, file, worktree, edge_dir, moved)
         before = git("rev-parse", "HEAD", cwd=worktree)
         prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
@@ -395,7 +390,6 @@ class OpenCodeTeacher:
                     cancel=cancel,
                     timeout_s=timeout,
                     startup_s=self.opts.startup_timeout_s,
-                    move=lambda session: move_session(self.environment.database, session, worktree),
                     bind=(lambda session: self.recorder.bind(token, session)) if self.recorder and token else _nothing,
                     work_started=work_started,
                 )

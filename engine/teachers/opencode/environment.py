@@ -11,10 +11,12 @@ variable named by ``api_key_env`` (the key is never recorded).
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +28,7 @@ from engine.teachers.opencode.worktrees import GIT_IDENTITY
 from ingest.errors import InputError, ProjectError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+LANE = re.compile(r"opencode-lane(\d+)\.db")
 
 
 def find_binary(configured: str | None) -> str:
@@ -118,6 +121,22 @@ class Environment:
             npm_config_offline="true",
             **{RUN_ENV: str(self.run_dir)},
         )
+
+    def lane_database(self, lane: int) -> Path:
+        """The database of lane ``lane`` of served turns (lane 0 is the store's own)."""
+        return self.database if lane == 0 else self.database.with_name(f"opencode-lane{lane}.db")
+
+    def databases(self) -> dict[int, Path]:
+        """The store's databases that exist, by lane: its own (0), then its lanes' in order."""
+        lanes = sorted((int(m[1]), p) for p in self.database.parent.glob("*.db") if (m := LANE.fullmatch(p.name)))
+        return {k: d for k, d in ((0, self.database), *lanes) if d.exists()}
+
+    def on_database(self, database: Path) -> Environment:
+        """This store with OpenCode's database at ``database`` (``OPENCODE_DB``; a lane's)."""
+        other = copy.copy(self)
+        other.database = database
+        other.env = dict(self.env, OPENCODE_DB=str(database)) if database != self.database else self.env
+        return other
 
     def through(self, base_url: str) -> dict[str, str]:
         """The variables of a turn whose requests go to ``base_url`` (the recorder) instead."""

@@ -22,6 +22,9 @@ module relies on:
 - ``OPENCODE_SERVER_PASSWORD`` guards the API (basic auth, user ``opencode``): the
   server listens on loopback, and anyone who can reach it can run a shell.
 
+Each server writes a database of its own (a lane: ``Servers`` says why and how a
+turn finds the lane of its source session).
+
 The server carries the run's and the supervisor's marks, so a resumed run and the
 watchdog stop it and every tool process it started, as they stop ``opencode run``.
 A server that served ``recycle_turns`` turns takes no more (Bun's heap grows with
@@ -39,15 +42,17 @@ import re
 import secrets
 import socket
 import sqlite3
+import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from engine.teachers.opencode.processes import MARKER_ENV, Supervisor, kill_marked
+from engine.teachers.opencode.sessions import bring_session, has_session, move_session
 from ingest.errors import ProjectError
 
 LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -232,55 +237,118 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@dataclass
+class Lane:
+    """A database of the store (``environment.Environment.lane_database``) and the one server
+    that writes it (None until a turn needs it, and between a recycled server and the next)."""
+
+    index: int
+    store: Any  # environment.Environment on the lane's database
+    env: dict[str, str]  # the server's variables
+    server: Server | None = None
+    copying: threading.Lock = field(default_factory=threading.Lock)  # one copy into it at a time
+
+    @property
+    def active(self) -> int:
+        return self.server.active if self.server is not None else 0
+
+
 class Servers:
-    """The store's servers: a turn goes to the one with the fewest turns running, below ``width``
-    (else a new one starts). One server with many new instances at once stalls (64 at once did
-    here: its heap in the gigabytes, the API silent for minutes); 16 a server ran. A server
-    that died is replaced; one that took ``recycle_turns`` turns takes no more and is stopped
-    when its last turn ends. They share the store, so each sees every session."""
+    """The store's servers, one a lane. Each lane has its own SQLite database: several
+    servers writing one database failed statements (a turn in 64 here, ``Failed to execute
+    statement``: SQLite's writers conflict across processes), and one server given 64 new
+    instances at once stalled (its heap in the gigabytes, the API silent for minutes). A
+    turn goes to the lane that holds its source session when that lane has room (below
+    ``width`` turns), else to the lane with the fewest turns (a new one when all are full),
+    where the source is copied first (``sessions.bring_session``: export and import). With
+    up to ``width`` turns at once, every session is in the store's own database, as with a
+    process a turn. A dead server is replaced; one that took ``recycle_turns`` turns takes no
+    more and is stopped when its last turn ends (the lane then gets a new one)."""
 
     def __init__(
-        self, binary: str, env: dict[str, str], home: Path, supervisor: Supervisor, width: int, recycle_turns: int
+        self, store: Any, supervisor: Supervisor, width: int, recycle_turns: int, base_url: str | None = None
     ) -> None:
-        self._args = (binary, env, home, supervisor)
+        self._store, self._supervisor, self._base_url = store, supervisor, base_url
         self.width = width
         self.recycle_turns = recycle_turns
-        self._live: list[Server] = []
+        self._lanes: list[Lane] = []
+        self._where: dict[str, int] = {}  # session -> lane, as far as known
         self._lock = threading.Lock()
 
-    def acquire(self) -> Server:
-        with self._lock:
-            for server in [s for s in self._live if not s.alive()]:
-                self._live.remove(server)
-                server.stop()
-            open_ = [s for s in self._live if s.turns < self.recycle_turns and s.active < self.width]
-            server = min(open_, key=lambda s: s.active) if open_ else None
-            if server is None:
-                server = Server(*self._args)
-                self._live.append(server)
-            server.turns += 1
-            server.active += 1
-            return server
+    def _lane(self, index: int) -> Lane:
+        while len(self._lanes) <= index:
+            store = self._store.on_database(self._store.lane_database(len(self._lanes)))
+            env = store.through(self._base_url) if self._base_url else store.env
+            self._lanes.append(Lane(len(self._lanes), store, env))
+        return self._lanes[index]
 
-    def release(self, server: Server) -> None:
+    def home(self, session: str) -> int | None:
+        """The lane whose database holds ``session`` (None: none of the store's)."""
+        if session not in self._where:
+            for index, database in self._store.databases().items():
+                if has_session(database, session):
+                    self._where[session] = index
+                    break
+        return self._where.get(session)
+
+    def acquire(self, source: str | None) -> tuple[Server, Lane]:
+        with self._lock:
+            for lane in self._lanes:
+                if lane.server is not None and not lane.server.alive():
+                    lane.server.stop()  # its turns find out and end as backend errors
+                    lane.server = None
+            home = self.home(source) if source else None
+            open_ = [lane for lane in self._lanes if self._takes(lane.server)]
+            if home is not None and self._takes(self._lane(home).server):
+                lane = self._lane(home)
+            elif open_:  # the serving lane with the fewest turns; one with no server when those are full
+                lane = min(open_, key=lambda x: (x.server is None, x.active, x.index))
+            else:
+                lane = self._lane(len(self._lanes))
+            if lane.server is None:
+                lane.server = Server(self._store.bin, lane.env, self._store.home, self._supervisor)
+            lane.server.turns += 1
+            lane.server.active += 1
+            return lane.server, lane
+
+    def _takes(self, server: Server | None) -> bool:
+        return server is None or (server.turns < self.recycle_turns and server.active < self.width)
+
+    def bring(self, source: str, lane: Lane, worktree: Path) -> None:
+        """Make ``source`` a session of ``lane``'s database (copied from the lane that holds it)."""
+        if self.home(source) == lane.index:
+            return
+        with lane.copying:  # two turns can fork one source
+            if not has_session(lane.store.database, source):
+                bring_session(lane.store, self._store, source, None, worktree, worktree.parent, move=False)
+
+    def placed(self, session: str, lane: Lane) -> None:
+        with self._lock:
+            self._where[session] = lane.index
+
+    def release(self, server: Server, lane: Lane) -> None:
         with self._lock:
             server.active -= 1
-            if server.active == 0 and server.turns >= self.recycle_turns and server in self._live:
-                self._live.remove(server)
+            if server.active == 0 and server.turns >= self.recycle_turns and lane.server is server:
+                lane.server = None
                 server.stop()
+
+    def live(self) -> list[Server]:
+        with self._lock:
+            return [lane.server for lane in self._lanes if lane.server is not None and lane.server.alive()]
 
     def parent_of(self, session: str) -> str | None:
         """The session a subagent's session was started from (None for a turn's own)."""
-        with self._lock:
-            live = [s for s in self._live if s.alive()]
-        for server in live[:1]:
+        for server in self.live():
             with contextlib.suppress(ServerGone, ProjectError):
                 return (server.call("GET", f"/session/{session}") or {}).get("parentID")
         return None
 
     def stop(self) -> None:
         with self._lock:
-            live, self._live = self._live, []
+            live = [lane.server for lane in self._lanes if lane.server is not None]
+            for lane in self._lanes:
+                lane.server = None
         for server in live:
             server.stop()
 
@@ -308,31 +376,32 @@ def run_served(
     cancel: threading.Event,
     timeout_s: float,
     startup_s: float | None,
-    move: Callable[[str], None],
     bind: Callable[[str], None],
     work_started: Callable[[], float | None] | None,
 ) -> Served:
-    """One turn on the store's server: a session in ``worktree`` (forked from ``source`` and moved
+    """One turn on a server of the store: a session in ``worktree`` (forked from ``source`` and moved
     there, or new), the prompt, and its wait - until the session is idle, ``cancel``, or a
     deadline as :meth:`Supervisor.run` keeps it (``timeout_s`` of work, ``startup_s`` before it).
     A turn cut short is aborted (the running tool's process group goes with it) and what it left
     running in the worktree is killed."""
     t0 = time.monotonic()
     try:
-        server = servers.acquire()
+        server, lane = servers.acquire(source)
     except ProjectError as err:
         return Served("gone", None, [], str(err))
     session = None
     try:
         try:
             if source:
+                servers.bring(source, lane, worktree)
                 session = server.fork(source)
-                move(session)
+                move_session(lane.store.database, session, worktree)
             else:
                 session = server.create(worktree, title)
+            servers.placed(session, lane)
             bind(session)
             idle = server.prompt(session, prompt, model)
-        except (ServerGone, ProjectError, sqlite3.Error) as err:  # a backend failure of this turn
+        except (ServerGone, ProjectError, sqlite3.Error, subprocess.SubprocessError) as err:  # a backend failure
             return Served("gone", session, [], str(err))
         outcome, messages, woken, quiet_since, check_at = "completed", None, False, None, 0.0
         while True:
@@ -378,4 +447,4 @@ def run_served(
     finally:
         if session is not None:
             server.release(session, worktree)
-        servers.release(server)
+        servers.release(server, lane)

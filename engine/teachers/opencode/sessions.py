@@ -1,5 +1,6 @@
 """OpenCode's session store: pointing a recorded session at the worktree that forks it,
-and carrying sessions between stores (the nodes of a cluster).
+and carrying sessions between databases (the lanes of served turns) and stores (the
+nodes of a cluster).
 
 OpenCode binds a session to the directory it was created in: a run of it from
 another directory hangs, its tools acting in the old one. Before a fork, the source
@@ -40,7 +41,12 @@ def has_session(database: Path, session: str) -> bool:
     if not database.exists():
         return False
     with sqlite3.connect(database, timeout=30) as con:
-        return con.execute("select count(*) from session where id = ?", (session,)).fetchone()[0] == 1
+        try:
+            return con.execute("select count(*) from session where id = ?", (session,)).fetchone()[0] == 1
+        except sqlite3.OperationalError as err:  # a database its server is creating now
+            if "no such table" in str(err):
+                return False
+            raise
 
 
 def export_session(binary: str, env: dict[str, str], session: str, dest: Path) -> None:
@@ -79,18 +85,22 @@ def import_session(binary: str, env: dict[str, str], file: Path, worktree: Path)
 
 
 def bring_session(env, run_store, source: str, file: str | None, worktree: Path, edge_dir: Path, move: bool) -> None:
-    """Make ``source`` a session of ``env``'s store (``environment.Environment``), importing it when
-    another store made it, and (``move``) point it at ``worktree``.
+    """Make ``source`` a session of ``env``'s database (``environment.Environment``), importing it
+    when it is not there, and (``move``) point it at ``worktree``.
 
-    A session with no exported file was made in the run's own store (``run_store``; a run
-    started without a cluster): it is exported from there first. An import binds it to
-    ``worktree`` whatever ``move`` says.
+    With no exported file, the session is exported from the database that holds it: another
+    of the store's (a lane of served turns) or of the run's own store (``run_store``; a run
+    started without a cluster). An import binds it to ``worktree`` whatever ``move`` says.
     """
     if has_session(env.database, source):
         if move:
             move_session(env.database, source, worktree)
         return
     if file is None:
+        held = [store.on_database(db) for store in (env, run_store) for db in store.databases().values()]
+        origin = next((store for store in held if has_session(store.database, source)), None)
+        if origin is None:
+            raise ProjectError(f"OpenCode session {source} is in no database of {env.home} or {run_store.home}")
         file = str(edge_dir / f"session-{source}.json")
-        export_session(run_store.bin, run_store.env, source, Path(file))
+        export_session(origin.bin, origin.env, source, Path(file))
     import_session(env.bin, env.env, Path(file), worktree)
