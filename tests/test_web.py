@@ -396,6 +396,18 @@ def test_serve_refuses_a_missing_data_directory(tmp_path):
     )
 
 
+def test_serve_on_a_port_in_use_is_a_clean_error_before_any_address_is_printed(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(cli, ["--data", str(tmp_path), "serve", "--port", str(port)])
+    assert r.exit_code == 1
+    assert r.stderr == f"Error: cannot serve on 127.0.0.1:{port}: Address already in use - choose another with --port\n"
+
+
 def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page):
     from test_campaign import campaign_file
     from test_campaign import cli as run_cli

@@ -8,6 +8,7 @@ conversation as ``export`` writes it), and SQL (the read-only sandbox of ``sql``
 from __future__ import annotations
 
 import secrets
+import socket
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
 
     if not Path(data_dir).is_dir():
         raise InputError(f"{data_dir}: no such directory - give --data the directory that holds (or will hold) runs/")
+    listening = _listen(host, port)  # before the address is printed: a port in use is an error, not a log line
     token = secrets.token_urlsafe(24)
     app = create_app(Path(data_dir), token, host)
     shown = f"[{host}]" if ":" in host else host
@@ -35,4 +37,22 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``; InputError naming the address when it cannot be."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise InputError(f"cannot serve on {host}:{port}: {err.strerror or err} - check --host") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise InputError(f"cannot serve on {host}:{port}: {err.strerror or err} - choose another with --port") from None
+    return sock
