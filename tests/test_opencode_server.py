@@ -155,14 +155,17 @@ def test_a_served_turn_whose_server_dies_is_a_backend_error_and_the_next_gets_a_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("node", [None, "node-a"])
 def test_a_fork_whose_sources_lane_is_full_runs_in_a_new_lane_with_its_own_database(
     tmp_path,
     roots,  # noqa: F811
     coral_on_path,  # noqa: F811
+    node,
 ):
     """Each server writes a database of its own (a lane). A turn whose source session's lane has
     no room goes to a new lane: its source is copied into that lane's database, the fork runs
-    there in its own worktree, and the turn is what the model received, as in the first lane."""
+    there in its own worktree, and the turn is what the model received, as in the first lane.
+    On a cluster node, the turn's session is exported for the other nodes from its lane."""
     import sqlite3
 
     from engine.config import RunConfig
@@ -173,8 +176,8 @@ def test_a_fork_whose_sources_lane_is_full_runs_in_a_new_lane_with_its_own_datab
     model = FakeModel(local_script).start()
     options = {"model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m"}
     config = RunConfig(task="speedup", backend="opencode", backend_options={**options, "server_width": 2})
-    teacher = OpenCodeTeacher(config, tmp_path / "run")
-    store = tmp_path / "run" / "opencode" / "data" / "opencode"
+    teacher = OpenCodeTeacher(config, tmp_path / "run", node=node)
+    store = teacher.environment.database.parent
 
     def sessions(database: Path) -> set[str]:
         with sqlite3.connect(database) as con:
@@ -200,14 +203,17 @@ def test_a_fork_whose_sources_lane_is_full_runs_in_a_new_lane_with_its_own_datab
         for server, lane in held:
             teacher.servers.release(server, lane)
         servers = len(teacher.servers.live())
+        (two,) = [f for f in second if isinstance(f, TurnFinished)]
+        assert two.outcome == "completed", two.error
+        lane1 = sessions(store / "opencode-lane1.db")
+        assert {one.session_id, two.session_id} <= lane1 and two.session_id not in sessions(store / "opencode.db")
     finally:
         teacher.close()
         model.stop()
-    (two,) = [f for f in second if isinstance(f, TurnFinished)]
-    assert two.outcome == "completed", two.error
     assert servers == 2
-    lane1 = sessions(store / "opencode-lane1.db")
-    assert {one.session_id, two.session_id} <= lane1 and two.session_id not in sessions(store / "opencode.db")
+    if node:  # exported whole, from the lane that holds it
+        exported = json.loads(Path(two.state["session_file"]).read_text())
+        assert exported["info"]["id"] == two.session_id and len(exported["messages"]) > 4
     # The fork ran in its own worktree, from the first turn's conversation, and was recorded whole.
     calls = [f for f in second if isinstance(f, ToolCalled)]
     assert [(c.tool, c.status) for c in calls] == [("read", "ok"), ("read", "error"), ("write", "ok"), ("bash", "ok")]

@@ -71,7 +71,7 @@ from engine.teachers.opencode.recorder import (
     unreported_steps,
 )
 from engine.teachers.opencode.server import Servers, run_served
-from engine.teachers.opencode.sessions import bring_session, export_session
+from engine.teachers.opencode.sessions import bring_session, export_session, holding
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from ingest import coral_eval
 from ingest.events import (
@@ -249,9 +249,8 @@ class OpenCodeTeacher:
             state["session_file"] = start.get("session_file")
             if parser.summary.session_id:
                 state["session_file"] = str(edge_dir / f"session-t{request.turn}.json")
-                export_session(
-                    self.environment.bin, self.environment.env, parser.summary.session_id, Path(state["session_file"])
-                )
+                store = holding([self.environment], parser.summary.session_id) or self.environment  # its lane's
+                export_session(store.bin, store.env, parser.summary.session_id, Path(state["session_file"]))
         facts.append(
             TurnFinished(
                 **ids,

@@ -84,6 +84,16 @@ def import_session(binary: str, env: dict[str, str], file: Path, worktree: Path)
         raise ProjectError(f"opencode could not import the session in {file}: {msg}")
 
 
+def holding(stores, session: str):
+    """The first of ``stores`` (``environment.Environment``) with a database that holds ``session``,
+    on that database (None: none)."""
+    for store in stores:
+        for database in store.databases().values():
+            if has_session(database, session):
+                return store.on_database(database)
+    return None
+
+
 def bring_session(env, run_store, source: str, file: str | None, worktree: Path, edge_dir: Path, move: bool) -> None:
     """Make ``source`` a session of ``env``'s database (``environment.Environment``), importing it
     when it is not there, and (``move``) point it at ``worktree``.
@@ -97,8 +107,7 @@ def bring_session(env, run_store, source: str, file: str | None, worktree: Path,
             move_session(env.database, source, worktree)
         return
     if file is None:
-        held = [store.on_database(db) for store in (env, run_store) for db in store.databases().values()]
-        origin = next((store for store in held if has_session(store.database, source)), None)
+        origin = holding((env, run_store), source)
         if origin is None:
             raise ProjectError(f"OpenCode session {source} is in no database of {env.home} or {run_store.home}")
         file = str(edge_dir / f"session-{source}.json")
