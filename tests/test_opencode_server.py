@@ -34,11 +34,19 @@ def test_64_concurrent_turns_each_record_what_the_model_received(tmp_path, roots
     """64 turns at once (a tree of 64 edges, two turns each: the second a fork of the first), the
     model taking a second a step, on servers of 16 turns with a database each: every turn
     completes, its requests are its own session's and recorded whole, and every exported
-    sample is what the model received."""
+    sample is what the model received.
+
+    OpenCode 1.18.33 can stall under this load (once here, on a machine loaded beside it: a
+    server spun in its allocator, its API silent). The watchdog then kills that server and
+    its turns are backend errors, never kept edges; the run goes on (its error limit is the
+    width), and every other turn is checked as before."""
     model = FakeModel(local_script).start()
     model.delay_s = 1.0
     config = tmp_path / "wide.toml"
-    config.write_text(f"parallel = {WIDE}\n[tree]\nroot_children = {WIDE}\nmax_children = {WIDE}\nmax_depth = 1\n")
+    config.write_text(
+        f"parallel = {WIDE}\nbackend_error_limit = {WIDE}\n"
+        f"[tree]\nroot_children = {WIDE}\nmax_children = {WIDE}\nmax_depth = 1\n"
+    )
     data = tmp_path / "data"
     try:
         r = explore_opencode(data, roots, model, config, "wide", "--eval-command", "local-eval -m")
@@ -46,13 +54,20 @@ def test_64_concurrent_turns_each_record_what_the_model_received(tmp_path, roots
         model.stop()
     assert r.exit_code == 0, r.output
     cat = Catalog.for_log(EventLog(data, "wide"))
+    lost = cat.query("select edge_id, error from stg_turn_finished where outcome = 'error'")
+    assert all("opencode serve lost the turn: opencode serve answered nothing" in t["error"] for t in lost), lost
     turns = cat.query(  # the turns that ran (a skipped turn 2 has no outcome)
-        "select edge_id, turn, session_id, outcome from turns where outcome is not null order by edge_id, turn"
+        "select edge_id, turn, session_id, outcome from turns "
+        "where outcome is not null and outcome <> 'error' order by edge_id, turn"
     )
     assert {t["outcome"] for t in turns} == {"completed"} and len({t["session_id"] for t in turns}) == len(turns)
     # (the script's T001/e1-1 writes code the grader cannot score: its turn 2 is skipped, the edge retried)
     kept = [e["edge_id"] for e in cat.query("select edge_id from edges where verdict = 'kept'")]
-    assert len(kept) == WIDE and len(turns) > 2 * WIDE
+    assert not {t["edge_id"] for t in lost} & set(kept)
+    if lost:
+        assert len(kept) >= 6  # the six paths exported below
+    else:
+        assert len(kept) == WIDE and len(turns) > 2 * WIDE
     # The turns ran together: more than half of them were in flight at one moment.
     spans = cat.query("select started_at, wall_seconds from stg_turn_finished")
     assert max(_overlap(spans)) > WIDE // 2
@@ -100,27 +115,43 @@ def _overlap(spans: list[dict]) -> list[int]:
     return [sum(1 for b, w in opened if b <= a < b + w) for a, _ in opened]
 
 
-def killing(edge: str, turn: int, step: int, workdir: str):
-    """The first edge's turn kills its OpenCode (the server, for a served turn); the others work."""
-    if edge.endswith("/e1-1") and step == 0:
-        return [("bash", {"command": "kill -9 $PPID; sleep 600"})]
-    return local_script(edge, turn, step, workdir)
+def signalling(signal: str):
+    """A script whose first edge's turn sends ``signal`` to its OpenCode (the server, for a served
+    turn); the others work."""
+
+    def script(edge: str, turn: int, step: int, workdir: str):
+        if edge.endswith("/e1-1") and step == 0:
+            return [("bash", {"command": f"kill -{signal} $PPID; sleep 600"})]
+        return local_script(edge, turn, step, workdir)
+
+    return script
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signal", "why"),
+    [("9", "opencode serve exited with -9"), ("STOP", "opencode serve answered nothing for 3 s and was killed")],
+)
 def test_a_served_turn_whose_server_dies_is_a_backend_error_and_the_next_gets_a_new_server(
     tmp_path,
     roots,  # noqa: F811
     coral_on_path,  # noqa: F811
+    monkeypatch,
+    signal,
+    why,
 ):
-    """A tool that kills the server ends the turns it carried as backend errors (never an edge
-    the tree keeps), leaves no process, and the next turn starts a new server and completes."""
+    """A tool that kills the server, or stops it (a server that answers nothing, as one that spun
+    in its allocator did, is killed by its watchdog), ends the turns it carried as backend errors
+    (never an edge the tree keeps), leaves no process, and the next turn starts a new server and
+    completes."""
     from engine.config import RunConfig
     from engine.teachers import RootInfo, TurnRequest
     from engine.teachers.opencode import OpenCodeTeacher
+    from engine.teachers.opencode import server as served
     from ingest.events import ToolCalled, TurnFinished
 
-    model = FakeModel(killing).start()
+    monkeypatch.setattr(served, "STALL_S", 3.0)
+    model = FakeModel(signalling(signal)).start()
     config = RunConfig(
         task="speedup",
         backend="opencode",
@@ -146,7 +177,7 @@ def test_a_served_turn_whose_server_dies_is_a_backend_error_and_the_next_gets_a_
         teacher.close()
         model.stop()
     (killed,) = [f for f in first if isinstance(f, TurnFinished)]
-    assert killed.outcome == "error" and "opencode serve lost the turn" in killed.error, killed.error
+    assert killed.outcome == "error" and f"opencode serve lost the turn: {why}" in killed.error, killed.error
     (done,) = [f for f in second if isinstance(f, TurnFinished)]
     assert done.outcome == "completed", done.error
     assert len([f for f in second if isinstance(f, ToolCalled)]) == 4

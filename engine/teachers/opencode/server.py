@@ -62,6 +62,10 @@ RUN_PERMISSIONS = [{"permission": p, "pattern": "*", "action": "deny"} for p in 
 REQUEST_TIMEOUT_S = 120.0
 QUIET_S = 5.0  # a session idle this long with no finished answer has ended without one
 START_S = 120.0  # from ``opencode serve``'s start to its listening (about 2 s here)
+# A server carrying turns that answers nothing this long is killed (its turns end as backend
+# errors): a server here spun two threads in madvise for 20 minutes at 2 GB, its API silent.
+STALL_S = 180.0
+WATCH_S = 5.0  # how often the watchdog asks
 
 
 class ServerGone(Exception):
@@ -89,7 +93,9 @@ class Server:
         self._supervisor = supervisor
         self.url = self._listening(START_S)
         self._auth = "Basic " + base64.b64encode(f"opencode:{self.password}".encode()).decode()
+        self.stalled: str | None = None  # why the watchdog killed it
         threading.Thread(target=self._events, name="opencode-events", daemon=True).start()
+        threading.Thread(target=self._watch, name="opencode-watch", daemon=True).start()
 
     def _listening(self, start_s: float) -> str:
         """The server's address, from the line it prints once it listens."""
@@ -182,6 +188,30 @@ class Server:
             self._idle.pop(session, None)
         with contextlib.suppress(ServerGone, ProjectError):
             self.call("POST", "/instance/dispose", directory=str(directory))
+
+    def _watch(self) -> None:
+        """Kill the server when it carries turns and has answered nothing for ``STALL_S``."""
+        answered = time.monotonic()
+        while self.alive():
+            if self.active == 0 or self._answers():
+                answered = time.monotonic()
+            elif time.monotonic() - answered > STALL_S:
+                self.stalled = f"opencode serve answered nothing for {STALL_S:g} s and was killed (its log: {self.log})"
+                self.stop()
+                self._wake_all()
+                return
+            time.sleep(WATCH_S)
+
+    def _answers(self) -> bool:
+        host, port = self.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=WATCH_S)
+        try:
+            conn.request("GET", "/global/health", headers={"Authorization": self._auth})
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
 
     def alive(self) -> bool:
         return not self._stopped and self.proc.poll() is None
@@ -409,7 +439,8 @@ def run_served(
                 idle.clear()
                 woken = True
                 if not server.alive():
-                    return Served("gone", session, [], f"opencode serve exited with {server.proc.returncode}")
+                    why = server.stalled or f"opencode serve exited with {server.proc.returncode}"
+                    return Served("gone", session, [], why)
             now = time.monotonic()
             if woken and now >= check_at:  # idle once: wait for its answer to be stored
                 check_at = now + 0.2
