@@ -4,8 +4,8 @@ Real ``opencode`` (the npm install), the scripted model server of the tests
 (``tests/fake_model.py``: each agent request answered after ``--delay`` seconds; a turn
 reads a note, reads a missing file, writes the solution, runs the eval and answers) and
 the self-contained eval of the tests (``local-eval``). For each width N of ``--widths``
-and each way of running turns (``served``: sessions of one ``opencode serve``, the
-default; ``process``: an ``opencode run`` process a turn, as before), N turn 1s of fresh
+and each way of running turns (``served``: sessions of ``opencode serve`` processes, 16
+turns each, the default; ``process``: an ``opencode run`` process a turn), N turn 1s of fresh
 sessions from one root run at once through the backend's ``run_turn``, their requests
 through the recorder. Printed per width and way: the wall time and turns per minute, and
 over the turns the phases each recorded (``TurnFinished``): start-up until the first
