@@ -8,11 +8,14 @@ git is absolute.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from ingest import coral_run
@@ -75,10 +78,17 @@ class Worktrees:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
-    def lock(self, tree_dir: str) -> threading.Lock:
-        """The lock of one tree's repository (git refuses concurrent worktree changes)."""
+    @contextlib.contextmanager
+    def lock(self, tree_dir: str) -> Iterator[None]:
+        """Hold one tree's repository: git refuses concurrent worktree changes, from this
+        process's threads or another process's (the nodes of a cluster on one machine share
+        the worktrees: two ``git worktree add`` at once both took ``.git/worktrees/wt``)."""
         with self._locks_lock:
-            return self._locks.setdefault(tree_dir, threading.Lock())
+            held = self._locks.setdefault(tree_dir, threading.Lock())
+        (self.root / tree_dir).mkdir(parents=True, exist_ok=True)
+        with held, open(self.root / tree_dir / "repo.lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
 
     def edge_dir(self, tree_id: str, edge_id: str) -> Path:
         return self.root / safe_name(tree_id) / safe_name(edge_id)
