@@ -253,3 +253,20 @@ def test_a_fork_whose_sources_lane_is_full_runs_in_a_new_lane_with_its_own_datab
     assert "Done with T001/e2-1 turn 1." in json.dumps(mine[0]["messages"])
     assert (Path(two.state["worktree"]) / "solution.py").read_text() == "VALUE = 1.122\n"
     assert marked_processes(Path(tmp_path / "run").resolve()) == []
+
+
+def test_a_file_that_is_no_database_among_the_lanes_is_named_not_a_traceback(tmp_path):
+    """A store's lane databases are looked up by name: a file there that is not one (dropped in,
+    truncated) is a clean error naming it; a database its server is still creating holds nothing."""
+    import sqlite3
+
+    from engine.teachers.opencode.sessions import has_session
+    from ingest.errors import ProjectError
+
+    junk = tmp_path / "opencode-lane1.db"
+    junk.write_bytes(b"not sqlite " * 100)
+    with pytest.raises(ProjectError, match=re.escape(f"{junk}: not a readable OpenCode database")):
+        has_session(junk, "ses_x")
+    empty = tmp_path / "opencode-lane2.db"
+    sqlite3.connect(empty).close()
+    assert has_session(empty, "ses_x") is False

@@ -348,9 +348,8 @@ class Servers:
         """Make ``source`` a session of ``lane``'s database (copied from the lane that holds it)."""
         if self.home(source) == lane.index:
             return
-        with lane.copying:  # two turns can fork one source
-            if not has_session(lane.store.database, source):
-                bring_session(lane.store, self._store, source, None, worktree, worktree.parent, move=False)
+        with lane.copying:  # two turns can fork one source: the second finds it there
+            bring_session(lane.store, self._store, source, None, worktree, worktree.parent, move=False)
 
     def placed(self, session: str, lane: Lane) -> None:
         with self._lock:

@@ -43,10 +43,10 @@ def has_session(database: Path, session: str) -> bool:
     with sqlite3.connect(database, timeout=30) as con:
         try:
             return con.execute("select count(*) from session where id = ?", (session,)).fetchone()[0] == 1
-        except sqlite3.OperationalError as err:  # a database its server is creating now
-            if "no such table" in str(err):
+        except sqlite3.DatabaseError as err:
+            if "no such table" in str(err):  # a database its server is creating now
                 return False
-            raise
+            raise ProjectError(f"{database}: not a readable OpenCode database ({err})") from None
 
 
 def export_session(binary: str, env: dict[str, str], session: str, dest: Path) -> None:
