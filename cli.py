@@ -21,9 +21,9 @@ from typing import Any, NoReturn
 import click
 
 from engine import __version__
-from engine.process import Terminated, exit_signalled, run_to_exit, unwind_on_signals
+from engine.process import Terminated, continue_with, exit_signalled, run_to_exit, unwind_on_signals
 from ingest.errors import InputError, OptionError, ProjectError, os_problem
-from ingest.paths import DATA_ENV, default_data_dir
+from ingest.paths import DATA_ENV, command_line, default_data_dir
 from ingest.text import as_utf8
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -394,6 +394,7 @@ def _resume(
         raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
     if problem := resume_problem(options, config_file):
         raise click.UsageError(problem)
+    continue_with(command_line(_data_dir(), "explore", "--resume", run_id))
     return resume_run(
         _data_dir(),
         run_id,
@@ -418,7 +419,6 @@ def _start(
 ) -> Any:
     from engine.exploration import new_run
     from engine.explore_options import new_run_config
-    from ingest.paths import command_line
 
     if roots is None:
         raise click.UsageError("ROOTS is required (or --resume RUN_ID)")
@@ -429,6 +429,7 @@ def _start(
     def started(rid: str) -> None:
         hint = command_line(_data_dir(), "explore", "--resume", rid)
         click.echo(f"run {rid}: exploring (interrupt and continue with: {hint})", err=True)
+        continue_with(hint)
 
     try:
         return new_run(_data_dir(), roots, config, run_id, select, progress, started, executor, ray_address)

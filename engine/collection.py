@@ -60,7 +60,7 @@ from engine.results import write_parquet as write_parquet
 from ingest.errors import InputError, LogError
 from ingest.listing import has_log
 from ingest.listing import run_ids as run_ids_under
-from ingest.paths import run_dir
+from ingest.paths import run_dir, under
 from ingest.text import as_utf8
 
 if TYPE_CHECKING:
@@ -127,10 +127,10 @@ class Collection:
         else:
             self.run_ids = run_ids_under(self.data_dir)
         if not self.run_ids:
-            raise LogError(f"no runs under {self.data_dir / 'runs'}")
+            raise LogError(f"no runs {under(self.data_dir)}")
         for run_id in self.run_ids:
             if not has_log(run_dir(self.data_dir, run_id) / "log", run_id):
-                raise LogError(f"run {run_id!r} not found under {self.data_dir / 'runs'}")
+                raise LogError(f"run {run_id!r} not found {under(self.data_dir)}")
         self._damaged: list[DamagedRun] = []
         graph = load_graph(self.derived.views_dir)
         self.views = sorted(graph.views)

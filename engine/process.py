@@ -26,6 +26,20 @@ from ingest import steps
 CLEANUP_DEADLINE_S = float(os.environ.get("TEACHER_MCTS_CLEANUP_DEADLINE_S") or 120)
 
 
+# The command line that continues what the running command started (``continue_with``),
+# printed when it is interrupted: the hint it printed first has long scrolled away.
+_CONTINUE: list[str] = []
+
+
+def continue_with(command: str) -> None:
+    """Name the command line that continues this command's work if it is interrupted."""
+    _CONTINUE[:] = [command]
+
+
+def _continue_note() -> str:
+    return f"continue with: {_CONTINUE[0]}" if _CONTINUE else ""
+
+
 class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: unwind like Ctrl-C (args: the signal number)."""
 
@@ -45,6 +59,7 @@ def unwind_on_signals(received: list[int]) -> Iterator[None]:
     from DuckDB (a scan of an Arrow table runs Python code), the exception comes out
     as a DuckDB error, and the caller must still report the signal.
     """
+    _CONTINUE.clear()  # (a command run in-process after another: not the other's)
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -85,12 +100,15 @@ def exit_now(signum: int, why: str | None = None) -> None:
     A Teacher's processes do not outlive it: its supervisor's watchdog kills them when
     this process is gone. Staged events are not published (--resume runs their turns again).
     """
-    note = f"{why}: stopped at once; continue with --resume\n" if why else ""
-    os.write(2, f"{note}{signal_message(signum)}\n".encode())
+    note = "; ".join(n for n in (f"{why}: stopped at once" if why else "", _continue_note()) if n)
+    lines = [note, signal_message(signum)] if note else [signal_message(signum)]
+    os.write(2, "".join(line + "\n" for line in lines).encode())
     os._exit(128 + signum)
 
 
 def exit_signalled(signum: int) -> None:
+    if note := _continue_note():
+        click.echo(note, err=True)
     click.echo(signal_message(signum), err=True)
     sys.exit(128 + signum)
 

@@ -19,7 +19,7 @@ from engine.catalog import Catalog
 from engine.config import RunConfig, problems
 from ingest.checks import check_part
 from ingest.errors import LogError
-from ingest.paths import command_line
+from ingest.paths import command_line, under
 from ingest.reader import EventLog
 from ingest.reader import run_ids as runs_under
 
@@ -76,7 +76,7 @@ def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], 
 
     found = runs_under(data_dir)
     if not found:
-        raise LogError(f"no runs under {Path(data_dir) / 'runs'}")
+        raise LogError(f"no runs {under(data_dir)}")
     derived = Derived(data_dir)
     readable, damaged = [], []
     for run_id in found:

@@ -30,6 +30,12 @@ def command_line(data_dir: Path | str, *words: str) -> str:
     return " ".join(["python cli.py", *(shlex.quote(w) for w in (*data, *words))])
 
 
+def under(data_dir: Path | str, folder: str = "runs") -> str:
+    """Where a message says a run or campaign was looked for: an absolute path (whatever the
+    current directory was) and how to look elsewhere."""
+    return f"under {Path(data_dir).absolute() / folder} (the data dir is --data DIR, ${DATA_ENV} or ./data)"
+
+
 def check_run_id(run_id: str) -> str:
     """Return ``run_id`` if it is usable as a directory name, else raise InputError."""
     if not RUN_ID_RE.match(run_id or "") or ".." in run_id:

@@ -21,7 +21,7 @@ from ingest.columns import SCHEMA
 from ingest.errors import LogError
 from ingest.listing import has_log, located, run_ids  # noqa: F401 - run_ids re-exported
 from ingest.parts import Part
-from ingest.paths import check_run_id, log_command, run_dir
+from ingest.paths import check_run_id, log_command, run_dir, under
 from ingest.record import Record, legacy_cover, list_parts, read_record
 from ingest.text import as_utf8
 
@@ -56,7 +56,7 @@ class EventLog:
     def require(self) -> EventLog:
         """Return self, or raise LogError naming the missing run."""
         if not self.exists():
-            msg = f"run {self.run_id!r} not found under {self.data_dir / 'runs'}"
+            msg = f"run {self.run_id!r} not found {under(self.data_dir)}"
             raise LogError(msg)
         return self
 

@@ -80,3 +80,19 @@ def test_the_hints_a_damaged_run_prints_work_as_printed(runs, tmp_path):
     done = run_as_printed(resume)
     assert done.returncode == 0 and "run rounds: resuming task kernel-speedup" in done.stderr, done.stderr
     assert "run rounds: 4/4 trees done" in done.stdout
+
+
+def test_a_run_not_found_names_the_absolute_place_and_how_to_look_elsewhere(tmp_path, monkeypatch):
+    """From another directory, "not found under data/runs" named a relative place, and no way out."""
+    monkeypatch.chdir(tmp_path)
+    r = invoke("paths", "rounds")
+    assert r.exit_code == 1, r.output
+    assert r.stderr == (
+        f"Error: run 'rounds' not found under {tmp_path}/data/runs (the data dir is --data DIR, "
+        "$TEACHER_MCTS_DATA or ./data)\n"
+    )
+    (tmp_path / "data" / "runs").mkdir(parents=True)
+    r = invoke("replay")
+    assert r.exit_code == 1 and f"no runs under {tmp_path}/data/runs (the data dir is --data" in r.stderr, r.output
+    r = invoke("audit", "nocampaign")
+    assert r.exit_code == 1 and "--data DIR" in r.stderr, r.output

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from conftest import ROOT
 
 from cli import _Group, cli
+from engine.process import continue_with
 
 SIGNALS = [
     (signal.SIGINT, "Interrupted."),
@@ -193,11 +194,14 @@ def test_a_text_argument_that_is_not_utf8_is_a_usage_error(runs, tmp_path):
 
 
 STUCK_CLEANUP = """
-import threading, time
+import os, threading, time
 import click
 from cli import _Group
+from engine.process import continue_with
 def body():
     try:
+        if os.environ.get("CONTINUE"):
+            continue_with(os.environ["CONTINUE"])
         print("started", flush=True)
         threading.Event().wait(600)
     finally:  # a cleanup that never ends (a turn that does not stop)
@@ -232,12 +236,27 @@ def test_a_second_signal_while_unwinding_ends_the_process_with_the_first_ones_me
     assert proc.returncode == 143 and err == "Terminated by SIGTERM.\n", err
 
 
-def test_a_cleanup_past_its_deadline_ends_the_process():
-    proc = start_stuck(TEACHER_MCTS_CLEANUP_DEADLINE_S="1")
+@pytest.mark.parametrize("resumable", [False, True])
+def test_a_cleanup_past_its_deadline_ends_the_process(resumable):
+    command = "python cli.py explore --resume r1"
+    proc = start_stuck(TEACHER_MCTS_CLEANUP_DEADLINE_S="1", CONTINUE=command if resumable else "")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
-    assert err == "the cleanup did not end in time: stopped at once; continue with --resume\nTerminated by SIGTERM.\n"
+    note = f"; continue with: {command}" if resumable else ""
+    assert err == f"the cleanup did not end in time: stopped at once{note}\nTerminated by SIGTERM.\n"
+
+
+def test_an_interrupted_command_ends_with_the_command_that_continues_it():
+    def body() -> None:
+        continue_with("python cli.py campaign --resume c")
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10**6):
+            pass
+
+    r = run(body)
+    assert r.exit_code == 130 and r.stderr == "continue with: python cli.py campaign --resume c\nInterrupted.\n"
+    assert run(lambda: os.kill(os.getpid(), signal.SIGINT)).stderr == "Interrupted.\n"  # not the last command's
 
 
 def test_a_signal_the_kernel_hands_to_a_turns_thread_still_stops_the_engine():

@@ -82,7 +82,9 @@ def test_a_run_nobody_reads_keeps_one_state_at_its_end_and_its_first_reader_deri
 
 def test_an_exploration_read_while_it_runs_is_read_from_the_states_its_writer_keeps(tmp_path):
     data = tmp_path / "data"
-    writer = start_endless(data, "live")
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as err:
+        writer = start_endless(data, "live", err)
     try:
         deadline = time.monotonic() + 600
         held = 0
@@ -101,6 +103,12 @@ def test_an_exploration_read_while_it_runs_is_read_from_the_states_its_writer_ke
     finally:
         writer.send_signal(signal.SIGINT)
         writer.wait(timeout=300)
+    # Ctrl-C's message ends with the command that continues the run (its first line scrolled away)
+    assert writer.returncode == 130
+    assert stderr.read_text().splitlines()[-2:] == [
+        f"continue with: python cli.py --data {data} explore --resume live",
+        "Interrupted.",
+    ]
     # what was kept answers as the log does
     kept = answers(data)
     shutil.rmtree(data / "derived")

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -154,7 +155,7 @@ def test_watch_in_a_terminal_shows_the_live_view_and_ends_with_the_run(tmp_path)
     assert "term (task kernel-speedup): finished" in screen and "3 done, 0 active" in screen
 
 
-def start_endless(data: Path, run_id: str) -> subprocess.Popen:
+def start_endless(data: Path, run_id: str, stderr: Any = subprocess.DEVNULL) -> subprocess.Popen:
     from conftest import ENDLESS
 
     config = data.parent / f"{run_id}.toml"
@@ -178,7 +179,7 @@ def start_endless(data: Path, run_id: str) -> subprocess.Popen:
             str(config),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
     )
 
 

@@ -142,6 +142,7 @@ def from_command_line(
     echo: Report = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> CampaignResult:
     """The ``campaign`` command: a new campaign of ``path``, or a resume of ``resume``, its lines to ``echo``."""
+    from engine.process import continue_with
     from ingest.paths import command_line
 
     label = resume or name or (Path(path).stem if path else "")
@@ -152,8 +153,10 @@ def from_command_line(
     def started(created: str) -> None:
         hint = command_line(data_dir, "campaign", "--resume", created)
         echo(f"campaign {created}: running (interrupt and continue with: {hint})")
+        continue_with(hint)
 
     if resume:
+        continue_with(command_line(data_dir, "campaign", "--resume", resume))
         return resume_campaign(data_dir, resume, parallel, executor, ray_address, report)
     return new_campaign(data_dir, path, name, parallel, executor, ray_address, report, started)  # type: ignore[arg-type]
 

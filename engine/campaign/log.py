@@ -11,6 +11,7 @@ from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
 from ingest.errors import LogError
 from ingest.log import EventLog, check_run_id
+from ingest.paths import under
 
 CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
 
@@ -35,7 +36,7 @@ def open_campaign(data_dir: Path, name: str) -> Catalog:
     """A catalog of the campaign's log (views/campaign); LogError when there is no such campaign."""
     log = campaign_log(data_dir, name)
     if not log.exists():
-        raise LogError(f"campaign {name!r} not found under {campaigns_dir(data_dir)}")
+        raise LogError(f"campaign {name!r} not found {under(data_dir, 'campaigns')}")
     catalog = Catalog.empty(CAMPAIGN_VIEWS)
     catalog.load(log)
     return catalog
