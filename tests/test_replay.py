@@ -355,6 +355,10 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert invoke(runs, "replay", "re").exit_code == 0
     text = invoke(runs, "reselect", "re", "--weights", "know=1,max=0,avg=0,clean=0", "--top-k", "2")
     assert "already recorded" in text.stdout and "paths in" in text.stdout
+    assert "note: the weights sum" not in text.stdout
+    unscaled = invoke(runs, "reselect", "re", "--weights", "max=1,avg=1")  # clean, know: the run's 0.2 each
+    assert unscaled.exit_code == 0, unscaled.output
+    assert unscaled.stdout.splitlines()[1] == "note: the weights sum to 2.4, not 1: these path scores are on another scale"
     for weights, problem in (
         ("speed=1", "expected key=value"),
         ("max=nan", "finite"),
@@ -367,7 +371,7 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
         bad = invoke(runs, "reselect", "re", "--top-k", k)
         assert bad.exit_code == 2 and f"Invalid value for '--top-k': {k} is not in the range 1<=x<=" in bad.stderr
         assert "Traceback" not in bad.output
-    assert EventLog(runs, "re").tail_seq() == before + 1
+    assert EventLog(runs, "re").tail_seq() == before + 2
 
 
 def test_weights_whose_scores_could_overflow_or_all_be_zero_are_refused(tmp_path, runs):

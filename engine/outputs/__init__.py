@@ -286,6 +286,9 @@ def reselection(result: Any) -> Output:
         f"selection {sel['selection_id']} ({state}): weights {sel['weights']}, top-{sel['top_k']}",
         table(sel["paths"], ["tree_id", "leaf_id", "rank", "path_score"]),
     ]
+    total = sum(v for k, v in sel["weights"].items() if k != "diversity")
+    if abs(total - 1) > 1e-9:  # accepted (only the order counts), but not silently
+        lines.insert(1, f"note: the weights sum to {total:g}, not 1: these path scores are on another scale")
     if result.default_id:
         lines.append(
             f"versus the default selection {result.default_id}: {len(result.added)} paths in, {len(result.removed)} out"
