@@ -183,6 +183,11 @@ def time_left(seconds: float | None) -> str:
     return "estimating" if seconds is None else duration(math.ceil(seconds))
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 round``, ``2 rounds``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 

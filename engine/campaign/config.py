@@ -12,6 +12,7 @@ Recorded whole in the campaign log's ``RunStarted`` (docs/CAMPAIGNS.md explains 
     [coverage]                     # the policy's choices (docs/DECISIONS.md)
     first_pass_edges = 4
     first_pass_roots = 30          # optional: roots a task opens first (default all)
+    first_pass_probe = true        # with a token budget: one root a task first, to learn the cost
     block_edges = 4
     blocks_per_round = 16
 
@@ -83,6 +84,10 @@ class CoverageOptions(_Strict):
     # roots in tree order (the Student run's time order); the others are opened later by
     # a block, when their expected gain (the run's yield so far) is the largest.
     first_pass_roots: int | None = Field(None, ge=1, le=100_000)
+    # With a token budget, round 0 opens only the first of each task's first-pass roots: what
+    # an edge costs is unknown until then. Round 1 gives the rest of the first pass the blocks
+    # the tokens left pay for, at the cost seen. (A log recorded before this key ran without.)
+    first_pass_probe: bool = True
     block_edges: int = Field(4, ge=1, le=10_000)  # valid edges in each later block
     blocks_per_round: int = Field(16, ge=1, le=100_000)  # blocks a round hands out (one a tree at most)
     flagged_weight: float = Field(0.25, ge=0, le=1)  # a root outside the learnability band weighs this

@@ -51,7 +51,10 @@ def recorded_campaign(catalog: Catalog, name: str) -> CampaignConfig:
     if not rows:
         raise LogError(f"campaign {name!r}: its log records no configuration")
     try:
-        return CampaignConfig.model_validate(json.loads(rows[0]["config_json"]))
+        recorded = json.loads(rows[0]["config_json"])
+        if isinstance(recorded, dict) and isinstance(recorded.get("coverage"), dict):
+            recorded["coverage"].setdefault("first_pass_probe", False)  # recorded before the probe: run without
+        return CampaignConfig.model_validate(recorded)
     except (ValidationError, ValueError) as err:
         raise LogError(f"campaign {name!r}: its recorded configuration is not valid ({err})") from err
 

@@ -19,6 +19,7 @@ from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import RunConfig
 from engine.exploration import PlannedRun, plan_run
 from engine.mcts.explorer import Explorer
+from engine.render import counted
 from engine.runs import recorded_config
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError
@@ -232,8 +233,8 @@ class _Campaign:
         if decided.stop is not None:
             what = f"stop ({decided.stop})"
         else:
-            tasks = len({g["task"] for g in decided.grants})
-            what = f"({decided.rule}) a block to each of {len(decided.grants)} trees of {tasks} tasks"
+            tasks = counted(len({g["task"] for g in decided.grants}), "task")
+            what = f"({decided.rule}) a block to each of {counted(len(decided.grants), 'tree')} of {tasks}"
         self.report(f"round {round_no} {what}; spent {spent}{of} valid edges, {tokens / 1e6:.1f}M{of_tokens} tokens")
 
     def _copy(self) -> None:

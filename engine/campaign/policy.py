@@ -9,6 +9,11 @@ here they are only ranked (docs/CAMPAIGNS.md):
   ``first_pass_roots`` = k, k roots of each task spread evenly over its roots in tree
   order: the i-th of n at index i * n // k), by task and tree id, while the edge budget
   lasts; a root left unopened is a candidate of every later round like any tree;
+- with a token budget and ``first_pass_probe``, round 0 gives only the first of each
+  task's first-pass roots its block (what an edge costs is unknown before), and round 1
+  (``first_pass``) the others, the i-th root of every task before the (i+1)-th, while
+  the budget lasts (a block's expected tokens must fit the tokens left, except the
+  round's first);
 - later rounds (``coverage``): the eligible trees of every task ranked by gain
   (rounded to 12 digits, highest first; a tree without a gain last), ties by task and
   tree id; the first ``blocks_per_round`` of them get a block of ``block_edges`` each,
@@ -55,15 +60,31 @@ def _rank(row: Row) -> tuple:
 
 def _first_pass(eligible: list[Row], roots: int | None) -> list[Row]:
     """The roots the first pass opens: every one, or ``roots`` of each task spread evenly (by task, tree id)."""
-    ordered = sorted(eligible, key=lambda r: (r["task"], r["tree_id"]))
-    if roots is None:
-        return ordered
-    out: list[Row] = []
+    return [row for task in _first_pass_by_task(eligible, roots) for row in task]
+
+
+def _first_pass_by_task(rows: list[Row], roots: int | None) -> list[list[Row]]:
+    """Each task's first-pass roots in tree order (the tasks in name order)."""
+    ordered = sorted(rows, key=lambda r: (r["task"], r["tree_id"]))
+    out: list[list[Row]] = []
     for task in dict.fromkeys(r["task"] for r in ordered):
         trees = [r for r in ordered if r["task"] == task]
         n = len(trees)
-        out.extend(trees[i * n // roots] for i in range(min(roots, n)))
+        out.append(trees if roots is None else [trees[i * n // roots] for i in range(min(roots, n))])
     return out
+
+
+def _probed(tasks: list[TaskRows], roots: int | None, round_no: int) -> list[Row] | None:
+    """The blocks of a probing first pass: round 0, the first first-pass root of each task; round 1, the
+    others not opened yet, the i-th of every task before the (i+1)-th. None once the first pass is over."""
+    rows = [r | {"task": t.task, "run": t.run_id} for t in tasks for r in t.gains]
+    by_task = _first_pass_by_task(rows, roots)  # over every tree, so that a stopped one shifts nothing
+    if round_no == 0:
+        return [trees[0] for trees in by_task if trees[0]["eligible"]]
+    if round_no != 1:
+        return None
+    later = [(i, row) for trees in by_task for i, row in enumerate(trees) if i > 0]
+    return [row for _, row in sorted(later, key=lambda p: p[0]) if row["eligible"] and not row["granted_edges"]]
 
 
 def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Round:
@@ -79,7 +100,10 @@ def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Roun
     eligible = [r | {"task": t.task, "run": t.run_id} for t in tasks for r in t.gains if r["eligible"]]
     if not eligible:
         return Round("stop", [], "trees_stopped")
-    if round_no == 0:
+    probed = _probed(tasks, options.first_pass_roots, round_no) if budget.tokens and options.first_pass_probe else None
+    if probed:
+        rule, size, ordered, limit = "first_pass", options.first_pass_edges, probed, len(probed)
+    elif round_no == 0:
         rule, size = "first_pass", options.first_pass_edges
         ordered = _first_pass(eligible, options.first_pass_roots)
         limit = len(ordered)
@@ -91,7 +115,8 @@ def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Roun
         edges = size if edges_left is None else min(size, edges_left)
         if edges <= 0:
             break
-        cost = None if row["expected_tokens"] is None else float(row["expected_tokens"]) * edges / size
+        per_edge = None if row["expected_tokens"] is None else float(row["expected_tokens"]) / options.block_edges
+        cost = None if per_edge is None else per_edge * edges
         if tokens_left is not None and grants and cost is not None and cost > tokens_left:
             break
         gain = None if rule == "first_pass" or row["gain"] is None else float(row["gain"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.outputs.integrity import campaign_verification, quarantined, verification, verified
-from engine.render import Output, rows_csv, table
+from engine.render import Output, counted, rows_csv, table
 from ingest.paths import command_line
 
 Row = dict[str, Any]
@@ -153,7 +153,8 @@ def campaign(result: Any, data_dir: Path) -> Output:
     }
     stop = f", stopped: {result.stop_reason}" if result.stop_reason else ""
     lines = [
-        f"campaign {result.name} ({result.policy}): {len(result.runs)} tasks, {result.rounds} rounds{stop}",
+        f"campaign {result.name} ({result.policy}): {counted(len(result.runs), 'task')}, "
+        f"{counted(result.rounds, 'round')}{stop}",
         table([*rows, total], CAMPAIGN_COLUMNS),
         f"every task's run is a run as any other: {command_line(data_dir, 'audit', result.name)}",
     ]
