@@ -358,7 +358,8 @@ def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, t
     assert "note: the weights sum" not in text.stdout
     unscaled = invoke(runs, "reselect", "re", "--weights", "max=1,avg=1")  # clean, know: the run's 0.2 each
     assert unscaled.exit_code == 0, unscaled.output
-    assert unscaled.stdout.splitlines()[1] == "note: the weights sum to 2.4, not 1: these path scores are on another scale"
+    note = "note: the weights sum to 2.4, not 1: these path scores are on another scale"
+    assert unscaled.stdout.splitlines()[1] == note
     for weights, problem in (
         ("speed=1", "expected key=value"),
         ("max=nan", "finite"),
