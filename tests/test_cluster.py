@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ENDLESS, ROOT
 from fake_model import FakeModel
 from test_opencode_e2e import marked_processes, roots, script, student, wait_until_gone  # noqa: F401 - fixtures
 
 from cli import cli
-from engine.teachers.opencode.processes import kill_marked
+from engine.teachers.opencode.processes import Supervisor, descendants, kill_marked, started_at
 from ingest.log import EventLog
 
 pytestmark = pytest.mark.slow
@@ -34,10 +34,46 @@ pytestmark = pytest.mark.slow
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
 
 
+GUARD = Supervisor()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ray_nodes(mark: str) -> set[int]:
+    """The processes of the cluster marked ``mark`` and theirs (Ray's agents overwrite their marks)."""
+    return {child for pid in ray_marked(mark) for child in descendants(pid)} | set(ray_marked(mark))
+
+
+def ray_marked(mark: str) -> list[int]:
+    """The pids of the processes of the cluster marked ``mark``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"TEST_RAY_CLUSTER={mark}".encode() in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def running(pid: int, start: str | None) -> bool:
+    """Whether that process (its pid and start time) still runs (a zombie is done)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and started_at(pid) == start
 
 
 # The `ray` command of the Python running the tests (beside it in a venv's bin/), else the one on PATH.
@@ -52,7 +88,7 @@ def cluster():
     (``ray stop`` would stop every Ray cluster of the machine).
     """
     port = free_port()
-    mark = secrets.token_hex(8)
+    mark = os.environ.get("TEST_RAY_CLUSTER_MARK") or secrets.token_hex(8)
     # The venv's bin first: `ray` is found there whether or not the venv is activated
     # (`venv/bin/python -m pytest`), and so are the processes Ray starts by name.
     env = dict(
@@ -64,6 +100,9 @@ def cluster():
             [str(ROOT / "tests" / "fixtures" / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]]
         ),
         TEST_RAY_CLUSTER=mark,
+        # and killed by a watchdog when this process ends without its teardown (a second
+        # Ctrl-C, SIGHUP of a closed terminal, kill -9): `ray start` daemonizes its nodes
+        **GUARD.guard(),
     )
     env.pop("RAY_ADDRESS", None)
     node = ["--num-cpus", "1", "--resources", json.dumps({"teacher_slot": 2}), "--object-store-memory", "100000000"]
@@ -86,6 +125,8 @@ def cluster():
             capture_output=True,
         )
         subprocess.run([RAY, "start", "--address", address, *node], env=env, check=True, capture_output=True)
+        # (and what those nodes started that wrote its title over its environment: Ray's agents)
+        GUARD.adopt(ray_nodes(mark))
         yield address, env
     finally:
         deadline = time.monotonic() + 120
@@ -394,3 +435,80 @@ def test_a_coverage_campaign_on_ray_makes_the_campaign_a_local_one_makes(tmp_pat
         turns_once(data["ray"], run)
     r = CliRunner().invoke(cli, ["--data", str(data["ray"]), "replay", "camp"])
     assert r.exit_code == 0 and ", 0 differ" in r.output, r.output
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_a_test_session_stopped_any_way_leaves_no_ray_process(tmp_path, how):
+    """After Ctrl-C of the suite, two Ray processes of the test cluster stayed behind; a test
+    session killed outright never ran its teardown at all."""
+    mark = secrets.token_hex(8)
+    session = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::test_a_rounds_sim_run_on_ray_has_the_trees_of_a_local_run",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, TEST_RAY_CLUSTER_MARK=mark),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not any(b"TurnWorker" in cmdline(p) for p in ray_nodes(mark)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # both nodes up, and the test's run on them
+        started = {pid: (started_at(pid), cmdline(pid)) for pid in ray_nodes(mark) | descendants(session.pid)}
+        assert session.poll() is None and len(started) > 4, "the cluster did not start"
+        if how == signal.SIGINT:
+            os.killpg(session.pid, how)  # a terminal's Ctrl-C: to its foreground group
+        else:
+            os.kill(session.pid, how)  # the OOM killer, `kill -9 PID`: to the session's process alone
+        session.wait(timeout=600)
+    finally:
+        if session.poll() is None:
+            os.killpg(session.pid, signal.SIGKILL)
+    assert_gone_once_watched(started)
+
+
+def test_a_run_on_a_local_cluster_killed_with_kill_9_leaves_no_ray_process(tmp_path):
+    """`explore --executor ray` without an address makes a cluster of its own. Killed outright,
+    two of Ray's agents outlived it by a minute (their environment is overwritten by their
+    title, so no mark finds them): its watchdog now kills every process of that cluster."""
+    config = tmp_path / "endless.toml"
+    config.write_text(ENDLESS)
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "--data", str(tmp_path / "data"), "explore", *sim_args(config)]
+        + ["--run-id", "killed", "--executor", "ray"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not any(b"TurnWorker" in cmdline(p) for p in descendants(run.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the cluster is up and its turns run
+        started = {pid: (started_at(pid), cmdline(pid)) for pid in descendants(run.pid)}
+        assert run.poll() is None and len(started) >= 3, started
+    finally:
+        run.kill()  # the process alone, not its group: as the OOM killer does
+        run.wait()
+    assert_gone_once_watched(started)
+
+
+def assert_gone_once_watched(started: dict[int, tuple[str | None, bytes]]) -> None:
+    """Once the watchdog among ``started`` (pid: start time, command line) has done its work,
+    none of them runs."""
+    watchdogs = [p for p, (_, command) in started.items() if b"processes.py" in command]
+    assert watchdogs, "the cluster has no watchdog"
+    deadline = time.monotonic() + 300
+    while any(running(p, started[p][0]) for p in watchdogs) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the watchdog kills what it guards, then exits
+    left = {p: command for p, (start, command) in started.items() if running(p, start)}
+    for pid in left:  # (so that no other test meets them)
+        os.kill(pid, signal.SIGKILL)
+    assert left == {}

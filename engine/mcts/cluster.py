@@ -37,6 +37,7 @@ from typing import Any
 from engine.config import RunConfig
 from engine.mcts.turns import TeacherFailedError
 from engine.teachers import TurnCancelled, TurnRequest
+from engine.teachers.opencode.processes import Supervisor, descendants
 from ingest.errors import InputError, ProjectError
 from ingest.events import Event
 
@@ -91,6 +92,21 @@ class TurnWorker:
             self.teacher.close()
 
 
+@contextlib.contextmanager
+def marked_environment(marks: dict[str, str]):
+    """``os.environ`` with ``marks`` while the body runs (the processes it starts inherit them)."""
+    saved = {k: os.environ.get(k) for k in marks}
+    os.environ.update(marks)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class RayExecutor:
     """Runs the turn pool's turns on a Ray cluster: ``address`` (or ``$RAY_ADDRESS``), else a local one.
 
@@ -117,14 +133,21 @@ class RayExecutor:
             if self._owner and address:  # (not the owner: another run of its campaign joined already)
                 ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level="warning")
             elif self._owner:  # a cluster of this machine alone, for as long as the run
-                ray.init(  # "local": a new one, even where a cluster's address file (/tmp/ray) names another
-                    address="local",
-                    resources={RESOURCE: slots},
-                    runtime_env=env,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level="warning",
-                )
+                # Its processes are handed to a watchdog (the ones it starts later inherit its
+                # mark): after a kill -9 of this process two of Ray's agents stayed for good.
+                self._guard = Supervisor()
+                marks = self._guard.guard()  # (its watchdog started first: not one of Ray's)
+                before = descendants()
+                with marked_environment(marks):
+                    ray.init(  # "local": a new one, even where a cluster's address file (/tmp/ray) names another
+                        address="local",
+                        resources={RESOURCE: slots},
+                        runtime_env=env,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        logging_level="warning",
+                    )
+                self._guard.adopt(descendants() - before)
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise InputError(f"cannot connect to the Ray cluster at {address or 'a new local cluster'}: {err}") from err
         finally:

@@ -100,6 +100,21 @@ class Supervisor:
                     start_new_session=True,
                 )
 
+    def guard(self) -> dict[str, str]:
+        """The environment that puts a process (and what it starts) under this supervisor's
+        watchdog, started now: such processes are killed when this process ends, however it ends."""
+        self._watch()
+        return {OWNER_ENV: self.owner}
+
+    def adopt(self, pids: set[int]) -> None:
+        """Hand these running processes to the watchdog: killed when this process ends, however it
+        ends, whatever they did to their environment (Ray's agents write their title over it)."""
+        self._watch()
+        lines = "".join(f"{pid} {start}\n" for pid in sorted(pids) if (start := started_at(pid)) is not None)
+        with self._lock:
+            self._watchdog.stdin.write(lines.encode())  # type: ignore[union-attr]
+            self._watchdog.stdin.flush()  # type: ignore[union-attr]
+
     def spawn(
         self, args: list[str], *, label: str, cwd: Path, env: dict[str, str], stderr: Path
     ) -> tuple[subprocess.Popen, str]:
@@ -271,16 +286,52 @@ class Supervisor:
                 watchdog.wait(timeout=30)
 
 
+def started_at(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot; with its pid, it names the process once)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def descendants(pid: int | None = None) -> set[int]:
+    """The processes that ``pid`` (default: this one) started, and theirs, running now."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [os.getpid() if pid is None else pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def watch(owner: str) -> None:
-    """The watchdog: wait for the supervisor's process to end, then kill what carries its mark.
+    """The watchdog: wait for the supervisor's process to end, then kill what carries its mark
+    and the processes it was handed (lines ``PID START``: see :meth:`Supervisor.adopt`).
 
     It ignores the signals a terminal or ``timeout`` sends (it is in a session of its
     own anyway), and kills until a pass finds nothing (a process may fork meanwhile).
     """
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    while sys.stdin.buffer.read(65536):
-        pass
+    adopted: list[tuple[int, str]] = []
+    for line in sys.stdin:
+        pid, _, start = line.strip().partition(" ")
+        if pid.isdigit() and start:
+            adopted.append((int(pid), start))
+    for pid, start in adopted:
+        if started_at(pid) == start:  # still that process (not a later one given its pid)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
     for _ in range(50):
         if not kill_marked(owner, OWNER_ENV):
             return
