@@ -233,7 +233,8 @@ def select_snapshots(
     from engine import outputs
     from engine.roots import select_snapshots as run
 
-    result = run(all_snapshots, out, task, _data_dir(), direction, num_roots, run_id, overwrite)
+    options = {"direction": direction, "num_roots": num_roots, "run_id": run_id, "overwrite": overwrite}
+    result = run(all_snapshots, out, task, _data_dir(), **options)
     for warning in result.warnings:
         click.echo(f"Warning: {warning}", err=True)
     _show(outputs.selection(result), _format(as_json))
@@ -398,12 +399,12 @@ def _resume(
     return resume_run(
         _data_dir(),
         run_id,
-        progress,
-        lambda p: click.echo(outputs.resuming(run_id, p), err=True),
-        executor,
-        ray_address,
-        options["parallel"],
-        options["turn_timeout"],
+        on_progress=progress,
+        on_start=lambda p: click.echo(outputs.resuming(run_id, p), err=True),
+        executor=executor,
+        ray_address=ray_address,
+        parallel=options["parallel"],
+        turn_timeout=options["turn_timeout"],
     )
 
 
@@ -432,7 +433,17 @@ def _start(
         continue_with(hint)
 
     try:
-        return new_run(_data_dir(), roots, config, run_id, select, progress, started, executor, ray_address)
+        return new_run(
+            _data_dir(),
+            roots,
+            config,
+            run_id,
+            select,
+            on_progress=progress,
+            on_start=started,
+            executor=executor,
+            ray_address=ray_address,
+        )
     except InputError as err:  # about the folders of ROOTS: they may be ones to select from
         if select or not roots.is_dir() or not str(err).startswith(f"{roots}: "):
             raise
@@ -916,15 +927,15 @@ def export(
         _data_dir(),
         list(run_ids),
         out,
-        selection,
-        fmt,
-        task,
-        stage,
-        workspace,
-        not no_reasoning,
-        overwrite,
-        invalid,
-        tokenizer,
+        selection=selection,
+        fmt=fmt,
+        task=task,
+        stage=stage,
+        workspace=workspace,
+        reasoning=not no_reasoning,
+        overwrite=overwrite,
+        invalid=invalid,
+        tokenizer=tokenizer,
     )
     _show(outputs.export(result, invalid), _format(as_json))
     _name_damaged(result.damaged)

@@ -196,6 +196,7 @@ def new_run(
     config: RunConfig,
     run_id: str | None = None,
     select: bool = False,
+    *,
     on_progress: Progress | None = None,
     on_start: Callable[[str], None] | None = None,
     executor: str = "local",
@@ -283,6 +284,7 @@ def _explore(
 def resume_run(
     data_dir: Path,
     run_id: str,
+    *,
     on_progress: Progress | None = None,
     on_start: Callable[[dict[str, Any]], None] | None = None,
     executor: str = "local",

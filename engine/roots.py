@@ -243,6 +243,7 @@ def select_snapshots(
     out: Path | None,
     task: str,
     data_dir: Path,
+    *,
     direction: str | None = None,
     num_roots: int = 30,
     run_id: str | None = None,

@@ -42,6 +42,17 @@ def pytest_collection_modifyitems(config, items) -> None:
         )
 
 
+def pytest_sessionfinish(session) -> None:
+    """A worker of pytest-xdist hands its counts to the controller, which prints them."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["report"] = json.dumps(REPORT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    REPORT.update(json.loads(getattr(node, "workeroutput", {}).get("report", "{}")))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if REPORT:
         terminalreporter.section("counts of this session")

@@ -92,3 +92,32 @@ def test_the_total_of_tokens_is_summed_in_one_view():
         assert views_adding_token_kinds({"x": f"select {second} from int_turns__costs as c"}) == {"x"}
     one_total = "select sum(c.tokens) as tokens, sum(c.tokens_input) as tokens_input"
     assert views_adding_token_kinds({"x": one_total}) == set()
+
+
+MAX_POSITIONAL = 6
+
+
+def long_positional_signatures(source: str) -> list[str]:
+    """The public functions of ``source`` taking more than MAX_POSITIONAL positional parameters."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
+            args = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+            if len(args) > MAX_POSITIONAL:
+                found.append(f"{node.name}({', '.join(args)})")
+    return found
+
+
+def test_no_library_call_takes_more_than_six_positional_parameters():
+    """export_runs took 12, in an order every caller had to keep: the rest are keyword-only."""
+    found = [
+        f"{path.relative_to(ROOT)}: {signature}"
+        for folder in ("ingest", "engine")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for signature in long_positional_signatures(path.read_text())
+    ]
+    assert found == []
+    assert long_positional_signatures("def f(a, b, c, d, e, f, g): pass") == ["f(a, b, c, d, e, f, g)"]
+    assert long_positional_signatures("def f(a, b, c, d, e, f, *, g): pass") == []

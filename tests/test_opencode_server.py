@@ -46,6 +46,9 @@ def test_64_concurrent_turns_each_record_what_the_model_received(tmp_path, roots
     config.write_text(
         f"parallel = {WIDE}\nbackend_error_limit = {WIDE}\n"
         f"[tree]\nroot_children = {WIDE}\nmax_children = {WIDE}\nmax_depth = 1\n"
+        # a served turn takes ~124 MB (docs/REAL_RUNS.md): the default 300 would ask for 19 GB
+        # free, which this machine lacks while another test runs beside this one
+        "[backend_options]\nturn_memory_mb = 150\n"
     )
     data = tmp_path / "data"
     try:

@@ -71,6 +71,7 @@ def new_campaign(
     data_dir: Path,
     path: Path,
     name: str | None = None,
+    *,
     parallel: int | None = None,
     executor: str = "local",
     ray_address: str | None = None,
@@ -103,7 +104,17 @@ def new_campaign(
             on_start(name)
         catalog = Catalog.empty(CAMPAIGN_VIEWS)
         catalog.load(campaign_log(data_dir, name))
-        drive(data_dir, name, writer, catalog, config, executor, ray_address, report or (lambda _: None), plans)
+        drive(
+            data_dir,
+            name,
+            writer,
+            catalog,
+            config,
+            executor=executor,
+            ray_address=ray_address,
+            report=report or (lambda _: None),
+            plans=plans,
+        )
     return campaign_result(data_dir, name, resumed=False)
 
 
@@ -127,7 +138,16 @@ def resume_campaign(
             if parallel is not None:
                 config = config.model_copy(update={"parallel": parallel})
             catalog.load(campaign_log(data_dir, name))
-            drive(data_dir, name, writer, catalog, config, executor, ray_address, report or (lambda _: None))
+            drive(
+                data_dir,
+                name,
+                writer,
+                catalog,
+                config,
+                executor=executor,
+                ray_address=ray_address,
+                report=report or (lambda _: None),
+            )
     return campaign_result(data_dir, name, resumed=not finished)
 
 
@@ -136,6 +156,7 @@ def from_command_line(
     path: Path | None,
     name: str | None,
     resume: str | None,
+    *,
     parallel: int | None,
     executor: str = "local",
     ray_address: str | None = None,
@@ -158,7 +179,16 @@ def from_command_line(
     if resume:
         continue_with(command_line(data_dir, "campaign", "--resume", resume))
         return resume_campaign(data_dir, resume, parallel, executor, ray_address, report)
-    return new_campaign(data_dir, path, name, parallel, executor, ray_address, report, started)  # type: ignore[arg-type]
+    return new_campaign(
+        data_dir,
+        path,  # type: ignore[arg-type]
+        name,
+        parallel=parallel,
+        executor=executor,
+        ray_address=ray_address,
+        report=report,
+        on_start=started,
+    )
 
 
 # ---------------------------------------------------------------- reading

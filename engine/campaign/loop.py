@@ -84,6 +84,7 @@ def drive(
     writer: LogWriter,
     catalog: Catalog,
     config: CampaignConfig,
+    *,
     executor: str,
     ray_address: str | None,
     report: Report,

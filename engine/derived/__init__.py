@@ -314,9 +314,8 @@ class Derived:
                 place.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=place))
                 try:
-                    write_state(
-                        held.catalog, tmp, f"{run_id}/{flavour}/{source.key}", source, variables, self.digest, views
-                    )
+                    relative = f"{run_id}/{flavour}/{source.key}"
+                    write_state(held.catalog, tmp, relative, source, variables, self.digest, views=views)
                     crash_point("derived.built")
                     published = publish(tmp, final)
                 finally:

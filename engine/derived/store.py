@@ -41,6 +41,7 @@ def write_state(
     source: Source,
     variables: dict[str, Any],
     digest: str,
+    *,
     views: tuple[str, ...] = (),
 ) -> None:
     """Write the state of a refreshed catalog into ``tmp``: its tables' rows (and the rows of ``views``), then

@@ -81,6 +81,7 @@ def export_runs(
     data_dir: Path,
     run_ids: list[str],
     out: Path,
+    *,
     selection: str | None = None,
     fmt: str = "chat",
     task: str | None = None,
@@ -177,6 +178,7 @@ def path_sample(
     run_id: str,
     tree_id: str,
     leaf_id: str,
+    *,
     selection: str | None = None,
     workspace: str = DEFAULT_WORKSPACE,
     reasoning: bool = True,
@@ -256,7 +258,7 @@ def _write_run(
                 for t in run.walks[(path["tree_id"], path["leaf_id"])]
                 if t["turn"]
             }
-            target.write(atif_trajectory(conv, metadata, reasoning, run.agent, steps, calls, evals))
+            target.write(atif_trajectory(conv, metadata, reasoning, run.agent, steps=steps, calls=calls, evals=evals))
         counts[(path["task"] or "", path["stage"] or "")] += 1
     target.end()
     return {

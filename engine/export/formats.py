@@ -42,6 +42,7 @@ def atif_trajectory(
     metadata: dict[str, Any],
     reasoning: bool,
     agent: dict[str, Any],
+    *,
     steps: StepMetrics,
     calls: CallFacts,
     evals: dict[TurnKey, dict[str, Any]],

@@ -85,7 +85,7 @@ class Source:
         with self._lock:
             found = self._samples.get(key)
         if found is None:  # built without the lock (two pages may build the same one: the same sample)
-            found = path_sample(self.data_dir, run_id, tree_id, leaf_id, selection)
+            found = path_sample(self.data_dir, run_id, tree_id, leaf_id, selection=selection)
         with self._lock:
             self._samples[key] = found
             self._samples.move_to_end(key)

@@ -172,7 +172,7 @@ class OpenCodeTeacher:
         # A session of the store is brought to a served turn's lane by its server pool (it moves the fork).
         if source and (self.servers is None or self.servers.home(source) is None):
             file, moved = start.get("session_file"), self.servers is None
-            bring_session(self.environment, self.run_store, source, file, worktree, edge_dir, moved)
+            bring_session(self.environment, self.run_store, source, file, worktree, edge_dir, move=moved)
         before = git("rev-parse", "HEAD", cwd=worktree)
         prompt = (self.opts.prompt_turn1 if request.turn == 1 else self.opts.prompt_turn2).format(
             task=self.task,

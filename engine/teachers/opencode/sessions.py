@@ -94,7 +94,7 @@ def holding(stores, session: str):
     return None
 
 
-def bring_session(env, run_store, source: str, file: str | None, worktree: Path, edge_dir: Path, move: bool) -> None:
+def bring_session(env, run_store, source: str, file: str | None, worktree: Path, edge_dir: Path, *, move: bool) -> None:
     """Make ``source`` a session of ``env``'s database (``environment.Environment``), importing it
     when it is not there, and (``move``) point it at ``worktree``.
 
