@@ -6,14 +6,12 @@ engine/outputs/, the terminal's layout in engine/render.py). stdout carries data
 progress and warnings go to stderr. Errors the project raises on purpose become
 ``Error: <message>`` with exit code 1, never a traceback. The algorithm the commands run
 is explained in docs/ALGORITHM.md. A new command: a function under ``@cli.command()``
-that ends with ``_show(outputs.<its result>(...), _format(as_json))``.
+that ends with ``show(outputs.<its result>(...), fmt)``.
 """
 
 from __future__ import annotations
 
-import errno
-import math
-import signal
+import functools
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -21,82 +19,30 @@ from typing import Any, NoReturn
 import click
 
 from engine import __version__
-from engine.process import Terminated, continue_with, exit_signalled, run_to_exit, unwind_on_signals
-from ingest.errors import InputError, OptionError, ProjectError, os_problem
-from ingest.paths import DATA_ENV, command_line, default_data_dir
-from ingest.text import as_utf8
-
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-DATA_TYPE = click.Path(file_okay=False, path_type=Path)
-DATA_HELP = f"Directory holding runs/ (default: ./data, relative to the current directory; or ${DATA_ENV})."
-
-
-def _subcommand_data(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
-    if value is not None:  # given after the subcommand: it wins over the group's (and $TEACHER_MCTS_DATA)
-        ctx.meta["data_dir"] = value
-
-
-class _Command(click.Command):
-    """A command whose text arguments must be UTF-8 (paths are checked where they are used).
-
-    Every command takes ``--data`` too, so that it may follow the subcommand as well as
-    precede it (one definition: the option is added here, not by each command).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.params.append(
-            click.Option(
-                ["--data"], type=DATA_TYPE, default=None, expose_value=False, callback=_subcommand_data, help=DATA_HELP
-            )
-        )
-
-    def invoke(self, ctx: click.Context) -> Any:
-        """Refuse a text argument that is not UTF-8 (exit 2) before the command runs.
-
-        The log and DuckDB hold text as UTF-8; a byte that is not (Python keeps it as
-        a lone surrogate) made DuckDB's binding raise inside ``sql`` (a traceback),
-        and a ``--task`` so named a run that could not be read back.
-        """
-        for param in self.params:
-            value = ctx.params.get(param.name)
-            for text in value if isinstance(value, tuple) else (value,):
-                if isinstance(text, str) and as_utf8(text) != text:
-                    msg = f"{as_utf8(text)!r} is not UTF-8 text (shown with U+FFFD for its other bytes)"
-                    raise click.BadParameter(msg, ctx=ctx, param=param)
-        try:
-            return super().invoke(ctx)
-        except OptionError as err:  # an option's value checked where it is used: a usage error too
-            raise click.UsageError(str(err), ctx) from err
+from engine.commandline import (
+    CONTEXT_SETTINGS,
+    COUNT,
+    DATA_HELP,
+    DATA_TYPE,
+    INT64,
+    MAX_TURN_TIMEOUT_S,
+    FiniteFloat,
+    Group,
+    data_dir,
+    executor_options,
+    name_damaged,
+    output,
+    parallel_checked,
+    run_id_checked,
+    show,
+    strata_checked,
+    workspace_checked,
+)
+from engine.process import run_to_exit
+from ingest.paths import DATA_ENV, default_data_dir
 
 
-class _Group(click.Group):
-    """Turns ProjectError into a clean ``Error: ...`` message and exit code 1."""
-
-    command_class = _Command
-
-    def invoke(self, ctx: click.Context) -> Any:
-        received: list[int] = []
-        try:
-            with unwind_on_signals(received):
-                return super().invoke(ctx)
-        except Exception as err:
-            if received:  # whatever the interruption turned into on its way out
-                exit_signalled(received[0])
-            if isinstance(err, ProjectError):
-                raise click.ClickException(str(err)) from err
-            if isinstance(err, UnicodeEncodeError):  # a path no file system can name (a lone surrogate)
-                raise click.UsageError(
-                    f"{as_utf8(err.object)!r} cannot be a path: it is not text the file system can encode"
-                ) from err
-            if isinstance(err, OSError) and err.errno != errno.EPIPE:  # EPIPE: click exits quietly
-                raise click.ClickException(os_problem(err)) from err  # a full disk, a quota
-            raise
-        except (KeyboardInterrupt, Terminated):
-            exit_signalled(received[0] if received else signal.SIGINT)
-
-
-@click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+@click.group(cls=Group, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, prog_name="teacher-mcts")
 @click.option("--data", "data_dir", type=DATA_TYPE, envvar=DATA_ENV, default=None, help=DATA_HELP)
 @click.pass_context
@@ -105,74 +51,12 @@ def cli(ctx: click.Context, data_dir: Path | None) -> None:
     ctx.obj = {"data_dir": data_dir or default_data_dir()}
 
 
-def _data_dir() -> Path:
-    """--data as given after the subcommand, else before it, else $TEACHER_MCTS_DATA, else ./data."""
-    ctx = click.get_current_context()
-    return ctx.meta.get("data_dir") or ctx.find_root().obj["data_dir"]
-
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-
-# Exit codes: a command-line option's value that no run could use (out of range, not a
-# number, malformed) is a usage error, exit 2, whether click's types refuse it or the
-# library does (OptionError); bad content of files and logs is exit 1 (README).
-INT64 = click.IntRange(-(2**63), 2**63 - 1)
-MAX_TURN_TIMEOUT_S = 7 * 86_400.0  # a week: any wait longer overflows somewhere (threading's at ~292 years)
-
-
-class FiniteFloat(click.FloatRange):
-    """A float in a range that is a finite number: click's FloatRange lets nan through."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
-def _run_id_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    from ingest.log import check_run_id
-
-    try:
-        return value if value is None else check_run_id(value)
-    except ProjectError as err:
-        raise click.BadParameter(str(err)) from err
-
-
-def _parallel_option(_ctx: click.Context, _param: click.Parameter, value: int | None) -> int | None:
-    from engine.config import parallel_problem
-
-    problem = None if value is None else parallel_problem(value)
-    if problem:
-        raise click.BadParameter(problem)
-    return value
-
-
-def _format(as_json: bool, as_csv: bool = False) -> str:
-    if as_json and as_csv:
-        raise click.UsageError("--json cannot be used with --csv")
-    return "json" if as_json else "csv" if as_csv else "text"
-
-
-def _show(output: Any, fmt: str = "text") -> None:
-    """Print a command's result (an ``engine.render.Output``) as text, JSON or CSV."""
-    output.write(fmt, sys.stdout, click.echo)
-
-
-def _name_damaged(damaged: list[Any]) -> None:
-    """After an all-runs command's output: name each damaged run it left out (stderr), and exit 1."""
-    for run in damaged:
-        click.echo(f"Error: {run.message()}", err=True)
-    if damaged:
-        sys.exit(1)
-
-
 # ------------------------------------------------------------------ views
 
 
 @cli.command()
-@json_option
-def views(as_json: bool) -> None:
+@output()
+def views(fmt: str) -> None:
     """List the views of the catalog with what each derives, its grain and its sources.
 
     \b
@@ -183,7 +67,7 @@ def views(as_json: bool) -> None:
     from engine import outputs
     from engine.catalog import read_views
 
-    _show(outputs.views(read_views()), _format(as_json))
+    show(outputs.views(read_views()), fmt)
 
 
 # -------------------------------------------------------- select-snapshots
@@ -199,12 +83,12 @@ def views(as_json: bool) -> None:
     default=None,
     help="Score direction (default: the snapshots' CORAL config, else maximize).",
 )
-@click.option("--num-roots", type=click.IntRange(min=1, max=2**63 - 1), default=30, show_default=True)
-@click.option("--run-id", default=None, callback=_run_id_option, help="Id of the run to record (default: generated).")
+@click.option("--num-roots", type=COUNT, default=30, show_default=True)
+@click.option("--run-id", default=None, callback=run_id_checked, help="Id of the run to record (default: generated).")
 @click.option(
     "--overwrite", is_flag=True, help="Replace an earlier output in OUT (only snapshot folders are replaced)."
 )
-@json_option
+@output()
 def select_snapshots(
     all_snapshots: Path,
     out: Path,
@@ -213,7 +97,7 @@ def select_snapshots(
     num_roots: int,
     run_id: str | None,
     overwrite: bool,
-    as_json: bool,
+    fmt: str,
 ) -> None:
     """Choose the MCTS roots of a task and copy them to OUT (docs/ALGORITHM.md, "Roots").
 
@@ -234,10 +118,10 @@ def select_snapshots(
     from engine.roots import select_snapshots as run
 
     options = {"direction": direction, "num_roots": num_roots, "run_id": run_id, "overwrite": overwrite}
-    result = run(all_snapshots, out, task, _data_dir(), **options)
+    result = run(all_snapshots, out, task, data_dir(), **options)
     for warning in result.warnings:
         click.echo(f"Warning: {warning}", err=True)
-    _show(outputs.selection(result), _format(as_json))
+    show(outputs.selection(result), fmt)
 
 
 # ---------------------------------------------------------------- explore
@@ -245,14 +129,14 @@ def select_snapshots(
 
 @cli.command()
 @click.argument("roots", type=click.Path(path_type=Path), required=False)
-@click.option("--run-id", default=None, callback=_run_id_option, help="Id of the new run (default: generated).")
+@click.option("--run-id", default=None, callback=run_id_checked, help="Id of the new run (default: generated).")
 @click.option("--resume", "resume_id", default=None, metavar="RUN_ID", help="Continue an interrupted run from its log.")
 @click.option("--backend", type=click.Choice(["sim", "opencode"]), default=None, help="Teacher backend (default sim).")
 @click.option(
     "--parallel",
     type=click.IntRange(min=1),
     default=None,
-    callback=_parallel_option,
+    callback=parallel_checked,
     help="Teacher slots shared by all trees (default 4; at most 4096, or half of ulimit -u).",
 )
 @click.option(
@@ -282,7 +166,7 @@ def select_snapshots(
 @click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
 @click.option(
     "--num-roots",
-    type=click.IntRange(min=1, max=2**63 - 1),
+    type=COUNT,
     default=None,
     help="Roots to select with --select (default 30).",
 )
@@ -309,28 +193,14 @@ def select_snapshots(
     default=None,
     help="opencode with --coral-dir: do not grade a root's own code before the first turn.",
 )
-@click.option(
-    "--executor",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    show_default=True,
-    help="Where turns run: this machine, or the workers of a Ray cluster.",
-)
-@click.option(
-    "--ray-address",
-    default=None,
-    help="With --executor ray: the cluster to join (default $RAY_ADDRESS, else a local one).",
-)
-@json_option
+@executor_options("With --executor ray: the cluster to join (default $RAY_ADDRESS, else a local one).")
+@output()
 def explore(
     roots: Path | None,
     run_id: str | None,
     resume_id: str | None,
     config_file: Path | None,
-    select: bool,
-    executor: str,
-    ray_address: str | None,
-    as_json: bool,
+    fmt: str,
     **options: Any,
 ) -> None:
     """Grow the token-aware MCTS trees of every root (docs/ALGORITHM.md, "Trees").
@@ -355,118 +225,29 @@ def explore(
     """
 
     from engine import outputs
+    from engine.explore_options import explore_from_command_line
     from engine.render import ProgressLine
 
-    if ray_address and executor != "ray":
-        raise click.UsageError("--ray-address needs --executor ray")
-    progress = ProgressLine()
+    progress, echo = ProgressLine(), functools.partial(click.echo, err=True)
     try:
-        if resume_id:
-            result = _resume(
-                resume_id,
-                roots is not None or bool(run_id) or select,
-                config_file,
-                options,
-                progress,
-                executor,
-                ray_address,
-            )
-        else:
-            result = _start(roots, run_id, select, config_file, options, progress, executor, ray_address)
+        result = explore_from_command_line(
+            data_dir(), roots, run_id, resume_id, config_file, options, progress=progress, echo=echo
+        )
     finally:
         progress.close()
-    _show(outputs.exploration(result, _data_dir()), _format(as_json))
-
-
-def _resume(
-    run_id: str,
-    new_run_options: bool,
-    config_file: Path | None,
-    options: dict[str, Any],
-    progress: Any,
-    executor: str,
-    ray_address: str | None,
-) -> Any:
-    from engine import outputs
-    from engine.exploration import resume_run
-    from engine.explore_options import resume_problem
-
-    if new_run_options:
-        raise click.UsageError("--resume takes no ROOTS, --run-id or --select")
-    if problem := resume_problem(options, config_file):
-        raise click.UsageError(problem)
-    continue_with(command_line(_data_dir(), "explore", "--resume", run_id))
-    return resume_run(
-        _data_dir(),
-        run_id,
-        on_progress=progress,
-        on_start=lambda p: click.echo(outputs.resuming(run_id, p), err=True),
-        executor=executor,
-        ray_address=ray_address,
-        parallel=options["parallel"],
-        turn_timeout=options["turn_timeout"],
-    )
-
-
-def _start(
-    roots: Path | None,
-    run_id: str | None,
-    select: bool,
-    config_file: Path | None,
-    options: dict[str, Any],
-    progress: Any,
-    executor: str,
-    ray_address: str | None,
-) -> Any:
-    from engine.exploration import new_run
-    from engine.explore_options import new_run_config
-
-    if roots is None:
-        raise click.UsageError("ROOTS is required (or --resume RUN_ID)")
-    if select and not options.get("task"):
-        raise click.UsageError("--select needs --task")
-    config = new_run_config(config_file, options)
-
-    def started(rid: str) -> None:
-        hint = command_line(_data_dir(), "explore", "--resume", rid)
-        click.echo(f"run {rid}: exploring (interrupt and continue with: {hint})", err=True)
-        continue_with(hint)
-
-    try:
-        return new_run(
-            _data_dir(),
-            roots,
-            config,
-            run_id,
-            select,
-            on_progress=progress,
-            on_start=started,
-            executor=executor,
-            ray_address=ray_address,
-        )
-    except InputError as err:  # about the folders of ROOTS: they may be ones to select from
-        if select or not roots.is_dir() or not str(err).startswith(f"{roots}: "):
-            raise
-        raise InputError(
-            f"{err} (ROOTS is the output of select-snapshots; to select the roots "
-            "from a task's all_snapshots dir or a CORAL run first, add --select "
-            "--task NAME)"
-        ) from err
+    show(outputs.exploration(result, data_dir()), fmt)
 
 
 @cli.command()
 @click.argument("campaign_file", type=click.Path(dir_okay=False, path_type=Path), required=False)
-@click.option("--name", default=None, callback=_run_id_option, help="Name of the campaign (default: the file's stem).")
+@click.option("--name", default=None, callback=run_id_checked, help="Name of the campaign (default: the file's stem).")
 @click.option("--resume", "resume_name", default=None, metavar="NAME", help="Continue an interrupted campaign.")
 @click.option(
-    "--parallel", type=click.IntRange(min=1), callback=_parallel_option, help="Turns at once, over all tasks."
+    "--parallel", type=click.IntRange(min=1), callback=parallel_checked, help="Turns at once, over all tasks."
 )
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", help="Where turns run (local).")
-@click.option("--ray-address", default=None, help="With --executor ray: the cluster to join (default: a local one).")
-@json_option
-def campaign(
-    campaign_file: Path | None, name: str | None, resume_name: str | None, as_json: bool, **options: Any
-) -> None:
+@executor_options("With --executor ray: the cluster to join (default: a local one).")
+@output()
+def campaign(campaign_file: Path | None, name: str | None, resume_name: str | None, fmt: str, **options: Any) -> None:
     """Explore many tasks under one budget (CAMPAIGN_FILE: docs/CAMPAIGNS.md); each task is a run, NAME-TASK.
 
     Policy fixed: every tree by its task's rules; coverage: each block where it adds the most N_eff per token.
@@ -478,12 +259,10 @@ def campaign(
     from engine import outputs
     from engine.campaign import from_command_line
 
-    if options["ray_address"] and options["executor"] != "ray":
-        raise click.UsageError("--ray-address needs --executor ray")
     if bool(resume_name) == (campaign_file is not None or bool(name)):
         raise click.UsageError("give CAMPAIGN_FILE (and --name), or --resume NAME")
-    result = from_command_line(_data_dir(), campaign_file, name, resume_name, **options)
-    _show(outputs.campaign(result, _data_dir()), _format(as_json))
+    result = from_command_line(data_dir(), campaign_file, name, resume_name, **options)
+    show(outputs.campaign(result, data_dir()), fmt)
 
 
 # ------------------------------------------------------------ replay, paths
@@ -492,8 +271,8 @@ def campaign(
 @cli.command()
 @click.argument("run_ids", nargs=-1)
 @click.option("--tree", "tree_id", default=None, help="Draw this tree of the one run named (with --json: its lines).")
-@json_option
-def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None:
+@output()
+def replay(run_ids: tuple[str, ...], tree_id: str | None, fmt: str) -> None:
     """Rebuild every tree from the log and re-derive every recorded decision.
 
     One run: its trees, the differences and a count. Several runs (default: every
@@ -517,39 +296,39 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, as_json: bool) -> None
     if len(run_ids) != 1:
         if tree_id:
             raise click.UsageError("--tree draws a tree of one run: name exactly one RUN_ID")
-        _replay_collection(list(run_ids), as_json)
+        _replay_collection(list(run_ids), fmt)
         return
-    if is_campaign(_data_dir(), run_ids[0]) and not tree_id:
+    if is_campaign(data_dir(), run_ids[0]) and not tree_id:
         from engine.campaign.replay import replay_campaign
 
-        shown = outputs.replayed_campaign(replay_campaign(_data_dir(), run_ids[0]))
-        _show(shown, _format(as_json))
+        shown = outputs.replayed_campaign(replay_campaign(data_dir(), run_ids[0]))
+        show(shown, fmt)
         sys.exit(1 if shown.document["differ"] else 0)
-    result = replay_run(_data_dir(), run_ids[0])
+    result = replay_run(data_dir(), run_ids[0])
     drawn = tree_rows(result.catalog.query, f"tree_id = {sql_text(tree_id)}").get(tree_id) if tree_id else None
     if tree_id and drawn is None:  # before any output: the report is whole or not printed
         raise click.ClickException(f"run {run_ids[0]!r} has no tree {tree_id!r}")
-    _show(outputs.replay(result, tree_id, tree_lines(drawn) if drawn else []), _format(as_json))
+    show(outputs.replay(result, tree_id, tree_lines(drawn) if drawn else []), fmt)
     if result.differences:
         sys.exit(1)
 
 
-def _replay_collection(run_ids: list[str], as_json: bool) -> None:
+def _replay_collection(run_ids: list[str], fmt: str) -> None:
     """Replay several runs (every run under --data when none is named), in run order, a run per core at once."""
     from engine import outputs
     from engine.replay import replay_collection
 
-    run_ids, damaged, replays = replay_collection(_data_dir(), run_ids)
+    run_ids, damaged, replays = replay_collection(data_dir(), run_ids)
     documents, decisions, differ = [], 0, 0
     for result in replays:
         decisions, differ = decisions + result.decisions, differ + len(result.differences)
         shown = outputs.replayed_run(result)
-        if as_json:
+        if fmt == "json":
             documents.append(shown.document)
         else:
-            _show(shown)  # a line per run as it is checked
-    _show(outputs.replayed_runs(documents, len(run_ids), decisions, differ), _format(as_json))
-    _name_damaged(damaged)
+            show(shown)  # a line per run as it is checked
+    show(outputs.replayed_runs(documents, len(run_ids), decisions, differ), fmt)
+    name_damaged(damaged)
     if differ:
         sys.exit(1)
 
@@ -560,9 +339,8 @@ def _replay_collection(run_ids: list[str], as_json: bool) -> None:
 @click.option(
     "--selection", "selection", default=None, help="A recorded selection id (default: the run's default selection)."
 )
-@json_option
-@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
-def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool, as_csv: bool) -> None:
+@output(csv="Print CSV.")
+def paths(run_id: str, tree_id: str | None, selection: str | None, fmt: str) -> None:
     """Print the selected root-to-leaf paths of a run with their fields (docs/ALGORITHM.md, "Paths").
 
     A path is ranked when every node on it has a score and every edge a knowledge
@@ -577,8 +355,7 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool
     from engine import outputs
     from engine.selections import selected_paths
 
-    fmt = _format(as_json, as_csv)
-    _show(outputs.paths(*selected_paths(_data_dir(), run_id, selection, tree_id)), fmt)
+    show(outputs.paths(*selected_paths(data_dir(), run_id, selection, tree_id)), fmt)
 
 
 @cli.command()
@@ -589,9 +366,7 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool
     metavar="max=W,avg=W,clean=W,know=W",
     help="PathScore weights (missing keys keep the run's; each within +-1e6, not all 0).",
 )
-@click.option(
-    "--top-k", type=click.IntRange(min=1, max=2**63 - 1), default=None, help="Paths per root (default: the run's)."
-)
+@click.option("--top-k", type=COUNT, default=None, help="Paths per root (default: the run's).")
 @click.option(
     "--diversity",
     "diversity",
@@ -600,8 +375,8 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, as_json: bool
     metavar="LAMBDA",
     help="Pick each root's paths greedily by PathScore + LAMBDA x the N_eff each adds (0 to 1e6).",
 )
-@json_option
-def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: float | None, as_json: bool) -> None:
+@output()
+def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: float | None, fmt: str) -> None:
     """Select paths again with other weights, k or diversity, from the same log (no rollout re-run).
 
     The selection is appended as a decision whose id follows from its parameters;
@@ -620,7 +395,7 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: flo
     from engine import outputs
     from engine.selections import reselect as run
 
-    _show(outputs.reselection(run(_data_dir(), run_id, weights, top_k, diversity)), _format(as_json))
+    show(outputs.reselection(run(data_dir(), run_id, weights, top_k, diversity)), fmt)
 
 
 # ------------------------------------------------------------------ watch
@@ -655,11 +430,11 @@ def watch(run_id: str, once: bool, period: float) -> None:
     from engine.render import show_campaign_frames, show_frames
     from engine.watch import follow
 
-    if is_campaign(_data_dir(), run_id):  # a campaign's rounds and budget, a line per task's run
+    if is_campaign(data_dir(), run_id):  # a campaign's rounds and budget, a line per task's run
         from engine.campaign.watch import follow_campaign
 
-        return show_campaign_frames(follow_campaign(_data_dir(), run_id, period), once, click.echo)
-    show_frames(follow(_data_dir(), run_id, period), once, click.echo)
+        return show_campaign_frames(follow_campaign(data_dir(), run_id, period), once, click.echo)
+    show_frames(follow(data_dir(), run_id, period), once, click.echo)
 
 
 @cli.command()
@@ -685,11 +460,11 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
     from engine.report import write_report
     from ingest.paths import outside_data
 
-    outside_data(out, _data_dir(), "the report")
-    runs = open_runs(_data_dir(), list(run_ids) or None)
+    outside_data(out, data_dir(), "the report")
+    runs = open_runs(data_dir(), list(run_ids) or None)
     size = write_report(runs, out)
     click.echo(f"wrote {out} ({size / 1024:,.0f} KiB)", err=True)
-    _name_damaged(runs.damaged)
+    name_damaged(runs.damaged)
 
 
 @cli.command()
@@ -712,7 +487,7 @@ def serve(port: int, host: str) -> None:
     """
     from engine.web import serve as serve_app
 
-    serve_app(_data_dir(), host, port)
+    serve_app(data_dir(), host, port)
 
 
 # ------------------------------------------------------------ sql, audit
@@ -720,8 +495,7 @@ def serve(port: int, host: str) -> None:
 
 @cli.command("sql")
 @click.argument("args", nargs=-1, metavar="[RUN_ID ...] QUERY")
-@json_option
-@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
+@output(csv="Print CSV.")
 @click.option(
     "--parquet",
     "parquet",
@@ -747,8 +521,7 @@ def serve(port: int, host: str) -> None:
 )
 def sql_command(
     args: tuple[str, ...],
-    as_json: bool,
-    as_csv: bool,
+    fmt: str,
     parquet: Path | None,
     overwrite: bool,
     memory_limit: str | None,
@@ -771,38 +544,24 @@ def sql_command(
     from engine.collection import Limits, open_runs, parquet_target, read_only, write_parquet
     from engine.render import print_rows
 
-    fmt = _sql_format(as_json, as_csv, parquet, overwrite)
+    if parquet is not None and fmt != "text":
+        raise click.UsageError("--json, --csv and --parquet go one at a time")
+    if overwrite and parquet is None:
+        raise click.UsageError("--overwrite goes with --parquet")
     if not args:
         raise click.UsageError("QUERY is required")
     runs, query, limits = list(args[:-1]), args[-1], Limits.resolve(memory_limit, timeout)
     read_only(query)  # refused before any run is read
     if parquet is not None:
-        parquet_target(parquet, _data_dir(), overwrite)
-    collection = open_runs(_data_dir(), runs or None, limits)
+        parquet_target(parquet, data_dir(), overwrite)
+    collection = open_runs(data_dir(), runs or None, limits)
     with collection.result(query) as result:  # its time limit covers formatting and writing
         if parquet is None:
             print_rows(fmt, sys.stdout, result)
         else:
-            rows = write_parquet(result.record_batches(), parquet, _data_dir(), overwrite)
+            rows = write_parquet(result.record_batches(), parquet, data_dir(), overwrite)
             click.echo(f"wrote {rows} rows to {parquet}", err=True)
-    _name_damaged(collection.damaged)
-
-
-def _sql_format(as_json: bool, as_csv: bool, parquet: Path | None, overwrite: bool) -> str:
-    if sum(map(bool, (as_json, as_csv, parquet))) > 1:
-        raise click.UsageError("--json, --csv and --parquet go one at a time")
-    if overwrite and parquet is None:
-        raise click.UsageError("--overwrite goes with --parquet")
-    return _format(as_json, as_csv)
-
-
-def _parse_by(_ctx: click.Context, _param: click.Parameter, value: str | None) -> tuple[str, ...]:
-    from engine.audit import parse_by
-
-    try:
-        return parse_by(value)
-    except ProjectError as err:
-        raise click.BadParameter(str(err).removeprefix("--by: ")) from err
+    name_damaged(collection.damaged)
 
 
 @cli.command("audit")
@@ -811,13 +570,12 @@ def _parse_by(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     "--by",
     "by",
     default="task,stage",
-    callback=_parse_by,
+    callback=strata_checked,
     show_default=True,
     help="Strata of the coverage table: any of task, stage, depth, lineage, root.",
 )
-@json_option
-@click.option("--csv", "as_csv", is_flag=True, help="Print the coverage table as CSV.")
-def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
+@output(csv="Print the coverage table as CSV.")
+def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], fmt: str) -> None:
     """Audit runs (default: every run under --data): coverage, N_eff/N, learnability, tools, cost.
 
     The coverage table gives per stratum the roots, candidate, ranked and selected
@@ -833,18 +591,11 @@ def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], as_json: bool, 
     from engine import outputs
     from engine.audit import audit
 
-    fmt = _format(as_json, as_csv)
-    report = audit(_data_dir(), list(run_ids) or None, by)
-    _show(outputs.audit(report), fmt)
-    _name_damaged(report.damaged)
+    report = audit(data_dir(), list(run_ids) or None, by)
+    show(outputs.audit(report), fmt)
+    name_damaged(report.damaged)
     if report.violations:
         sys.exit(1)
-
-
-def _workspace_option(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    if not value.startswith("/") or len(value) < 2:
-        raise click.BadParameter(f"must be an absolute directory path, not {value!r}")
-    return value
 
 
 @cli.command("export")
@@ -853,7 +604,7 @@ def _workspace_option(_ctx: click.Context, _param: click.Parameter, value: str) 
 @click.option("--selection", default=None, help="A recorded selection id (default: each run's default selection).")
 @click.option(
     "--format",
-    "fmt",
+    "sample_format",
     type=click.Choice(["chat", "atif"]),
     default="chat",
     show_default=True,
@@ -870,7 +621,7 @@ def _workspace_option(_ctx: click.Context, _param: click.Parameter, value: str) 
     "--workspace",
     default="/workspace",
     show_default=True,
-    callback=_workspace_option,
+    callback=workspace_checked,
     help="The path that replaces every worktree directory in the samples.",
 )
 @click.option("--no-reasoning", "no_reasoning", is_flag=True, help="Leave out the model's reasoning text.")
@@ -891,12 +642,12 @@ def _workspace_option(_ctx: click.Context, _param: click.Parameter, value: str) 
     help="A local Hugging Face tokenizer directory: the manifest gives each sample's tokens "
     "as its chat template renders it (needs the train extra).",
 )
-@json_option
+@output()
 def export(
     run_ids: tuple[str, ...],
     out: Path,
     selection: str | None,
-    fmt: str,
+    sample_format: str,
     task: str | None,
     stage: str | None,
     workspace: str,
@@ -904,7 +655,7 @@ def export(
     overwrite: bool,
     invalid: str,
     tokenizer: str | None,
-    as_json: bool,
+    fmt: str,
 ) -> None:
     """Export the selected paths of runs as a training set: one sample per path.
 
@@ -924,11 +675,11 @@ def export(
     from engine.export import export_runs
 
     result = export_runs(
-        _data_dir(),
+        data_dir(),
         list(run_ids),
         out,
         selection=selection,
-        fmt=fmt,
+        fmt=sample_format,
         task=task,
         stage=stage,
         workspace=workspace,
@@ -937,8 +688,8 @@ def export(
         invalid=invalid,
         tokenizer=tokenizer,
     )
-    _show(outputs.export(result, invalid), _format(as_json))
-    _name_damaged(result.damaged)
+    show(outputs.export(result, invalid), fmt)
+    name_damaged(result.damaged)
 
 
 # ------------------------------------------------------- verify, quarantine
@@ -946,8 +697,8 @@ def export(
 
 @cli.command()
 @click.argument("run_id")
-@json_option
-def verify(run_id: str, as_json: bool) -> None:
+@output()
+def verify(run_id: str, fmt: str) -> None:
     """Read every byte of every part of a run's log (or a campaign's logs) and report the first damaged one.
 
     The run's record of its parts must be whole; each part it names must match the
@@ -966,8 +717,8 @@ def verify(run_id: str, as_json: bool) -> None:
     from engine import outputs
     from engine.campaign.integrity import derived_states, verify_named
 
-    found = verify_named(_data_dir(), run_id)  # a run's log, or a campaign's: its own and each of its runs'
-    _show(outputs.verified(found, _data_dir(), derived_states(_data_dir(), found)), _format(as_json))
+    found = verify_named(data_dir(), run_id)  # a run's log, or a campaign's: its own and each of its runs'
+    show(outputs.verified(found, data_dir(), derived_states(data_dir(), found)), fmt)
     if not found.ok:
         sys.exit(1)
 
@@ -975,8 +726,8 @@ def verify(run_id: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("run_id")
 @click.argument("part")
-@json_option
-def quarantine(run_id: str, part: str, as_json: bool) -> None:
+@output()
+def quarantine(run_id: str, part: str, fmt: str) -> None:
     """Move the first damaged part of a run's log, and every part after it, aside (never deleting).
 
     PART is the part `verify` names (its file name or path), or a FOREIGN file it lists
@@ -995,8 +746,8 @@ def quarantine(run_id: str, part: str, as_json: bool) -> None:
     from engine import outputs
     from engine.campaign.integrity import quarantine_named
 
-    done, what = quarantine_named(_data_dir(), run_id, part)  # a campaign's name: in the log of it naming PART
-    _show(outputs.quarantined(done, done.run_id, _data_dir(), what), _format(as_json))
+    done, what = quarantine_named(data_dir(), run_id, part)  # a campaign's name: in the log of it naming PART
+    show(outputs.quarantined(done, done.run_id, data_dir(), what), fmt)
 
 
 def main() -> NoReturn:

@@ -211,7 +211,7 @@ def test_resume_refuses_the_options_a_run_keeps(runs, tmp_path, args, named):
     r = invoke(data, "explore", "--resume", "rounds", *args)
     assert r.exit_code == 2, r.output
     assert (
-        f"Error: --resume continues the run as its log records it: {named} cannot change (the run "
+        f"Error: --resume: continues the run as its log records it: {named} cannot change (the run "
         "keeps its recorded value); a resume may change only --parallel, --turn-timeout, --executor" in r.stderr
     )
     assert EventLog(data, "rounds").tail_seq() == before

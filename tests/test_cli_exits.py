@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT
 
-from cli import _Group, cli
+from cli import cli
+from engine.commandline import Group
 from engine.process import continue_with
 
 SIGNALS = [
@@ -38,7 +39,7 @@ def default_dispositions():
 
 
 def run(body) -> click.testing.Result:
-    group = _Group(name="t")
+    group = Group(name="t")
     group.add_command(click.Command("go", callback=body))
     return CliRunner().invoke(group, ["go"])
 
@@ -82,8 +83,8 @@ def test_a_reader_that_stops_early_ends_the_command_quietly():
     """`python cli.py paths RUN | head -1`: no message (click exits 1 on EPIPE), no traceback."""
     code = """
 import click
-from cli import _Group
-group = _Group(name="t")
+from engine.commandline import Group
+group = Group(name="t")
 group.add_command(click.Command("go", callback=lambda: [click.echo(f"row {i}") for i in range(10**6)]))
 group(["go"])
 """
@@ -107,14 +108,14 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored(tmp_path):
 import time
 from pathlib import Path
 import click
-from cli import _Group
+from engine.commandline import Group
 def body():
     print("started", flush=True)
     deadline = time.monotonic() + 300
     while not Path({str(sent)!r}).exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     print("finished", flush=True)
-group = _Group(name="t")
+group = Group(name="t")
 group.add_command(click.Command("go", callback=body))
 group(["go"])
 """
@@ -196,7 +197,7 @@ def test_a_text_argument_that_is_not_utf8_is_a_usage_error(runs, tmp_path):
 STUCK_CLEANUP = """
 import os, threading, time
 import click
-from cli import _Group
+from engine.commandline import Group
 from engine.process import continue_with
 def body():
     try:
@@ -207,7 +208,7 @@ def body():
     finally:  # a cleanup that never ends (a turn that does not stop)
         print("unwinding", flush=True)
         threading.Event().wait(600)
-group = _Group(name="t")
+group = Group(name="t")
 group.add_command(click.Command("go", callback=body))
 group(["go"])
 """
@@ -266,7 +267,7 @@ def test_a_signal_the_kernel_hands_to_a_turns_thread_still_stops_the_engine():
     code = """
 import signal, threading
 import click
-from cli import _Group
+from engine.commandline import Group
 from engine.mcts.turns import TurnPool
 from engine.teachers import TurnCancelled, TurnRequest
 
@@ -285,7 +286,7 @@ def body():
         pool.close(cancel=True)
         print("closed", flush=True)
 
-group = _Group(name="t")
+group = Group(name="t")
 group.add_command(click.Command("go", callback=body))
 group(["go"])
 """

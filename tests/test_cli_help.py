@@ -29,9 +29,9 @@ def test_the_command_line_stays_thin():
     """cli.py parses and prints; what it prints is in engine/outputs/, the rest in engine/ modules."""
     from tests.conftest import ROOT
 
-    # 800 lines of the hand layout the thin CLI was written in: `ruff format` lays every option
-    # and signature one argument a line, which made the same content 954 lines (DECISIONS).
-    assert len((ROOT / "cli.py").read_text().splitlines()) <= 1000
+    # The options several commands take are declared once (engine/commandline.py), and explore's
+    # start and resume are the library's (engine/explore_options.py), as campaign's are.
+    assert len((ROOT / "cli.py").read_text().splitlines()) <= 800
     long = {
         str(p.relative_to(ROOT)): n
         for p in (ROOT / "engine").rglob("*.py")

@@ -433,8 +433,8 @@ def test_explore_errors_are_clean(tmp_path, roots, args, message):
 
 def test_explore_usage_errors(tmp_path, roots):
     r = CliRunner().invoke(cli, ["--data", str(tmp_path), "explore", str(roots), "--select"])
-    assert r.exit_code == 2 and "--select needs --task" in r.stderr
+    assert r.exit_code == 2 and "--select: needs --task" in r.stderr
     r = CliRunner().invoke(cli, ["--data", str(tmp_path), "explore"])
-    assert r.exit_code == 2 and "ROOTS is required" in r.stderr
+    assert r.exit_code == 2 and "ROOTS: is required (or --resume RUN_ID)" in r.stderr
     r = CliRunner().invoke(cli, ["--data", str(tmp_path), "explore", str(roots), "--seed", str(2**70)])
     assert r.exit_code == 2 and "Invalid value for '--seed'" in r.stderr
