@@ -68,6 +68,8 @@ def test_replay_prints_trees_and_the_summary_line(runs):
         "pruned_edges",
         "retried_edges",
     ]
+    assert r.stdout.splitlines()[1].split()[0] == "T002" and r.stdout.splitlines()[2] == ""  # its row alone
+    assert invoke(runs, "replay", "rounds").stdout.splitlines()[1].split()[0] == "T001"  # every tree's
     assert "tree T002 (* = on a selected path" in r.stdout
     assert "\n* T002  score " in r.stdout and "leaf: " in r.stdout
     assert r.stdout.rstrip().splitlines()[-1].endswith("decisions re-derived, 0 differ")

@@ -192,7 +192,8 @@ def replay(result: Any, tree_id: str | None, drawing: list[str]) -> Output:
         "differences": [vars(d) for d in result.differences],
         **({"drawing": {"tree_id": tree_id, "lines": drawing}} if tree_id else {}),
     }
-    lines = [table(result.trees, REPLAY_COLUMNS)]
+    shown = [t for t in result.trees if t["tree_id"] == tree_id] if tree_id else result.trees  # (--tree: its row)
+    lines = [table(shown, REPLAY_COLUMNS)]
     if tree_id:
         lines += [f"\ntree {tree_id} (* = on a selected path, x = attempt without a node)", "\n".join(drawing)]
     lines += [difference(d) for d in result.differences]
