@@ -1,4 +1,5 @@
-"""Campaigns: many tasks, one budget (engine.campaign), driven through the real CLI in subprocesses."""
+"""Campaigns: many tasks, one budget (engine.campaign), driven through the real CLI in subprocesses
+(their views read in this process)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,14 @@ def campaign_file(tmp: Path, policy: str, budget: dict[str, int] | None = None, 
 
 
 def rows(data: Path, run: str, sql: str) -> list[dict]:
-    out = cli(data, "sql", run, sql, "--json").stdout
-    return json.loads(out)
+    """A query's rows, read in this process (what a read prints is not what these tests are about)."""
+    from click.testing import CliRunner
+
+    from cli import cli as command_line
+
+    done = CliRunner().invoke(command_line, ["--data", str(data), "sql", run, sql, "--json"])
+    assert done.exit_code == 0, done.output
+    return json.loads(done.stdout)
 
 
 EDGES = "select tree_id, edge_id, verdict, child_id from edges order by edge_id"
