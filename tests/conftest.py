@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -24,6 +25,15 @@ from ingest.schema import to_arrow  # noqa: E402
 
 # Counts that tests report (the kill -9 soak, the fuzzing, checks left unselected), printed at the end.
 REPORT: dict[str, str] = {}
+
+
+def pytest_configure(config) -> None:
+    """Tests send SIGINT to the processes they start, as a terminal's Ctrl-C does. A suite started
+    in the background of a script has SIGINT ignored (as has each pytest-xdist worker it starts),
+    and an ignored signal stays ignored in every child: its processes would ignore Ctrl-C (by
+    design: cli.py keeps a disposition it was started with). The suite runs as from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

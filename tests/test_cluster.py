@@ -461,8 +461,8 @@ def test_a_test_session_stopped_any_way_leaves_no_ray_process(tmp_path, how):
     )
     try:
         deadline = time.monotonic() + 600
-        while not any(b"TurnWorker" in cmdline(p) for p in ray_nodes(mark)) and time.monotonic() < deadline:
-            time.sleep(0.2)  # both nodes up, and the test's run on them
+        while not any(b"cli.py" in cmdline(p) for p in ray_nodes(mark)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # both nodes up, and the test began (its first run carries the mark)
         started = {pid: (started_at(pid), cmdline(pid)) for pid in ray_nodes(mark) | descendants(session.pid)}
         assert session.poll() is None and len(started) > 4, "the cluster did not start"
         if how == signal.SIGINT:
