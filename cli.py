@@ -291,7 +291,8 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, fmt: str) -> None:
     from engine import outputs
     from engine.campaign.names import is_campaign
     from engine.replay import replay_run
-    from engine.trees import sql_text, tree_lines, tree_rows
+    from engine.trees import tree_lines, tree_rows
+    from ingest.text import sql_text
 
     if len(run_ids) != 1:
         if tree_id:

@@ -44,7 +44,6 @@ import duckdb
 from engine.catalog import QueryError
 from engine.catalog.definitions import load_graph, read_macros, relations_read
 from engine.derived import AT_DECISIONS, NOW, Derived, State
-from engine.derived.files import quoted
 from engine.derived.live import kept_state
 from engine.results import (
     CANCELLED,
@@ -61,7 +60,7 @@ from ingest.errors import InputError, LogError
 from ingest.listing import has_log
 from ingest.listing import run_ids as run_ids_under
 from ingest.paths import run_dir, under
-from ingest.text import as_utf8
+from ingest.text import as_utf8, sql_text
 
 if TYPE_CHECKING:
     import polars as pl
@@ -328,7 +327,7 @@ class Collection:
         with self.binding_lock:
             files = self._view_files(names, run_id)
             for name, listed in files.items():
-                scan = "select * from read_parquet([" + ", ".join(f"'{quoted(f)}'" for f in listed) + "])"
+                scan = "select * from read_parquet([" + ", ".join(sql_text(f) for f in listed) + "])"
                 if run_id is not None:
                     cursor.execute(f'create or replace temp view "{name}" as {scan}')
                 elif self._bound.get(name) != listed:

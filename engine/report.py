@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection
-from engine.trees import TreeRows, sql_text, tree_rows
+from engine.trees import TreeRows, tree_rows
 from ingest.paths import write_atomically
+from ingest.text import sql_text
 
 Row = dict[str, Any]
 ROW_PX, DEPTH_PX, LEFT_PX, TOP_PX = 16, 130, 14, 12
@@ -257,7 +258,7 @@ LEGEND = (
 
 
 def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
-    q = lambda sql: runs.query(sql.replace("{run}", run_id.replace("'", "''")), run_id)  # noqa: E731
+    q = lambda sql: runs.query(sql.replace("'{run}'", sql_text(run_id)), run_id)  # noqa: E731
     trees = q("select tree_id from trees where run_id = '{run}'")
     stages = q(
         "select * from coverage where run_id = '{run}' and stratum = 'stage' "

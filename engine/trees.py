@@ -65,11 +65,6 @@ def tree_rows(query: Callable[[str], list[Row]], where: str) -> dict[str, TreeRo
     return dict(trees)
 
 
-def sql_text(value: str) -> str:
-    """``value`` as an SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
-
-
 def tree_lines(rows: TreeRows) -> list[str]:
     """Lines drawing one tree: node, score, soft, tok, verdict, leaf reason, selected paths (``*``)."""
     creating, failed = rows.creating, rows.failed

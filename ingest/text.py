@@ -15,6 +15,11 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def sql_text(value: object) -> str:
+    """``value`` as an SQL string literal (its quotes doubled): the one quoting of the project."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 def as_utf8(text: str) -> str:
     """``text`` as the log holds text (UTF-8): bytes that are not UTF-8 become U+FFFD.
 

@@ -8,9 +8,11 @@ checkout of it (the session fixture ``real_coral_bin`` of conftest installs it i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -121,12 +123,18 @@ def daemon(bin_dir: Path, coral: Path, log: Path) -> subprocess.Popen:
     python = coral_python(f"{bin_dir / 'coral'} eval -m", None, env["PATH"])
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [python, "-c", DAEMON_SCRIPT, str(coral)], env=env, stdout=out, stderr=subprocess.STDOUT
+            [python, "-c", DAEMON_SCRIPT, str(coral)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its group holds the grader it may be running: stopped with it
         )
 
 
 def stop(proc: subprocess.Popen) -> None:
-    proc.kill()
+    """Stop a daemon and the grading it may be doing (which would write an attempt after it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
 
 

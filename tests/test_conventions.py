@@ -121,3 +121,22 @@ def test_no_library_call_takes_more_than_six_positional_parameters():
     assert found == []
     assert long_positional_signatures("def f(a, b, c, d, e, f, g): pass") == ["f(a, b, c, d, e, f, g)"]
     assert long_positional_signatures("def f(a, b, c, d, e, f, *, g): pass") == []
+
+
+def test_sql_text_is_quoted_in_one_place():
+    """SQL string quoting was written 8 times (three of them named ``quoted``): ingest.text.sql_text."""
+    import re
+
+    doubling = re.compile(r"""replace\(\s*["']'["']\s*,\s*["']''["']\s*\)""")
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in ("ingest", "engine")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if doubling.search(path.read_text())
+    ] + (["cli.py"] if doubling.search((ROOT / "cli.py").read_text()) else [])
+    assert found == ["ingest/text.py"]
+    assert doubling.search("""value.replace("'", "''")""") and doubling.search("""v.replace('a', 'b')""") is None
+
+    from ingest.text import sql_text
+
+    assert sql_text("it's") == "'it''s'"

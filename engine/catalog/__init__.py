@@ -27,6 +27,7 @@ from engine.catalog.definitions import (
 )
 from engine.catalog.variables import Variables
 from ingest.errors import ProjectError, ViewBuildError
+from ingest.text import sql_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -96,13 +97,13 @@ class Catalog:
         self._needs: dict[str, list[str]] = {}  # sql -> the tables it reads (cache)
 
     def _create(self, view: ViewDef) -> None:
-        comment = view.summary.replace("'", "''")
+        comment = sql_text(view.summary)
         if view.materialized:
             self._execute(view.path, f"create table {view.name} as select * from ({view.sql}) limit 0")
-            self.con.execute(f"comment on table {view.name} is '{comment}'")
+            self.con.execute(f"comment on table {view.name} is {comment}")
         else:
             self._execute(view.path, f"create or replace view {view.name} as\n{view.sql}")
-            self.con.execute(f"comment on view {view.name} is '{comment}'")
+            self.con.execute(f"comment on view {view.name} is {comment}")
 
     def _execute(self, path: Path, sql: str) -> None:
         try:
@@ -213,7 +214,7 @@ class Catalog:
         """
         if self.tail_seq() or set(tables) != set(self.tables):
             raise ValueError("restore needs an empty catalog and a file for every materialized table")
-        rows = {name: f"read_parquet('{_quoted(tables[name])}')" for name in self.tables}
+        rows = {name: f"read_parquet({sql_text(tables[name])})" for name in self.tables}
         if in_place:
             relations = self.log.read_in_place(log, upto) | {name: (rows[name], None) for name in self.tables}
             self.con.execute(self.log.typed_views(relations))
@@ -315,7 +316,3 @@ def _template(con: duckdb.DuckDBPyConnection, views_dir: Path) -> str:
         Catalog(cursor, views_dir)
         cursor.close()
     return name
-
-
-def _quoted(path: Path | str) -> str:
-    return str(path).replace("'", "''")

@@ -19,6 +19,7 @@ import duckdb
 from engine.catalog.definitions import ViewDef, ViewGraph
 from engine.catalog.tables import KIND_COLUMNS, Arrivals
 from ingest.errors import ViewBuildError
+from ingest.text import sql_text
 
 # Optimizers that cost more planning time than they save on a few trees' rows.
 # CTE inlining and the CTE filter pusher stay on: without them a CTE is computed
@@ -149,7 +150,7 @@ class RefreshPlan:
         trees = self._stale[view.name]
         if not trees:  # became stale through an upstream table refreshed just now
             return
-        listed = ", ".join("'" + t.replace("'", "''") + "'" for t in sorted(trees))
+        listed = ", ".join(sql_text(t) for t in sorted(trees))
         self._execute(view.path, f"delete from {view.name} where tree_id in ({listed})")
         self._execute(view.path, f"insert into {view.name} select * from ({view.sql}) where tree_id in ({listed})")
         for down in self.downstream[view.name]:

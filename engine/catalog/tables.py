@@ -21,6 +21,7 @@ from ingest.columns import ENVELOPE, KIND_FIELDS, LIGHT_SCHEMA
 from ingest.encoding import GROUP_SHARE
 from ingest.errors import LogError
 from ingest.reader import EventLog
+from ingest.text import sql_text
 
 
 def _kind_columns() -> dict[str, list[str]]:
@@ -138,7 +139,7 @@ class LogTables:
             small = set(rows) - large
             if small:
                 light = ", ".join(f'"{c}"' for c in LIGHT_SCHEMA.names if c in present)
-                kinds = ", ".join("'" + k.replace("'", "''") + "'" for k in sorted(small))
+                kinds = ", ".join(sql_text(k) for k in sorted(small))
                 self.con.execute(
                     f"create or replace temp table log_incoming as select {light} from {source} where kind in ({kinds})"
                 )
@@ -211,7 +212,7 @@ class LogTables:
         parts = [p for p in log.parts() if p.first <= upto]
         if not parts:
             raise LogError(f"{log.log_dir}: the log holds no events up to seq {upto} - read it again")
-        listed = ", ".join("'" + str(p.path).replace("'", "''") + "'" for p in parts)
+        listed = ", ".join(sql_text(p.path) for p in parts)
         scan = f"read_parquet([{listed}], union_by_name = true)"
         present = {d[0] for d in self.con.execute(f"select * from {scan} limit 0").description}
         self.con.execute("update log_tail set seq = ?", [min(upto, parts[-1].last)])

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from engine.derived.files import Damaged, quoted, write_named
+from engine.derived.files import Damaged, write_named
+from ingest.text import sql_text
 
 if TYPE_CHECKING:
     from engine.catalog import Catalog
@@ -110,7 +111,7 @@ def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None
         for path in sorted((root / TEMPLATES / derived.digest[:16]).glob("catalog-*.duckdb")):
             try:
                 derived._check(path, relative)
-                cursor.execute(f"attach '{quoted(path)}' as \"{name}\" (read_only)")
+                cursor.execute(f'attach {sql_text(path)} as "{name}" (read_only)')
                 return
             except (Damaged, duckdb.Error) as why:
                 derived._note(path, str(why).splitlines()[0], "dropped")
@@ -121,7 +122,7 @@ def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None
     place = derived.roots.writable / TEMPLATES / derived.digest[:16]
 
     def save(tmp: Path) -> None:
-        cursor.execute(f"attach '{quoted(tmp)}' as template_saved")
+        cursor.execute(f"attach {sql_text(tmp)} as template_saved")
         try:
             cursor.execute(f'copy from database "{name}" to template_saved')
         finally:

@@ -139,11 +139,6 @@ def load_json(path: Path, identity: str) -> dict[str, Any] | None:
     return body
 
 
-def quoted(path: Path | str) -> str:
-    """A path inside an SQL string literal (quotes doubled)."""
-    return str(path).replace("'", "''")
-
-
 class Listings:
     """The digest-named files of directories (a state's ``views/``), by stem; a directory is listed again
     only when it changed (its time or inode: a file renamed into it changes its time)."""

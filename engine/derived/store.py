@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from engine.derived.files import Damaged, dump_json, is_tmp, load_json, quoted, write_named
+from engine.derived.files import Damaged, dump_json, is_tmp, load_json, write_named
 from engine.derived.keys import (
     _TMP,
     AT_DECISIONS,
@@ -28,6 +28,7 @@ from engine.derived.keys import (
     source_from,
 )
 from ingest.paths import fsync_dir
+from ingest.text import sql_text
 
 if TYPE_CHECKING:
     from engine.catalog import Catalog
@@ -84,8 +85,8 @@ def write_rows(
     cols = ", ".join(
         f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"' for n, t, *_ in described
     )
-    copy = f"copy (select {first}{cols} from {name}) to '{{}}' (format parquet, compression zstd)"
-    return write_named(directory, name, relative, lambda tmp: con.execute(copy.format(quoted(tmp))))
+    copy = f"copy (select {first}{cols} from {name}) to {{}} (format parquet, compression zstd)"
+    return write_named(directory, name, relative, lambda tmp: con.execute(copy.format(sql_text(tmp))))
 
 
 def publish(tmp: Path, final: Path) -> bool:

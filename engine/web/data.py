@@ -23,15 +23,11 @@ from engine.derived.live import mark_stamp
 from ingest.errors import ProjectError
 from ingest.log import RECORD, EventLog, run_ids
 from ingest.paths import command_line
+from ingest.text import sql_text
 
 Rows = list[dict[str, Any]]
 SAMPLES_KEPT = 64
 STAGES = "['early', 'middle', 'late']"
-
-
-def quoted(value: str) -> str:
-    """``value`` as an SQL string literal."""
-    return "'" + value.replace("'", "''") + "'"
 
 
 class Source:
@@ -126,7 +122,7 @@ def collection_page(runs: Collection) -> dict[str, Rows]:
 
 def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
     """One run: its config, progress, stop reasons, trees and selected paths."""
-    run = quoted(run_id)
+    run = sql_text(run_id)
 
     def q(sql: str) -> Rows:
         return runs.query(sql, run_id)  # that run's rows alone
@@ -154,7 +150,7 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
 
 def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
     """One tree: its nodes with the edge that made each, their turns and tool calls, its paths."""
-    scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)}"
+    scope = f"run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)}"
 
     def q(sql: str) -> Rows:
         return runs.query(sql, run_id)
@@ -184,10 +180,10 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
 
 def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict[str, Any]:
     """A path's row of ``paths`` and the run's PathScore weights."""
-    scope = f"run_id = {quoted(run_id)} and tree_id = {quoted(tree_id)} and leaf_id = {quoted(leaf_id)}"
+    scope = f"run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)} and leaf_id = {sql_text(leaf_id)}"
     found = runs.query(f"select * from paths where {scope}", run_id)
     weights = runs.query(
-        f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config where run_id = {quoted(run_id)}",
+        f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config where run_id = {sql_text(run_id)}",
         run_id,
     )
     return {"path": found[0] if found else None, "weights": weights[0] if weights else {}}
