@@ -12,9 +12,6 @@ from cli import cli
 from engine.catalog import Catalog
 from ingest.log import EventLog
 
-# The tests reading the session's `bundled` run share a worker of the suite: it is made once.
-pytestmark = pytest.mark.xdist_group("bundled")
-
 
 @pytest.mark.slow
 def test_the_main_job_exercises_every_rule_and_replays(bundled):

@@ -29,8 +29,7 @@ from cli import cli
 from engine.teachers.opencode.processes import Supervisor, descendants, kill_marked, started_at
 from ingest.log import EventLog
 
-# one worker of the suite runs them in turn: a test counts the TurnWorkers of the machine
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"
 

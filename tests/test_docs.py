@@ -51,7 +51,6 @@ def test_the_campaign_example_runs_as_shown_and_keeps_to_its_budget(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("bundled")  # (the worker that makes the session's bundled run once)
 def test_the_views_sessions_print_what_they_show(bundled, tmp_path):
     """The main job's run under data/ (as its default id), then each ``$`` line of the block."""
     (session,) = (b for b in blocks("VIEWS.md", "text") if b.startswith("$ python cli.py audit"))

@@ -37,7 +37,7 @@ from ingest.opencode_stream import KNOWN_TYPES, ShellCall, StreamParser
 from ingest.schema import JSON_FIELDS, from_row, to_arrow
 from ingest.snapshots import read_snapshot, scan
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fuzz")]  # one worker: its counts are summed in it
+pytestmark = pytest.mark.slow
 CASES: Counter[str] = Counter()
 EXITS: Counter[int] = Counter()  # of the command lines
 
