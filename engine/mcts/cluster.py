@@ -134,7 +134,7 @@ class RayExecutor:
                 ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level="warning")
             elif self._owner:  # a cluster of this machine alone, for as long as the run
                 # Its processes are handed to a watchdog (the ones it starts later inherit its
-                # mark): after a kill -9 of this process two of Ray's agents stayed for good.
+                # mark): after a kill -9 of this process two of Ray's agents outlived it by a minute.
                 self._guard = Supervisor()
                 marks = self._guard.guard()  # (its watchdog started first: not one of Ray's)
                 before = descendants()
