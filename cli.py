@@ -1,8 +1,9 @@
 """Command line: select snapshots, explore, replay, and read the views of a run.
 
 Each command parses its options, makes one library call and prints the result through
-one helper (``_show``: text, ``--json`` or ``--csv``; what each result prints is in
-engine/outputs/, the terminal's layout in engine/render.py). stdout carries data only;
+one helper (``show``: text, ``--json`` or ``--csv``; what each result prints is in
+engine/outputs/, the terminal's layout in engine/render.py). What the commands share (the
+group, the option groups as decorators, the option checks) is in engine/commandline.py. stdout carries data only;
 progress and warnings go to stderr. Errors the project raises on purpose become
 ``Error: <message>`` with exit code 1, never a traceback. The algorithm the commands run
 is explained in docs/ALGORITHM.md. A new command: a function under ``@cli.command()``
