@@ -104,17 +104,8 @@ def new_campaign(
             on_start(name)
         catalog = Catalog.empty(CAMPAIGN_VIEWS)
         catalog.load(campaign_log(data_dir, name))
-        drive(
-            data_dir,
-            name,
-            writer,
-            catalog,
-            config,
-            executor=executor,
-            ray_address=ray_address,
-            report=report or (lambda _: None),
-            plans=plans,
-        )
+        where = {"executor": executor, "ray_address": ray_address, "report": report or (lambda _: None)}
+        drive(data_dir, name, writer, catalog, config, plans=plans, **where)
     return campaign_result(data_dir, name, resumed=False)
 
 
@@ -138,16 +129,8 @@ def resume_campaign(
             if parallel is not None:
                 config = config.model_copy(update={"parallel": parallel})
             catalog.load(campaign_log(data_dir, name))
-            drive(
-                data_dir,
-                name,
-                writer,
-                catalog,
-                config,
-                executor=executor,
-                ray_address=ray_address,
-                report=report or (lambda _: None),
-            )
+            where = {"executor": executor, "ray_address": ray_address, "report": report or (lambda _: None)}
+            drive(data_dir, name, writer, catalog, config, **where)
     return campaign_result(data_dir, name, resumed=not finished)
 
 
