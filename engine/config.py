@@ -191,6 +191,10 @@ class RunConfig(_Strict):
     lookahead: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     # Turns in a row that end with a backend error before the run stops (resumable).
     backend_error_limit: int = Field(3, ge=1)
+    # A turn that ended with a backend error is no rollout result: "ignored", its evals do not
+    # score its edge (views/int_edges__judged.sql); "counted", they do, as in runs recorded
+    # before this key (which are read so).
+    backend_error_scores: Literal["ignored", "counted"] = "ignored"
     # Edges in a row whose every eval failed (crashed or timed out) with the same error
     # before the run stops (views/int_edges__eval_errors.sql): a grader that cannot grade.
     eval_error_limit: int = Field(3, ge=1)

@@ -113,14 +113,16 @@ def make_snapshot(
     return folder
 
 
-def catalog_of(events: list[Event], config: RunConfig | None = None) -> Catalog:
-    """A catalog over a run whose log is RunStarted(config) followed by ``events``."""
+def catalog_of(events: list[Event], config: RunConfig | dict | None = None) -> Catalog:
+    """A catalog over a run whose log is RunStarted(config) followed by ``events`` (a dict: the config
+    recorded as given, as by an older version)."""
     config = config or RunConfig()
+    recorded = config if isinstance(config, dict) else config.model_dump(mode="json")
     started = RunStarted(
         command="test",
-        task=config.task,
-        direction=config.direction or "maximize",
-        config=config.model_dump(mode="json"),
+        task=recorded["task"],
+        direction=recorded["direction"] or "maximize",
+        config=recorded,
     )
     catalog = Catalog.empty()
     catalog.insert(to_arrow([started, *events], "test-run", 1, datetime.now(UTC)))

@@ -39,8 +39,9 @@ def turn(
     knowledge: bool = False,
     tokens: int = 10_000,
     steps: int = 2,
+    outcome: str = "completed",
 ) -> list[Event]:
-    """The facts of one finished turn: tool calls, steps, eval result, TurnFinished."""
+    """The facts of one finished turn: tool calls, steps, eval result, TurnFinished (ended with ``outcome``)."""
     tree = edge_id.split(".")[0].split("/")[0]
     ids = {"tree_id": tree, "edge_id": edge_id, "turn": n}
     facts: list[Event] = []
@@ -51,7 +52,10 @@ def turn(
     for s in range(1, steps + 1):
         facts.append(StepFinished(**ids, step=s, tokens_total=tokens if s == steps else tokens // 2))
     facts.append(EvalFinished(**ids, score=score, eval_status="ok" if score is not None else "crashed"))
-    facts.append(TurnFinished(**ids, context_tokens=tokens, state={"edge": edge_id, "turn": n}))
+    error = "opencode serve lost the turn" if outcome == "error" else None
+    facts.append(
+        TurnFinished(**ids, context_tokens=tokens, state={"edge": edge_id, "turn": n}, outcome=outcome, error=error)
+    )
     return facts
 
 
@@ -73,7 +77,7 @@ def edge(
     return events
 
 
-def catalog(events: list[Event], config: RunConfig | None = None) -> Catalog:
+def catalog(events: list[Event], config: RunConfig | dict | None = None) -> Catalog:
     from conftest import catalog_of
 
     return catalog_of(events, config or RunConfig(task="t"))

@@ -55,6 +55,39 @@ def test_layer2_is_exempt_and_turn2_is_not_skipped():
     assert (e["skip_turn2"], e["verdict"], e["completed_seq"]) == (False, None, None)
 
 
+def test_a_turn_ended_by_a_backend_error_scores_nothing_unless_the_run_counts_such_turns():
+    """A backend error is no rollout result, whatever evals its turn made before it (its server lost)."""
+    lost = "error"
+    events = [root(), start("T1/e1-1", "T1"), *turn("T1/e1-1", 1, 1.5, outcome=lost)]  # retried, turn 2 skipped
+    events += [start("T1/e2-1", "T1"), *turn("T1/e2-1", 1, 1.5), *turn("T1/e2-1", 2, 1.6, outcome=lost)]
+    events += edge("T1/e3-1", "T1", 1.2, 1.3)  # -> T1.1
+    events += [start("T1.1/e1-1", "T1.1"), *turn("T1.1/e1-1", 1, 1.4), *turn("T1.1/e1-1", 2, 1.9, outcome=lost)]
+    events += edge("T1.1/e2-1", "T1.1", 1.4, 1.5)  # -> T1.1.2
+    events += [start("T1.1.2/e1-1", "T1.1.2"), *turn("T1.1.2/e1-1", 1, 2.0, outcome=lost)]  # pruned, turn 2 skipped
+    e = rows(catalog(events), "edges")
+    assert {k: (v["verdict"], v["skip_turn2"], v["edge_score"]) for k, v in e.items()} == {
+        "T1/e1-1": ("retry", True, None),
+        "T1/e2-1": ("retry", False, 1.5),
+        "T1/e3-1": ("kept", False, 1.3),
+        "T1.1/e1-1": ("kept_exempt", False, 1.4),  # (layer 2 is exempt: its turn 2 did not count)
+        "T1.1/e2-1": ("kept", False, 1.5),
+        "T1.1.2/e1-1": ("pruned", True, None),
+    }
+    # A run configured to count them, and one recorded before the key (read so), keeps their scores.
+    counted = RunConfig(task="t", backend_error_scores="counted")
+    before = RunConfig(task="t").model_dump(mode="json")
+    del before["backend_error_scores"]
+    for cat in (catalog(events, counted), catalog(events, before)):
+        e = rows(cat, "edges")
+        assert {k: (v["verdict"], v["edge_score"]) for k, v in e.items() if k != "T1/e3-1"} == {
+            "T1/e1-1": (None, 1.5),  # (turn 2 owed)
+            "T1/e2-1": ("kept", 1.6),
+            "T1.1/e1-1": ("kept", 1.9),
+            "T1.1/e2-1": ("kept", 1.5),
+            "T1.1.2/e1-1": (None, 2.0),
+        }
+
+
 def layer3(*extra):
     """root -> T1.1 (1.5, 1.6) -> T1.1.1 (1.7, 1.8), then edges from T1.1.1 (layer 3)."""
     events = [root(), *edge("T1/e1-1", "T1", 1.5, 1.6), *edge("T1.1/e1-1", "T1.1", 1.7, 1.8)]

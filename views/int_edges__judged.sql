@@ -14,7 +14,9 @@
 -- tool_error_rate > tool_error_prune. Verdicts: layer 1 attempt 1 hard-failing ->
 -- retry; hard-failing but exempt (layer 1 attempt >= 2, or layer 2) -> kept_exempt;
 -- hard-failing at layer >= 3 -> pruned; otherwise kept. The k-th kept edge out of
--- P in completion order creates child P.k. Scores are raw; *_o are oriented.
+-- P in completion order creates child P.k. Scores are raw; *_o are oriented. A turn
+-- that ended with a backend error (outcome 'error') is no rollout result: its evals
+-- score nothing (backend_error_scores 'ignored'; 'counted' in runs recorded before it).
 with first_turns as (
     select
         tree_id,
@@ -32,6 +34,16 @@ started as (
         id.slot,
         id.attempt
     from first_turns
+),
+
+counted as (
+    select
+        t.* replace (
+            case when t.outcome = 'error' and c.backend_error_scores = 'ignored' then null else t.score end
+                as score
+        )
+    from int_turns as t
+    cross join run_config as c
 ),
 
 joined as (
@@ -60,8 +72,8 @@ joined as (
         c.tool_error_prune
     from started as s
     cross join run_config as c
-    left join int_turns as t1 on s.tree_id = t1.tree_id and s.edge_id = t1.edge_id and t1.turn = 1
-    left join int_turns as t2 on s.tree_id = t2.tree_id and s.edge_id = t2.edge_id and t2.turn = 2
+    left join counted as t1 on s.tree_id = t1.tree_id and s.edge_id = t1.edge_id and t1.turn = 1
+    left join counted as t2 on s.tree_id = t2.tree_id and s.edge_id = t2.edge_id and t2.turn = 2
 ),
 
 flagged as (

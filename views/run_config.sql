@@ -6,7 +6,8 @@
 --
 -- Every parameter and weight of ALGORITHM §1-§4; views cross join this single row.
 -- eval_error_limit and the grader check's tolerance are null in runs recorded before
--- them (no such stop is then due). granted: the run's trees grow only as far as a
+-- them (no such stop is then due); backend_error_scores is 'counted' in those (a backend
+-- error's evals scored its edge then). granted: the run's trees grow only as far as a
 -- campaign grants (config grants set; grant_block_edges and grant_flagged_weight are
 -- its values, null otherwise). config_json is the config as recorded (what
 -- engine.runs.recorded_config validates), tool_version the version that recorded it.
@@ -75,6 +76,7 @@ final as (
         json_extract_string(config, '$.knowledge.path_regex') as path_regex,
         json_extract_string(config, '$.knowledge.command_regex') as command_regex,
         cast(json_extract_string(config, '$.eval_error_limit') as bigint) as eval_error_limit,
+        coalesce(json_extract_string(config, '$.backend_error_scores'), 'counted') as backend_error_scores,
         cast(json_extract_string(config, '$.backend_options.grader_check_tolerance.relative') as double)
             as grader_check_relative,
         cast(json_extract_string(config, '$.backend_options.grader_check_tolerance.absolute') as double)
