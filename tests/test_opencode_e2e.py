@@ -190,7 +190,10 @@ def test_a_small_opencode_run_records_what_the_model_did(tmp_path, roots, studen
             ("read", "error", False, "does_not_exist.txt"),
             ("read", "ok", True, "tiling.md"),
             ("write", "ok", False, "solution.py"),
-        ]
+        ], cat.query(
+            "select outcome, error, wall_seconds from stg_turn_finished where edge_id = ? and turn = ?",
+            [t["edge_id"], t["turn"]],
+        )
         assert (t["tool_calls"], t["tool_errors"], t["knowledge_actions"]) == (4, 1, 1)
         assert t["steps"] == 4 and t["context_tokens"] > 1000
     # Scores are what CORAL's daemon graded from the code the model wrote, with the

@@ -38,8 +38,8 @@ def test_64_concurrent_turns_each_record_what_the_model_received(tmp_path, roots
 
     OpenCode 1.18.33 can stall under this load (once here, on a machine loaded beside it: a
     server spun in its allocator, its API silent). The watchdog then kills that server and
-    its turns are backend errors, never kept edges; the run goes on (its error limit is the
-    width), and every other turn is checked as before."""
+    its turns are backend errors, whose evals score nothing (their edges retried); the run
+    goes on (its error limit is the width), and every other turn is checked as before."""
     model = FakeModel(local_script).start()
     model.delay_s = 1.0
     config = tmp_path / "wide.toml"
@@ -228,6 +228,14 @@ def test_a_fork_whose_sources_lane_is_full_runs_in_a_new_lane_with_its_own_datab
         (one,) = [f for f in first if isinstance(f, TurnFinished)]
         assert one.outcome == "completed", one.error
         assert one.session_id in sessions(store / "opencode.db")
+        # A fork's last message is the previous turn's answer: no answer to a prompt not yet taken
+        # (a waiter woken by a dropped event stream looks then), and quiet is told from not begun.
+        server, lane = teacher.servers.acquire(one.session_id)
+        fork = server.fork(one.session_id)
+        base = len(server.messages(fork))
+        assert base > 4 and server.progress(fork, base) == ("running", None)
+        assert server.progress(fork, 0)[0] == "answered"  # (what a look from its start finds: turn 1's)
+        teacher.servers.release(server, lane)
         held = [teacher.servers.acquire(one.session_id) for _ in range(2)]  # lane 0 is full
         assert {lane.index for _, lane in held} == {0}
         second = teacher.run_turn(

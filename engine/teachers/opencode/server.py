@@ -60,7 +60,7 @@ LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 # denies the question tool, which would wait for a person, for every session).
 RUN_PERMISSIONS = [{"permission": p, "pattern": "*", "action": "deny"} for p in ("question", "plan_enter", "plan_exit")]
 REQUEST_TIMEOUT_S = 120.0
-QUIET_S = 5.0  # a session idle this long with no finished answer has ended without one
+QUIET_S = 5.0  # a session idle this long after its prompt was stored, with no answer, ended without one
 START_S = 120.0  # from ``opencode serve``'s start to its listening (about 2 s here)
 # A server carrying turns that answers nothing this long is killed (its turns end as backend
 # errors): a server here spun two threads in madvise for 20 minutes at 2 GB, its API silent.
@@ -172,15 +172,23 @@ class Server:
     def busy(self, session: str) -> bool:
         return session in (self.call("GET", "/session/status") or {})
 
-    def finished(self, session: str) -> list[dict[str, Any]] | None:
-        """The session's messages once its turn is over (not busy, its last message a finished
-        answer), else None. ``session.idle`` can come before the answer's end is stored."""
+    def progress(self, session: str, base: int) -> tuple[str, list[dict[str, Any]] | None]:
+        """Where the turn prompted after the session's first ``base`` messages is: ``answered`` (not
+        busy, its last message a finished answer to that prompt: the messages with it), ``running``
+        (busy, or the prompt not stored yet) or ``quiet`` (the prompt stored, not busy, no answer).
+
+        ``session.idle`` can come before the answer's end is stored, and a waiter woken by a
+        dropped event stream can look before the prompt is taken: a fork's last message is then
+        the previous turn's answer, and the session is not busy yet."""
         if self.busy(session):
-            return None
-        messages = self.messages(session)
-        last = (messages or [{}])[-1].get("info") or {}
+            return "running", None
+        messages = self.messages(session) or []
+        ours = messages[base:]
+        if not any((m.get("info") or {}).get("role") == "user" for m in ours):
+            return "running", None
+        last = ours[-1].get("info") or {}
         done = last.get("role") == "assistant" and bool((last.get("time") or {}).get("completed") or last.get("error"))
-        return messages if done else None
+        return ("answered", messages) if done else ("quiet", None)
 
     def release(self, session: str, directory: Path) -> None:
         """Forget the session's waiter and dispose of the worktree's instance (its memory)."""
@@ -425,8 +433,9 @@ def run_served(
                 servers.bring(source, lane, worktree)
                 session = server.fork(source)
                 move_session(lane.store.database, session, worktree)
+                base = len(server.messages(session) or [])  # the conversation it forked
             else:
-                session = server.create(worktree, title)
+                session, base = server.create(worktree, title), 0
             servers.placed(session, lane)
             bind(session)
             idle = server.prompt(session, prompt, model)
@@ -444,10 +453,10 @@ def run_served(
             if woken and now >= check_at:  # idle once: wait for its answer to be stored
                 check_at = now + 0.2
                 with contextlib.suppress(ServerGone, ProjectError):
-                    messages = server.finished(session)
-                    if messages is not None:
+                    state, messages = server.progress(session, base)
+                    if state == "answered":
                         break
-                    quiet_since = None if server.busy(session) else quiet_since or now
+                    quiet_since = quiet_since or now if state == "quiet" else None
                     if quiet_since is not None and now - quiet_since > QUIET_S:  # ended with no answer at all
                         break
             if cancel.is_set():
