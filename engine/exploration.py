@@ -21,7 +21,7 @@ from engine.roots import (
     plan_selection,
     run_started,
 )
-from engine.runs import open_run, recorded_config
+from engine.runs import open_run, recorded_config, run_finished
 from engine.teachers import Teacher, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, SnapshotsPicked
@@ -312,7 +312,7 @@ def resume_run(
                 f"run {run_id!r} grows by the grants of campaign {config.grants.campaign!r}: continue it with "
                 f"'{command_line(data_dir, 'campaign', '--resume', config.grants.campaign)}'"
             )
-        finished = catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
+        finished = run_finished(catalog)
         if not finished:
             config, note = resumed_config(run_id, config, parallel, turn_timeout)
         if on_start:

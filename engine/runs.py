@@ -187,3 +187,8 @@ def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:
         return RunConfig.model_validate(recorded)
     except ValidationError as err:
         raise LogError(f"{log.dir}: the recorded run config is not valid ({problems(err)})") from err
+
+
+def run_finished(catalog: Catalog) -> bool:
+    """Whether the run the catalog holds finished (``views/int_run__finished.sql``)."""
+    return bool(catalog.query("select finished from int_run__finished")[0]["finished"])

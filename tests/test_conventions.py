@@ -140,3 +140,13 @@ def test_sql_text_is_quoted_in_one_place():
     from ingest.text import sql_text
 
     assert sql_text("it's") == "'it''s'"
+
+
+def test_whether_a_run_finished_is_decided_in_one_view():
+    """It was written 4 times in Python and 3 in views: int_run__finished is the one definition
+    (audit_run_stopped reads the RunFinished itself as a decision point, not as the rule)."""
+    sources = [ROOT / "cli.py", *(p for folder in ("ingest", "engine") for p in (ROOT / folder).rglob("*.py"))]
+    readers = sorted(str(p.relative_to(ROOT)) for p in [*sources, *(ROOT / "views").glob("*.sql")])
+    readers = [name for name in readers if "stg_run_finished" in (ROOT / name).read_text()]
+    assert readers == ["views/audit_run_stopped.sql", "views/int_run__finished.sql"]
+    assert (ROOT / "views" / "audit_run_stopped.sql").read_text().count("from stg_run_finished") == 1

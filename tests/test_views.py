@@ -14,7 +14,14 @@ from engine.catalog.definitions import VIEWS_DIR
 VIEWS = read_views()
 CAMPAIGN = read_views(VIEWS_DIR / "campaign")  # the campaign log's views (engine.campaign)
 # whole-run summaries: one row even when empty
-ONE_ROW_VIEWS = {"campaign_spend", "run_progress", "run_pace", "stg_log_tail", "int_turns__failing"}
+ONE_ROW_VIEWS = {
+    "campaign_spend",
+    "run_progress",
+    "run_pace",
+    "stg_log_tail",
+    "int_turns__failing",
+    "int_run__finished",
+}
 # constants of the views (no sources): the same rows on every log
 CONSTANT_VIEWS = {"coverage_strata"}
 

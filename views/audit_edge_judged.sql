@@ -1,6 +1,6 @@
 -- Recorded edge verdicts the facts do not imply, and finished edges never judged (empty when healthy).
 -- grain: kind, seq, subject, problem
--- sources: stg_edge_judged, int_edges__judged, stg_run_finished
+-- sources: stg_edge_judged, int_edges__judged, int_run__finished
 --
 -- Replay reads every audit_* view. A verdict must equal the derived one, name the
 -- derived child id, come after the edge was complete (completed_seq <= watermark)
@@ -46,7 +46,7 @@ missing as (
     where
         d.verdict is not null
         and (
-            exists (select 1 from stg_run_finished)
+            (select finished from int_run__finished)
             or exists (select 1 from stg_edge_judged as later where later.seq > d.completed_seq)
         )
 )

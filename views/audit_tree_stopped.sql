@@ -1,7 +1,7 @@
 -- Recorded tree stops the prefix they saw does not imply, edges started after a stop,
 -- and finished runs with a done tree never stopped (empty when healthy).
 -- grain: kind, seq, subject, problem
--- sources: stg_tree_stopped, int_trees__stopped, stg_edge_started, stg_run_finished, int_trees__asof
+-- sources: stg_tree_stopped, int_trees__stopped, stg_edge_started, int_run__finished, int_trees__asof
 --
 -- Needs `set variable asof_points = 'decisions'` (replay sets it).
 with checked as (
@@ -41,7 +41,7 @@ unstopped as (
         t.stop_reason as derived
     from int_trees__asof as t
     anti join stg_tree_stopped as r using (tree_id)
-    where t.is_now and t.is_done and exists (select 1 from stg_run_finished)
+    where t.is_now and t.is_done and (select finished from int_run__finished)
 )
 
 select seq, 'tree_stopped' as kind, tree_id, subject, problem, recorded, derived

@@ -1,6 +1,6 @@
 -- The run's pace since its current session began: edges judged and tokens per hour, and an estimate of the time left.
 -- grain: run_key
--- sources: stg_run_started, stg_run_resumed, stg_run_finished, stg_edge_started, stg_edge_judged, int_turns__costs, int_trees__summarized, run_config
+-- sources: stg_run_started, stg_run_resumed, int_run__finished, stg_edge_started, stg_edge_judged, int_turns__costs, int_trees__summarized, run_config
 --
 -- Wall-clock figures from the times events were recorded (for watching a run, never
 -- for a decision). The session is the last start or resume: its rates leave out the
@@ -87,13 +87,14 @@ paced as (
         e.trees_done,
         e.expected_edges_per_tree,
         coalesce(r.remaining_edges, 0.0) as remaining_edges,
-        exists (select 1 from stg_run_finished) as finished
+        f.finished
     from session as s
     cross join latest as l
     cross join judged as j
     cross join tokens as k
     cross join done as e
     cross join remaining as r
+    cross join int_run__finished as f
 )
 
 select

@@ -20,7 +20,7 @@ from engine.config import RunConfig
 from engine.exploration import PlannedRun, plan_run
 from engine.mcts.explorer import Explorer
 from engine.render import counted
-from engine.runs import recorded_config
+from engine.runs import recorded_config, run_finished
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError
 from ingest.events import BlockGranted, BudgetAllocated, CampaignStopped, Event, GrantsClosed, RunFinished
@@ -128,7 +128,7 @@ def _opened(data_dir: Path, task: str, run_id: str, plan: PlannedRun | None) -> 
         with LogWriter.open(data_dir, run_id) as writer:
             run_catalog = Catalog.for_log(log, threads=DECISION_THREADS)
             run_config = recorded_config(run_catalog, log)
-            finished = run_catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
+            finished = run_finished(run_catalog)
             with _engine(TaskRun(task, run_id, writer, run_catalog, run_config, None, True, finished)) as run:
                 yield run
         return
@@ -307,5 +307,5 @@ class _Campaign:
             first = next((e for e in errors if not isinstance(e, TurnCancelled)), errors[0])
             raise first
         for run in live:
-            if run.catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0:
+            if run_finished(run.catalog):
                 run.finished = True

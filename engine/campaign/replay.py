@@ -20,6 +20,7 @@ from engine.campaign import open_campaign, recorded_campaign
 from engine.campaign.policy import TaskRows, decide
 from engine.catalog import Catalog
 from engine.replay import Difference, ReplayResult, replay_runs
+from engine.runs import run_finished
 from ingest.log import EventLog
 
 GAIN_TOLERANCE = 1e-9  # as the views' differs(): float noise between two evaluations
@@ -127,7 +128,7 @@ def _check_copies(
                     f"{len(held)} held ({len(extra)} not granted)",
                 )
             )
-        finished = run_catalog.query("select count(*) as n from stg_run_finished")[0]["n"] > 0
+        finished = run_finished(run_catalog)
         closed = bool(run_catalog.query("select 1 from stg_grants_closed"))
         granted = run_catalog.query("select granted from run_config")[0]["granted"]
         if granted and closed and not stopped:
