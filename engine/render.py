@@ -293,19 +293,20 @@ def frame_view(frame: Any, height: int) -> Any:
     return Group(*lines, Text(""), table, *tail)
 
 
+def spend_line(edges: int, tokens: int, budget_edges: int | None, budget_tokens: int | None) -> str:
+    """A campaign's spend, against its budget where it has one: ``spent 12/40 valid edges, 3.1M/200.0M tokens``."""
+    of = f"/{budget_edges}" if budget_edges else ""
+    of_tokens = f"/{budget_tokens / 1e6:.1f}M" if budget_tokens else ""
+    return f"spent {edges}{of} valid edges, {tokens / 1e6:.1f}M{of_tokens} tokens"
+
+
 def campaign_frame_lines(frame: Any) -> list[str]:
     """A campaign's frame: its state and spend against its budget, then a line per task's run."""
     c, st = frame.config, frame.state
     state = "finished" if frame.finished else "running" if frame.writing else "not running (interrupted)"
-    edges = sum(r["kept_edges"] for r in frame.runs)
-    tokens = sum(int(r["tokens"]) for r in frame.runs)
-    of = f"/{c['budget_edges']}" if c["budget_edges"] else ""
-    of_tokens = f"/{c['budget_tokens'] / 1e6:.1f}M" if c["budget_tokens"] else ""
     stop = f", stopped: {st['stop_reason']}" if st["stop_reason"] else ""
-    lines = [
-        f"campaign {frame.name} ({c['policy']}): {state}; {st['rounds']} rounds{stop}; spent {edges}{of} valid "
-        f"edges, {tokens / 1e6:.1f}M{of_tokens} tokens"
-    ]
+    spend = spend_line(*frame.spent, c["budget_edges"], c["budget_tokens"])
+    lines = [f"campaign {frame.name} ({c['policy']}): {state}; {counted(st['rounds'], 'round')}{stop}; {spend}"]
     lines += [f"  {r['task']} ({r['run_id']}): " + progress_line(r, frame.writing, eta=False) for r in frame.runs]
     return lines
 

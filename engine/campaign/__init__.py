@@ -188,24 +188,7 @@ def campaign_result(data_dir: Path, name: str, resumed: bool) -> CampaignResult:
     )
 
 
-SUMMARY = """
-select
-    s.run_id,
-    s.stratum_key as task,
-    s.selected_paths as n,
-    s.n_eff,
-    s.n_eff_ratio,
-    s.roots,
-    (select count(*) from coverage as g where g.run_id = s.run_id and g.stratum = 'stage' and g.selected_paths > 0)
-        as stages_covered,
-    (select count(*) from coverage as g where g.run_id = s.run_id and g.stratum = 'stage') as stages,
-    p.kept_edges,
-    p.tokens
-from coverage as s
-inner join campaign_spend as p on p.run_id = s.run_id
-where s.stratum = 'task'
-order by s.run_id
-"""
+SUMMARY = "select * from campaign_summary order by run_id"
 
 
 def summary(data_dir: Path, runs: list[str]) -> list[dict[str, Any]]:

@@ -59,8 +59,17 @@ def recorded_campaign(catalog: Catalog, name: str) -> CampaignConfig:
         raise LogError(f"campaign {name!r}: its recorded configuration is not valid ({err})") from err
 
 
+def campaign_tasks(catalog: Catalog) -> list[dict[str, str]]:
+    """The campaign's tasks (``task``, its run ``task_run``) in the order its file gives them."""
+    return catalog.query("select task, task_run from campaign_tasks order by task_order")
+
+
+def stop_reason(catalog: Catalog) -> str | None:
+    """Why the campaign stopped (``campaign_state``), or None while it has not."""
+    return catalog.query("select stop_reason from campaign_state")[0]["stop_reason"]
+
+
 def campaign_runs(data_dir: Path, name: str) -> list[str]:
     """The runs of campaign ``name``, in its tasks' order (those created so far)."""
-    catalog = open_campaign(data_dir, name)
-    runs = [r["task_run"] for r in catalog.query("select task_run from campaign_tasks order by task_order")]
+    runs = [r["task_run"] for r in campaign_tasks(open_campaign(data_dir, name))]
     return [r for r in runs if EventLog(data_dir, r).exists()]

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.campaign.config import CampaignConfig, TaskSpec
-from engine.campaign.log import task_run_id
-from engine.campaign.policy import Round, TaskRows, decide
+from engine.campaign.log import campaign_tasks, stop_reason, task_run_id
+from engine.campaign.policy import Round, TaskRows, decide, spent
 from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import RunConfig
 from engine.exploration import PlannedRun, plan_run
 from engine.mcts.explorer import Explorer
-from engine.render import counted
+from engine.render import counted, spend_line
 from engine.runs import recorded_config, run_finished
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError
@@ -92,7 +92,7 @@ def drive(
 ) -> None:
     """Open (or create: from ``plans``, else planned now) every task's run, then run the policy's loop."""
     plans = dict(plans or {})
-    rows = catalog.query("select task, task_run from campaign_tasks order by task_order")
+    rows = campaign_tasks(catalog)
     slots = SharedSlots(config.parallel)
     with contextlib.ExitStack() as stack:
         runs = []
@@ -226,17 +226,15 @@ class _Campaign:
         self.catalog.insert(self.writer.stage([event]))
         self.writer.flush()
         crash_point("campaign.decided")
-        spent = sum(int(t.spend["kept_edges"]) for t in rows)
-        tokens = sum(int(t.spend["tokens"]) for t in rows)
-        budget = self.config.budget
-        of = f"/{budget.edges}" if budget.edges else ""
-        of_tokens = f"/{budget.tokens / 1e6:.1f}M" if budget.tokens else ""
         if decided.stop is not None:
             what = f"stop ({decided.stop})"
         else:
             tasks = counted(len({g["task"] for g in decided.grants}), "task")
             what = f"({decided.rule}) a block to each of {counted(len(decided.grants), 'tree')} of {tasks}"
-        self.report(f"round {round_no} {what}; spent {spent}{of} valid edges, {tokens / 1e6:.1f}M{of_tokens} tokens")
+        budget = self.config.budget
+        self.report(
+            f"round {round_no} {what}; {spend_line(*spent([t.spend for t in rows]), budget.edges, budget.tokens)}"
+        )
 
     def _copy(self) -> None:
         """Stage in every run what the campaign recorded for it and the run does not hold yet: its
@@ -244,7 +242,7 @@ class _Campaign:
         grants = self.catalog.query(
             "select round, task_run, tree_id, edges from campaign_grants order by seq, task_run, tree_id"
         )
-        stop = self.catalog.query("select reason from campaign_rounds where rule = 'stop'")
+        stop = stop_reason(self.catalog)
         for run in self.runs:
             if run.finished:
                 continue
@@ -256,14 +254,14 @@ class _Campaign:
                 for g in grants
                 if g["task_run"] == run.run_id and (g["round"], g["tree_id"]) not in held
             ]
-            if stop and not run.catalog.query("select 1 from stg_grants_closed"):
-                facts.append(GrantsClosed(reason=stop[0]["reason"]))
+            if stop is not None and not run.catalog.query("select 1 from stg_grants_closed"):
+                facts.append(GrantsClosed(reason=stop))
             if facts:
                 run.explorer.stage_facts(facts)  # type: ignore[union-attr]
 
     def _stop_and_finish(self) -> None:
         """The campaign's stop (when not recorded: the fixed policy's, every tree stopped) and RunFinished."""
-        if not self.catalog.query("select 1 from campaign_rounds where rule = 'stop'"):
+        if stop_reason(self.catalog) is None:
             marks = {run.run_id: run.writer.tail for run in self.runs}
             self.catalog.insert(
                 self.writer.stage(

@@ -87,14 +87,20 @@ def _probed(tasks: list[TaskRows], roots: int | None, round_no: int) -> list[Row
     return [row for _, row in sorted(later, key=lambda p: p[0]) if row["eligible"] and not row["granted_edges"]]
 
 
+def spent(spends: list[Row]) -> tuple[int, int]:
+    """What the campaign spent: valid edges and tokens, over its runs' ``campaign_spend`` rows."""
+    return sum(int(r["kept_edges"]) for r in spends), sum(int(r["tokens"]) for r in spends)
+
+
 def decide(config: CampaignConfig, round_no: int, tasks: list[TaskRows]) -> Round:
     """The grants of round ``round_no`` (or the campaign's stop) from the runs' rows."""
     budget, options = config.budget, config.coverage
     if config.policy == "fixed":
         running = any(r["eligible"] for t in tasks for r in t.gains)
         return Round("fixed", []) if running else Round("stop", [], "trees_stopped")
-    edges_left = None if budget.edges is None else budget.edges - sum(int(t.spend["kept_edges"]) for t in tasks)
-    tokens_left = None if budget.tokens is None else budget.tokens - sum(int(t.spend["tokens"]) for t in tasks)
+    edges, tokens = spent([t.spend for t in tasks])
+    edges_left = None if budget.edges is None else budget.edges - edges
+    tokens_left = None if budget.tokens is None else budget.tokens - tokens
     if (edges_left is not None and edges_left <= 0) or (tokens_left is not None and tokens_left <= 0):
         return Round("stop", [], "budget_spent")
     eligible = [r | {"task": t.task, "run": t.run_id} for t in tasks for r in t.gains if r["eligible"]]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.campaign import open_campaign, recorded_campaign
+from engine.campaign.log import campaign_tasks, open_campaign, recorded_campaign, stop_reason
 from engine.campaign.policy import TaskRows, decide
 from engine.catalog import Catalog
 from engine.replay import Difference, ReplayResult, replay_runs
@@ -51,7 +51,7 @@ def replay_campaign(data_dir: Path, name: str) -> CampaignReplay:
     """Re-derive every decision of campaign ``name`` (and replay each of its runs)."""
     catalog = open_campaign(data_dir, name)
     config = recorded_campaign(catalog, name)
-    tasks = catalog.query("select task, task_run from campaign_tasks order by task_order")
+    tasks = campaign_tasks(catalog)
     decisions = catalog.query("select * from campaign_rounds order by seq")
     result = CampaignReplay(name, len(decisions))
     runs = {t["task_run"]: Catalog.empty() for t in tasks}
@@ -105,7 +105,7 @@ def _check_copies(
 ) -> None:
     """Every run holds exactly the grants the campaign recorded for it, and their close once it stopped."""
     grants = catalog.query("select task_run, round, tree_id, edges from campaign_grants")
-    stopped = bool(catalog.query("select 1 from campaign_rounds where rule = 'stop'"))
+    stopped = stop_reason(catalog) is not None
     for run, run_catalog in runs.items():
         if not logs[run].exists():
             continue

@@ -16,7 +16,8 @@ from typing import Any
 
 import watchfiles
 
-from engine.campaign.log import campaign_log, open_campaign
+from engine.campaign.log import campaign_log, campaign_tasks, open_campaign
+from engine.campaign.policy import spent
 from engine.catalog import Catalog
 from engine.derived import Derived
 from engine.watch import writer_alive
@@ -42,6 +43,11 @@ class CampaignFrame:
         return bool(self.state["finished"])
 
     @property
+    def spent(self) -> tuple[int, int]:
+        """Valid edges and tokens spent over the runs."""
+        return spent(self.runs)
+
+    @property
     def seqs(self) -> tuple:
         return (self.state["rounds"], self.state["finished"], *(r["seq"] for r in self.runs))
 
@@ -50,7 +56,7 @@ def read_campaign_frame(data_dir: Path, name: str, catalogs: dict[str, Catalog],
     """The frame of the campaign's log now and of what ``catalogs`` hold of its runs (opened as they appear)."""
     campaign = open_campaign(data_dir, name)
     runs = []
-    for task in campaign.query("select task, task_run from campaign_tasks order by task_order"):
+    for task in campaign_tasks(campaign):
         run_id = task["task_run"]
         log = EventLog(data_dir, run_id)
         if run_id not in catalogs:
