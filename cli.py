@@ -258,7 +258,7 @@ def campaign(campaign_file: Path | None, name: str | None, resume_name: str | No
         python cli.py campaign campaign.toml && python cli.py audit campaign
     """
     from engine import outputs
-    from engine.campaign import from_command_line
+    from engine.campaign.command import from_command_line
 
     if bool(resume_name) == (campaign_file is not None or bool(name)):
         raise click.UsageError("give CAMPAIGN_FILE (and --name), or --resume NAME")

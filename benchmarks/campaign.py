@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.campaign import new_campaign  # noqa: E402
+from engine.campaign.command import new_campaign  # noqa: E402
 from engine.collection import Collection  # noqa: E402
 
 SNAPSHOTS = ROOT / "data" / "student_run" / "all_snapshots"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.campaign import open_campaign
+from engine.campaign.log import open_campaign
 from engine.catalog import Catalog
 from ingest.events import BudgetAllocated, CampaignTaskAdded, RunStarted
 from ingest.log import EventLog, LogWriter

@@ -150,3 +150,27 @@ def test_whether_a_run_finished_is_decided_in_one_view():
     readers = [name for name in readers if "stg_run_finished" in (ROOT / name).read_text()]
     assert readers == ["views/audit_run_stopped.sql", "views/int_run__finished.sql"]
     assert (ROOT / "views" / "audit_run_stopped.sql").read_text().count("from stg_run_finished") == 1
+
+
+def python_files_with(pattern: str) -> list[str]:
+    """The library's Python files (cli.py, engine/, ingest/) whose text matches ``pattern``."""
+    import re
+
+    found = re.compile(pattern)
+    sources = [ROOT / "cli.py", *(p for folder in ("ingest", "engine") for p in (ROOT / folder).rglob("*.py"))]
+    return sorted(str(p.relative_to(ROOT)) for p in sources if found.search(p.read_text()))
+
+
+@pytest.mark.parametrize(
+    ("rule", "pattern", "home"),
+    [
+        ("a campaign's tasks in order", r"order by task_order", ["engine/campaign/log.py"]),
+        ("whether a campaign stopped", r"rule = 'stop'|stg_campaign_stopped", []),
+        ("a campaign's spend", r"\[\"kept_edges\"\]\)?\s+for", ["engine/campaign/policy.py"]),
+        ("a campaign's budget line", r"valid edges, \{", ["engine/render.py"]),
+        ("the stages a run covers", r"as stages_covered", []),
+    ],
+)
+def test_a_campaign_rule_is_written_once(rule, pattern, home):
+    """Each was written 2-4 times in Python: now a view or one function."""
+    assert python_files_with(pattern) == home, rule

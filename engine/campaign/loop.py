@@ -1,6 +1,6 @@
 """A campaign's loop over its tasks' runs: open (or create) them, grow them at once in shared slots, decide rounds.
 
-See engine.campaign for the order of the steps and why a kill -9 cannot break it.
+See engine/campaign/__init__.py for the order of the steps and why a kill -9 cannot break it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def expand(data_dir: Path | str, names: list[str]) -> list[str]:
     out: list[str] = []
     for name in names:
         if is_campaign(data_dir, name):
-            from engine.campaign import campaign_runs
+            from engine.campaign.log import campaign_runs
 
             out.extend(campaign_runs(Path(data_dir), name))
         else:

@@ -137,15 +137,18 @@ CAMPAIGN_COLUMNS = ["task", "run_id", "roots", "kept_edges", "tokens", "n", "n_e
 
 def campaign(result: Any, data_dir: Path) -> Output:
     """campaign's summary: how it stopped, a row per task (N, N_eff, N_eff/N, stages, edges, tokens), the total."""
+    from engine.campaign.policy import spent
+
     rows = [r | {"stages_covered": f"{r['stages_covered']}/{r['stages']}"} for r in result.summary]
     n = sum(r["n"] or 0 for r in result.summary)
     n_eff = sum(r["n_eff"] or 0.0 for r in result.summary)
+    edges, tokens = spent(result.summary)
     total = {
         "task": "total",
         "run_id": "",
         "roots": sum(r["roots"] for r in result.summary),
-        "kept_edges": sum(r["kept_edges"] for r in result.summary),
-        "tokens": sum(r["tokens"] for r in result.summary),
+        "kept_edges": edges,
+        "tokens": tokens,
         "n": n,
         "n_eff": n_eff,
         "n_eff_ratio": n_eff / n if n else None,

@@ -229,7 +229,7 @@ def damaged_campaign(data_dir: Path, name: str, err: Exception) -> str:
 
 def campaign_page(data_dir: Path, name: str) -> dict[str, Any]:
     """A campaign: its summary per task (the command's), its rounds and every block it granted."""
-    from engine.campaign import campaign_result
+    from engine.campaign.command import campaign_result
     from engine.campaign.log import open_campaign
 
     result = campaign_result(data_dir, name, resumed=False)
