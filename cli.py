@@ -543,7 +543,8 @@ def sql_command(
         python cli.py sql demo "select * from edges where verdict = 'pruned'" --csv > pruned.csv
     """
 
-    from engine.collection import Limits, open_runs, parquet_target, read_only, write_parquet
+    from engine.catalog.queries import check_query
+    from engine.collection import Limits, open_runs, parquet_target, write_parquet
     from engine.render import print_rows
 
     if parquet is not None and fmt != "text":
@@ -553,11 +554,11 @@ def sql_command(
     if not args:
         raise click.UsageError("QUERY is required")
     runs, query, limits = list(args[:-1]), args[-1], Limits.resolve(memory_limit, timeout)
-    read_only(query)  # refused before any run is read
+    checked = check_query(query)  # refused before any run is read (and parsed once)
     if parquet is not None:
         parquet_target(parquet, data_dir(), overwrite)
     collection = open_runs(data_dir(), runs or None, limits)
-    with collection.result(query) as result:  # its time limit covers formatting and writing
+    with collection.result(checked) as result:  # its time limit covers formatting and writing
         if parquet is None:
             print_rows(fmt, sys.stdout, result)
         else:

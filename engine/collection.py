@@ -13,7 +13,7 @@ recorded decision (what replay reads); any other reads their final state. The
 collection is a snapshot: the runs as they were when first queried (``refresh()``
 reads them again, a grown run caught up from its last state).
 
-Reads cannot write, by construction (:func:`read_only`): a query must be
+Reads cannot write, by construction (:func:`~engine.catalog.queries.check_query`): a query must be
 one SELECT (or a plain EXPLAIN of one - EXPLAIN ANALYZE runs what it explains),
 calling no function that changes the session or runs SQL given as text; anything
 else is refused before it runs. The instance has external access disabled, with
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from engine.catalog import QueryError
-from engine.catalog.definitions import load_graph, read_macros, relations_read
+from engine.catalog.definitions import load_graph, read_macros
+from engine.catalog.queries import CheckedQuery, QueryError, RefusedQueryError, check_query, first_line
 from engine.derived import AT_DECISIONS, NOW, Derived, State
 from engine.derived.live import kept_state
 from engine.results import (
@@ -52,7 +52,6 @@ from engine.results import (
     QueryCancelledError,
     QueryLimitError,
     Result,
-    first_line,
 )
 from engine.results import parquet_target as parquet_target  # (re-exported: sql's)
 from engine.results import write_parquet as write_parquet
@@ -60,50 +59,16 @@ from ingest.errors import InputError, LogError
 from ingest.listing import has_log
 from ingest.listing import run_ids as run_ids_under
 from ingest.paths import run_dir, under
-from ingest.text import as_utf8, sql_text
+from ingest.text import sql_text
 
 if TYPE_CHECKING:
     import polars as pl
 
     from engine.runs import DamagedRun
 
-SELECT = duckdb.StatementType.SELECT
-# Functions a SELECT may call that change the session (a seed, a sequence, DuckDB's own
-# log) or run SQL given as a string (which the check below cannot see into). The ones
-# that change configuration (profiling, logging, grammar extensions) are refused by
-# the locked configuration as well.
-REFUSED_FUNCTIONS = frozenset(
-    {
-        "query",
-        "query_table",
-        "json_execute_serialized_sql",
-        "setseed",
-        "nextval",
-        "setval",
-        "write_log",
-        "checkpoint",
-        "force_checkpoint",
-        "truncate_duckdb_logs",
-        "enable_profiling",
-        "disable_profiling",
-        "enable_logging",
-        "disable_logging",
-        "add_grammar_extension",
-        "remove_grammar_extension",
-        "create_external_resource",
-        "register_external_resource",
-        "register_external_resource_type",
-        "deregister_external_resource",
-        "destroy_external_resource",
-    }
-)
 # Variables each run's config gives its views (its defaults, see variables.py): one value
 # serves every run's views queried from the main database, so the runs must agree on it.
 RUN_DEFAULTS = ("knowledge_path_regex", "knowledge_command_regex")
-
-
-class RefusedQueryError(InputError):
-    """A query that is not read-only, or reads outside the runs' logs; nothing was run."""
 
 
 class Collection:
@@ -338,9 +303,18 @@ class Collection:
                 cursor.execute("select count(*) from duckdb_views()").fetchall()  # the transaction's snapshot
             return files
 
+    def _rebind(self, cursor: duckdb.DuckDBPyConnection, names: set[str], run_id: str | None) -> dict[str, tuple]:
+        """The runs read again and ``names`` bound anew on ``cursor`` (a stored state replaced while bound)."""
+        with self.binding_lock:
+            self.refresh()
+            return self._pin(cursor, names, run_id)
+
     @contextlib.contextmanager
-    def _run(self, query: str, run_id: str | None = None, cancel: Cancel | None = None) -> Iterator[Result]:
-        """One read-only query on a cursor of its own, within the limits; RefusedQueryError or QueryError otherwise.
+    def _run(
+        self, query: str | CheckedQuery, run_id: str | None = None, cancel: Cancel | None = None
+    ) -> Iterator[Result]:
+        """One read-only query (checked here unless it was) on a cursor of its own, within the limits;
+        RefusedQueryError or QueryError otherwise.
 
         Queries run at once, each on its cursor (a DuckDB connection serves one thread at
         a time); only binding the views holds a lock. The time limit runs from the query's
@@ -352,11 +326,20 @@ class Collection:
         timer.daemon = True
         try:
             with expired.watching(cursor), cancel.watching(cursor) if cancel else contextlib.nullcontext():
-                select = read_only(query, cursor)
-                names = relations_read(cursor, select) or set()
+                checked = check_query(query, cursor)
+                names = set(checked.relations)
                 files = self._pin(cursor, names, run_id)
                 timer.start()
-                yield Result(self, cursor, query, names, run_id, files, expired, cancel)
+                yield Result(
+                    cursor,
+                    checked.text,
+                    limits=self.limits,
+                    files=files,
+                    rebind=lambda: self._rebind(cursor, names, run_id),
+                    in_transaction=run_id is None,
+                    expired=expired,
+                    cancel=cancel,
+                )
         except duckdb.PermissionException as err:
             raise RefusedQueryError(f"{first_line(err)} (only the runs' logs may be read) - nothing was read") from err
         except duckdb.InterruptException as err:
@@ -378,7 +361,7 @@ class Collection:
                 timer.join()
             cursor.close()
 
-    def result(self, query: str, run_id: str | None = None, cancel: Cancel | None = None):
+    def result(self, query: str | CheckedQuery, run_id: str | None = None, cancel: Cancel | None = None):
         """A context manager: the :class:`Result` of a read-only query, its rows fetched in batches within its
         limits (its time limit ends with the block); ``cancel``: stops it from another thread."""
         return self._run(query, run_id, cancel)
@@ -412,79 +395,6 @@ class Collection:
         return sorted(set(super().__dir__()) | set(self.views))
 
 
-def read_only(query: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
-    """The SELECT ``query`` runs (itself, or the one it EXPLAINs); RefusedQueryError (nothing run) otherwise.
-
-    The statement's type is not enough: EXPLAIN ANALYZE has type EXPLAIN and runs the
-    statement it explains, so an EXPLAIN must explain a SELECT, and a SELECT must call
-    no function of REFUSED_FUNCTIONS. ``con``: any connection (it only parses; default
-    a new one), so that ``sql`` refuses a statement before it reads any run.
-    """
-    con = con or duckdb.connect(config={"temp_directory": ""})
-    if as_utf8(query) != query:  # DuckDB's binding raises TypeError on a lone surrogate
-        raise QueryError(f"the query is not UTF-8 text: {as_utf8(query)!r} (U+FFFD for its other bytes)")
-    statements = _statements(con, query)
-    if len(statements) != 1:
-        raise RefusedQueryError(f"give one query at a time ({len(statements)} statements given) - nothing was run")
-    kind, body = statements[0].type, query
-    if kind == duckdb.StatementType.EXPLAIN:
-        body = _explained(query)
-        try:
-            inner = _statements(con, body)
-        except QueryError:  # "ANALYZE <statement>", "(FORMAT json) <statement>": no statement alone
-            inner = []
-        if len(inner) != 1 or inner[0].type != SELECT:
-            msg = (
-                "only EXPLAIN of a SELECT is allowed (not EXPLAIN ANALYZE, which runs the statement it "
-                "explains, nor EXPLAIN of anything else) - nothing was run"
-            )
-            raise RefusedQueryError(msg)
-    elif kind != SELECT:
-        msg = f"only a read-only query (a SELECT) is allowed, not a statement of type {kind.name} - nothing was run"
-        raise RefusedQueryError(msg)
-    tree = json.loads(con.execute("select json_serialize_sql(?)", [body]).fetchone()[0])
-    if tree.get("error"):
-        raise RefusedQueryError(f"the query cannot be checked ({tree.get('error_message')}) - nothing was run")
-    refused = sorted(_functions(tree) & REFUSED_FUNCTIONS)
-    if refused:
-        msg = (
-            f"{refused[0]}() is not allowed in a query: it changes the session or runs SQL given as text - "
-            "nothing was run"
-        )
-        raise RefusedQueryError(msg)
-    return body
-
-
-def _statements(con: duckdb.DuckDBPyConnection, query: str) -> list:
-    try:
-        return con.extract_statements(query)
-    except duckdb.Error as err:
-        raise QueryError(first_line(err)) from err
-
-
 def open_runs(data_dir: Path | str, run_ids: list[str] | None = None, limits: Limits | None = None) -> Collection:
     """Read these runs (default: every run under ``data_dir`` that is not damaged) through the views, read-only."""
     return Collection(data_dir, run_ids, limits)
-
-
-def _explained(query: str) -> str:
-    """The text after an EXPLAIN statement's first keyword (``EXPLAIN``), comments before it skipped."""
-    raw = query.encode()  # the tokenizer's positions are byte offsets
-    tokens = [pos for pos, kind in duckdb.tokenize(query) if kind != duckdb.token_type.comment]
-    if len(tokens) < 2 or not raw[tokens[0] :].lower().startswith(b"explain"):
-        return ""
-    return raw[tokens[1] :].decode()
-
-
-def _functions(tree: Any) -> set[str]:
-    """The names of every function a serialized statement calls (scalar, aggregate, table), lower case."""
-    found: set[str] = set()
-    if isinstance(tree, dict):
-        if tree.get("class") == "FUNCTION" and isinstance(tree.get("function_name"), str):
-            found.add(tree["function_name"].lower())
-        for value in tree.values():
-            found |= _functions(value)
-    elif isinstance(tree, list):
-        for value in tree:
-            found |= _functions(value)
-    return found

@@ -15,19 +15,15 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
-from engine.catalog import QueryError
+from engine.catalog.queries import QueryError, first_line
 from ingest.errors import InputError, OutputError
 from ingest.paths import outside_data, write_atomically
-
-if TYPE_CHECKING:
-    from engine.collection import Collection
 
 MEMORY_ENV = "TEACHER_MCTS_SQL_MEMORY"
 TIMEOUT_ENV = "TEACHER_MCTS_SQL_TIMEOUT_S"
@@ -98,16 +94,29 @@ class Result:
     batches, formatting them, counts against the limit as DuckDB's does.
     """
 
-    def __init__(self, runs: Collection, cursor, query: str, names, run_id, files, expired: Cancel, cancel) -> None:
-        self._runs, self._cursor, self._query = runs, cursor, query
-        self._names, self._run_id, self._files = names, run_id, files
+    def __init__(
+        self,
+        cursor: duckdb.DuckDBPyConnection,
+        query: str,
+        *,
+        limits: Limits,
+        files: dict[str, tuple],
+        rebind: Callable[[], dict[str, tuple]],
+        in_transaction: bool,
+        expired: Cancel,
+        cancel: Cancel | None,
+    ) -> None:
+        """``files``: the stored files the query's views are bound to; ``rebind`` reads the runs again and
+        binds them anew (a state replaced meanwhile); ``in_transaction``: the cursor holds one (a collection's)."""
+        self._cursor, self._query, self._limits = cursor, query, limits
+        self._files, self._rebind, self._in_transaction = files, rebind, in_transaction
         self._expired, self._cancel = expired, cancel
         self._started: str | None = None
 
     def check(self) -> None:
         """QueryLimitError once the time limit has passed, QueryCancelledError once cancelled."""
         if self._expired.is_set:
-            raise QueryLimitError(self._runs.limits.time_message())
+            raise QueryLimitError(self._limits.time_message())
         if self._cancel is not None and self._cancel.is_set:
             raise QueryCancelledError(CANCELLED)
 
@@ -123,11 +132,9 @@ class Result:
             if all(Path(f).exists() for files in self._files.values() for f in files):
                 raise
             # A state was replaced (its run grew) and dropped while bound: read the runs again.
-            if self._run_id is None:  # (a query of one run holds no transaction: its views are its own)
+            if self._in_transaction:  # (a query of one run holds none: its views are its own)
                 self._cursor.rollback()
-            with self._runs.binding_lock:
-                self._runs.refresh()
-                self._files = self._runs._pin(self._cursor, self._names, self._run_id)
+            self._files = self._rebind()
             found = start()
         self._started = how
         return found
@@ -170,7 +177,7 @@ class Result:
                 except OSError as err:  # DuckDB's error midway, through Arrow's stream: as the query's own
                     self.check()  # (an interrupt: the limit's or the Cancel's)
                     if str(err).startswith("Out of Memory Error"):
-                        raise QueryLimitError(self._runs.limits.memory_message(err)) from err
+                        raise QueryLimitError(self._limits.memory_message(err)) from err
                     raise QueryError(first_line(err)) from err
                 yield batch
             self.check()
@@ -221,10 +228,6 @@ class Limits:
             f"the query ran past its time limit of {self.timeout_s:g} s and was stopped - "
             f"nothing was written (give more with --timeout or ${TIMEOUT_ENV})"
         )
-
-
-def first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0]
 
 
 def parquet_target(path: Path, data_dir: Path, overwrite: bool = False) -> Path:

@@ -127,9 +127,8 @@ def test_no_output_lands_on_a_log_a_record_or_derived_state(data, tmp_path):
 
 
 def test_the_guard_knows_where_derived_state_lives():
-    from engine.campaign.names import campaigns_dir
     from engine.derived.keys import DERIVED
-    from ingest.paths import CAMPAIGNS, GUARDED
+    from ingest.paths import CAMPAIGNS, GUARDED, campaigns_dir
     from ingest.paths import DERIVED as GUARDED_DERIVED
 
     assert DERIVED == GUARDED_DERIVED and campaigns_dir("d") == Path("d", CAMPAIGNS)

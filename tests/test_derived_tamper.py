@@ -418,7 +418,7 @@ def test_verify_names_each_damaged_state_and_what_a_read_does_with_it(warm, tmp_
 
 def test_a_collection_of_named_runs_reads_no_other_runs_files(warm):
     """Finding 6: a collection opened for one run could read every other run's stored rows."""
-    from engine.collection import RefusedQueryError
+    from engine.catalog.queries import RefusedQueryError
 
     runs = open_runs(warm, [RUN])
     assert runs.query("select count(*) as n from trees")[0]["n"] == 4

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from conftest import copy_run
 
 from cli import cli
-from engine.collection import Limits, QueryLimitError, RefusedQueryError, open_runs
+from engine.catalog.queries import RefusedQueryError
+from engine.collection import Limits, QueryLimitError, open_runs
 from ingest.errors import ProjectError
 from ingest.integrity import verify_log
 from ingest.log import EventLog
@@ -337,3 +338,26 @@ def test_a_corpus_of_hostile_statements_changes_no_file_and_no_later_answer(data
     assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["secret.csv", "secret.parquet"]
     fresh = open_runs(data)
     assert answers(fresh) == before
+
+
+def test_a_query_of_sql_is_parsed_once_from_the_command_line_to_duckdb(data, monkeypatch):
+    """It was parsed three times (the check, the collection's check, the relations it reads): now the
+    check's one parse gives the relations too, and the collection runs the checked query."""
+    from engine.catalog import queries
+
+    parsed: list[str] = []
+    real = queries.parse
+
+    def counted(con, sql):
+        parsed.append(sql)
+        return real(con, sql)
+
+    monkeypatch.setattr(queries, "parse", counted)
+    query = "select run_id, count(*) as n from trees group by all order by all"
+    done = invoke(data, "sql", query, "--json")
+    assert done.exit_code == 0, done.output
+    assert [row["run_id"] for row in json.loads(done.output)] == ["async", "rounds"]
+    assert parsed.count(query) == 1
+    explained = "explain " + query
+    assert invoke(data, "sql", explained).exit_code == 0
+    assert parsed.count(query) == 2 and explained not in parsed  # (an EXPLAIN's SELECT, parsed alone)

@@ -332,10 +332,11 @@ def test_a_non_local_bind_refuses_requests_without_its_token(two_runs, tmp_path,
 @pytest.mark.slow
 def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(two_runs, tmp_path, page):
     runs = two_runs
-    from engine.collection import RefusedQueryError, open_runs, read_only
+    from engine.catalog.queries import RefusedQueryError, check_query
+    from engine.collection import open_runs
 
     with pytest.raises(RefusedQueryError) as refused:
-        read_only("delete from nodes")
+        check_query("delete from nodes")
     query = "select run_id, tree_id, node_id, score from nodes where depth = 1 order by run_id, node_id"
     expected = open_runs(runs).query(query)
     with serving(runs, tmp_path) as (base, token):

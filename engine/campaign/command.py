@@ -22,11 +22,11 @@ from engine.campaign.log import (
     task_run_id,
 )
 from engine.campaign.loop import Report, drive, plan_task
-from engine.campaign.names import campaigns_dir
 from engine.catalog import Catalog
 from ingest.errors import InputError
 from ingest.events import CampaignTaskAdded, RunResumed, RunStarted
 from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.paths import campaigns_dir
 
 
 @dataclass

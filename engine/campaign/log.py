@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 from engine.campaign.config import CampaignConfig
-from engine.campaign.names import campaigns_dir
 from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
 from ingest.errors import LogError
 from ingest.log import EventLog, check_run_id
-from ingest.paths import under
+from ingest.paths import campaigns_dir, under
 
 CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
 

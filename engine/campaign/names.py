@@ -5,12 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ingest.listing import has_log
-from ingest.paths import CAMPAIGNS, RUN_ID_RE, run_dir
-
-
-def campaigns_dir(data_dir: Path | str) -> Path:
-    """Where campaigns' logs are: ``<data>/campaigns/runs/<name>/log`` (the layout of a run's)."""
-    return Path(data_dir) / CAMPAIGNS
+from ingest.paths import RUN_ID_RE, campaigns_dir, run_dir
 
 
 def is_campaign(data_dir: Path | str, name: str) -> bool:

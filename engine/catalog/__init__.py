@@ -23,10 +23,11 @@ from engine.catalog.definitions import (
     load_graph,
     read_views,
     referenced_relations,
-    relations_read,
 )
+from engine.catalog.queries import QueryError as QueryError  # (the catalog's error)
+from engine.catalog.queries import parse
 from engine.catalog.variables import Variables
-from ingest.errors import ProjectError, ViewBuildError
+from ingest.errors import ViewBuildError
 from ingest.text import sql_text
 
 if TYPE_CHECKING:
@@ -62,10 +63,6 @@ __all__ = [
 # The threads of a catalog whose answers are recorded as decisions: one, so that every aggregate adds
 # its floats in one fixed order and the same log records bit-identical scores (see Catalog.empty).
 DECISION_THREADS = 1
-
-
-class QueryError(ProjectError):
-    """A query over the views failed (DuckDB's message, and the query)."""
 
 
 def view_sources(con: duckdb.DuckDBPyConnection, view: ViewDef) -> set[str]:
@@ -275,8 +272,8 @@ class Catalog:
     def _tables_needed(self, sql: str) -> list[str]:
         """The materialized tables a query reads, directly or through views."""
         if sql not in self._needs:
-            names = relations_read(self.con, sql)
-            seen = self.graph.reached(set(self.views) if names is None else names)
+            parsed = parse(self.con, sql)
+            seen = self.graph.reached(set(self.views) if isinstance(parsed, str) else set(parsed.relations))
             self._needs[sql] = [n for n in self.tables if n in seen]
         return self._needs[sql]
 

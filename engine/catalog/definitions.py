@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import functools
 import graphlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import duckdb
 
+from engine.catalog.queries import parse
 from ingest.errors import ViewBuildError
 
 VIEWS_DIR = Path(__file__).resolve().parent.parent.parent / "views"
@@ -137,41 +136,13 @@ def variables_read(sql: str, macros: dict[str, set[str]]) -> set[str]:
     return found
 
 
-def relations_read(con: duckdb.DuckDBPyConnection, sql: str) -> set[str] | None:
-    """The relations (views, tables) a statement reads, minus its own CTE names (None: unparseable)."""
-    tree = json.loads(con.execute("select json_serialize_sql(?)", [sql]).fetchall()[0][0])
-    return None if tree.get("error") else _base_tables(tree)
-
-
 def referenced_relations(con: duckdb.DuckDBPyConnection, sql: str, where: Path | str) -> set[str]:
-    """:func:`relations_read` of a view's SQL; ViewBuildError names an unparseable one."""
-    found = relations_read(con, sql)
-    if found is None:
-        tree = json.loads(con.execute("select json_serialize_sql(?)", [sql]).fetchall()[0][0])
-        raise ViewBuildError(f"{where}: {tree.get('error_message', 'cannot parse the SQL')}")
-    return found
-
-
-def _base_tables(tree: Any) -> set[str]:
-    tables: set[str] = set()
-    ctes: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "BASE_TABLE" and "table_name" in node:
-                tables.add(node["table_name"])
-            cte_map = node.get("cte_map")
-            if isinstance(cte_map, dict):
-                for entry in cte_map.get("map", []):
-                    ctes.add(entry.get("key"))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(tree)
-    return tables - ctes
+    """The relations (views, tables) a view's SQL reads, minus its own CTE names; ViewBuildError names an
+    unparseable one."""
+    parsed = parse(con, sql)
+    if isinstance(parsed, str):
+        raise ViewBuildError(f"{where}: {parsed}")
+    return set(parsed.relations)
 
 
 def load_graph(views_dir: Path = VIEWS_DIR) -> ViewGraph:

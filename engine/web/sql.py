@@ -24,7 +24,8 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.types import Send
 
 from engine.catalog.definitions import read_views
-from engine.collection import Cancel, QueryCancelledError, read_only
+from engine.catalog.queries import check_query
+from engine.collection import Cancel, QueryCancelledError
 from engine.render import csv_chunks
 from engine.web import data
 from engine.web.app import HEADERS, _page, _problem
@@ -53,8 +54,8 @@ async def sql(request: Request) -> Response:
     cancel = Cancel()
 
     def first_rows() -> tuple[list[str], list[tuple]]:
-        read_only(query)  # refused before any run is read
-        with source.collection().result(query, cancel=cancel) as result:
+        checked = check_query(query)  # refused before any run is read
+        with source.collection().result(checked, cancel=cancel) as result:
             return result.columns, result.head(SHOWN_ROWS + 1)
 
     started = time.monotonic()
@@ -198,8 +199,8 @@ async def _download(request: Request, query: str) -> Response:
     cancel = Cancel()
 
     def csv_text() -> Iterator[str]:
-        read_only(query)
-        with source.collection().result(query, cancel=cancel) as result:
+        checked = check_query(query)
+        with source.collection().result(checked, cancel=cancel) as result:
             yield from csv_chunks(result.columns, result.batches(CSV_BATCH_ROWS))
 
     chunks = _Chunks(csv_text(), cancel, query)
