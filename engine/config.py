@@ -6,16 +6,21 @@ The defaults are ALGORITHM §2-§4's. Views read the recorded values through the
 
 from __future__ import annotations
 
+import json
 import resource
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.columns import fits_int64
-from ingest.errors import InputError
+from ingest.errors import InputError, LogError
+
+if TYPE_CHECKING:
+    from engine.catalog import Catalog
+    from ingest.log import EventLog
 
 SHARED_DIRS = r"(\.coral/public|\.opencode|\.claude|\.codex|shared)"
 # Weights and score levels are bounded so that no score can overflow to infinity
@@ -273,3 +278,15 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> RunConfig:
 def problems(err: ValidationError) -> str:
     """A validation error's problems on one line: ``field.path: message; ...``."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in err.errors())
+
+
+def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:
+    """The configuration the run's first event records, validated."""
+    rows = catalog.query("select config_json from run_config")
+    if not rows:
+        raise LogError(f"{log.dir}: the log has no RunStarted event - not a run of this tool")
+    recorded = {k: v for k, v in json.loads(rows[0]["config_json"]).items() if k != "source"}
+    try:
+        return RunConfig.model_validate(recorded)
+    except ValidationError as err:
+        raise LogError(f"{log.dir}: the recorded run config is not valid ({problems(err)})") from err

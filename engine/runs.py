@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import deque
@@ -13,10 +12,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import duckdb
-from pydantic import ValidationError
 
 from engine.catalog import Catalog
-from engine.config import RunConfig, problems
+from engine.config import recorded_config as recorded_config  # (where runs are opened)
 from ingest.checks import check_part
 from ingest.errors import LogError
 from ingest.paths import command_line, under
@@ -175,18 +173,6 @@ def over_runs(
                     future.cancel()
     finally:
         con.close()
-
-
-def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:
-    """The configuration the run's first event records, validated."""
-    rows = catalog.query("select config_json from run_config")
-    if not rows:
-        raise LogError(f"{log.dir}: the log has no RunStarted event - not a run of this tool")
-    recorded = {k: v for k, v in json.loads(rows[0]["config_json"]).items() if k != "source"}
-    try:
-        return RunConfig.model_validate(recorded)
-    except ValidationError as err:
-        raise LogError(f"{log.dir}: the recorded run config is not valid ({problems(err)})") from err
 
 
 def run_finished(catalog: Catalog) -> bool:

@@ -253,8 +253,8 @@ class Derived:
     def _derive(self, log: EventLog, source: Source, variables: dict[str, Any]) -> Held:
         """A catalog of ``log`` refreshed up to ``source``'s tail under ``variables``: from a stored state it
         extends (caught up), else from the log alone (cold)."""
+        from engine.config import recorded_config
         from engine.derived.store import base_state, set_flavour
-        from engine.runs import recorded_config
 
         base = base_state(
             self.run_dirs(log.run_id), log, flavour_key(self.digest, variables), source, self.digest, self.tables

@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
 
-from jinja2 import Environment, FileSystemLoader
 from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -34,85 +30,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.report import CSS as TREE_CSS
 from engine.report import LEGEND, drawn_trees
-from engine.web import data
+from engine.web import data, sql
 from engine.web.live import run_events
+from engine.web.pages import HEADERS, HERE, TEMPLATES, page, problem
 from ingest.errors import ProjectError
 from ingest.log import RUN_ID_RE
 
-HERE = Path(__file__).parent
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 COOKIE = "teacher-mcts-token"
-FOLD_CHARS, FOLD_LINES = 1200, 20  # longer outputs are folded
-HEADERS = {
-    # Defence in depth: content is escaped, and even a tag that slipped through could run no script.
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    # (not no-referrer: a browser then sends "Origin: null" with the SQL form, which SameOrigin refuses)
-    "Referrer-Policy": "same-origin",
-}
-
-
-def _num(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, list | dict):
-        return json.dumps(value, default=str)
-    return _num(value)
-
-
-def _folded(text: Any) -> bool:
-    text = "" if text is None else str(text)
-    return len(text) > FOLD_CHARS or text.count("\n") > FOLD_LINES
-
-
-def _arguments(text: Any) -> str:
-    """Tool-call arguments for reading: the JSON indented (the raw text when it is not JSON)."""
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False) if isinstance(text, str) else str(text)
-    except ValueError:
-        return text
-
-
-def _content(content: Any) -> str:
-    """A message's content as text (a list of parts: their texts)."""
-    if isinstance(content, list):
-        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return "" if content is None else str(content)
-
-
-TEMPLATES = Environment(
-    loader=FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True
-)
-
-
-def _href(pattern: str, row: dict[str, Any]) -> str:
-    """``/run/{run_id}``-style ``pattern`` filled with the row's values, each quoted for a URL."""
-    return pattern.format_map({k: quote(str(v), safe="") for k, v in row.items()})
-
-
-TEMPLATES.filters.update(num=_num, cell=_cell, folded=_folded, arguments=_arguments, content=_content, href=_href)
-
-
-def _page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-    body = TEMPLATES.get_template(name).render(request=request, **context)
-    return HTMLResponse(body, status_code=status, headers=HEADERS)
-
-
-def _problem(request: Request, message: str, status: int = 404) -> HTMLResponse:
-    return _page(request, "problem.html", status, message=message)
 
 
 def _run_id(request: Request) -> str | None:
@@ -129,11 +54,11 @@ def collection(request: Request) -> HTMLResponse:
     tables, message = None, None
     try:
         runs = source.collection()
-        tables = data.collection_page(runs)
+        tables = data.collectionpage(runs)
         damaged = source.damaged(runs) + damaged
     except ProjectError as err:
         message = str(err)
-    return _page(
+    return page(
         request,
         "collection.html",
         tables=tables,
@@ -150,29 +75,29 @@ def campaign(request: Request) -> HTMLResponse:
     name = request.path_params["name"]
     data_dir = request.app.state.source.data_dir
     if not RUN_ID_RE.match(name) or not is_campaign(data_dir, name):
-        return _problem(request, "no such campaign")
+        return problem(request, "no such campaign")
     try:
-        page = data.campaign_page(data_dir, name)
+        page = data.campaignpage(data_dir, name)
     except ProjectError as err:  # a damaged campaign: a page that says what is damaged
         message = data.damaged_campaign(data_dir, name, err)
-        return _page(
+        return page(
             request, "problem.html", title=f"campaign {name}", heading=f"Campaign {name} is damaged", message=message
         )
-    return _page(request, "campaign.html", campaign=name, **page)
+    return page(request, "campaign.html", campaign=name, **page)
 
 
 def run(request: Request) -> HTMLResponse:
     run_id = _run_id(request)
     if run_id is None:
-        return _problem(request, "no such run id")
-    return _page(request, "run.html", run_id=run_id, live=_live(request.app.state.source, run_id))
+        return problem(request, "no such run id")
+    return page(request, "run.html", run_id=run_id, live=_live(request.app.state.source, run_id))
 
 
 def run_live(request: Request) -> HTMLResponse:
     """The part of the run page that follows the run (fetched again on each event)."""
     run_id = _run_id(request)
     if run_id is None:
-        return _problem(request, "no such run id")
+        return problem(request, "no such run id")
     return HTMLResponse(_live(request.app.state.source, run_id), headers=HEADERS)
 
 
@@ -183,7 +108,7 @@ def _live(source: data.Source, run_id: str) -> Markup:
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, data_dir=source.data_dir))
     try:
         runs = source.collection()
-        page = data.run_page(runs, run_id)
+        page = data.runpage(runs, run_id)
         drawings = drawn_trees(runs, run_id)
     except ProjectError as err:
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, problem=str(err)))
@@ -195,15 +120,15 @@ def _live(source: data.Source, run_id: str) -> Markup:
 def tree(request: Request) -> HTMLResponse:
     run_id, tree_id = _run_id(request), request.path_params["tree_id"]
     if run_id is None:
-        return _problem(request, "no such run id")
+        return problem(request, "no such run id")
     try:
         runs = request.app.state.source.collection()
-        page = data.tree_page(runs, run_id, tree_id)
+        page = data.treepage(runs, run_id, tree_id)
         drawings = drawn_trees(runs, run_id, tree_id)
     except ProjectError as err:
-        return _problem(request, str(err))
+        return problem(request, str(err))
     if page["tree"] is None:
-        return _problem(request, f"run {run_id!r} has no tree {tree_id!r}")
+        return problem(request, f"run {run_id!r} has no tree {tree_id!r}")
     turns: dict[str, list] = {}
     for t in page["turns"]:
         turns.setdefault(t["edge_id"], []).append(t)
@@ -215,7 +140,7 @@ def tree(request: Request) -> HTMLResponse:
         for node_id in p["node_ids"]:
             through.setdefault(node_id, []).append(p)
     page |= {"turns": turns, "calls": calls, "through": through}
-    return _page(
+    return page(
         request,
         "tree.html",
         run_id=run_id,
@@ -231,13 +156,13 @@ def path(request: Request) -> HTMLResponse:
     tree_id, leaf_id = request.query_params.get("tree"), request.query_params.get("leaf")
     selection = request.query_params.get("selection") or None
     if run_id is None or not tree_id or not leaf_id:
-        return _problem(request, "a path page needs a run, ?tree= and ?leaf=", 400)
+        return problem(request, "a path page needs a run, ?tree= and ?leaf=", 400)
     source: data.Source = request.app.state.source
     try:
         sample, conv = source.sample(run_id, tree_id, leaf_id, selection)
         rows = data.path_rows(source.collection(), run_id, tree_id, leaf_id)
     except ProjectError as err:
-        return _problem(request, str(err))
+        return problem(request, str(err))
     meta = sample["metadata"]
     turns = {(t["edge_id"], t["turn"]): t for t in meta["turns"]}
     feedback = data.eval_feedback(source.data_dir, run_id, set(turns))
@@ -261,7 +186,7 @@ def path(request: Request) -> HTMLResponse:
     names = {
         c["id"]: (c.get("function") or {}).get("name") for m in sample["messages"] for c in m.get("tool_calls") or []
     }
-    return _page(
+    return page(
         request,
         "path.html",
         run_id=run_id,
@@ -348,13 +273,11 @@ class SameOrigin:
 
 async def _failed(request: Request, err: Exception) -> HTMLResponse:
     """A page for what no route expected (the traceback goes to the server's log, not to the page)."""
-    return _problem(request, f"the server failed to answer this page: {type(err).__name__}: {err}", 500)
+    return problem(request, f"the server failed to answer this page: {type(err).__name__}: {err}", 500)
 
 
 def create_app(data_dir: Path, token: str, host: str = "127.0.0.1") -> Starlette:
     """The app over ``data_dir``; ``token``: required of every request, whatever the ``host`` bound."""
-    from engine.web import sql  # (its page is drawn by this module's helpers)
-
     if not token:
         raise ValueError("serving needs a token")
     routes = [

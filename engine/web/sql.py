@@ -28,7 +28,7 @@ from engine.catalog.queries import check_query
 from engine.collection import Cancel, QueryCancelledError
 from engine.render import csv_chunks
 from engine.web import data
-from engine.web.app import HEADERS, _page, _problem
+from engine.web.pages import HEADERS, page, problem
 from ingest.errors import ProjectError
 
 SHOWN_ROWS = 500  # rows of a query shown on the SQL page (the only ones fetched; the CSV has them all)
@@ -41,13 +41,13 @@ T = TypeVar("T")
 async def sql(request: Request) -> Response:
     """GET: the form (the query of ``?q=`` in it, not run); POST: run the form's query (``format=csv``: download it)."""
     if request.method == "GET":
-        return _sql_page(request, request.query_params.get("q", ""))
+        return _sqlpage(request, request.query_params.get("q", ""))
     form = await _form(request)
     if isinstance(form, Response):
         return form
     query = form.get("q", "").strip()
     if not query:
-        return _sql_page(request, "")
+        return _sqlpage(request, "")
     if form.get("format") == "csv":
         return await _download(request, query)
     source: data.Source = request.app.state.source
@@ -65,12 +65,12 @@ async def sql(request: Request) -> Response:
         _note_gone(query, started)
         return Response(status_code=499)  # (nobody reads it)
     except ProjectError as err:
-        return _sql_page(request, query, error=str(err))
-    return _sql_page(request, query, columns=columns, rows=rows[:SHOWN_ROWS], more=len(rows) > SHOWN_ROWS)
+        return _sqlpage(request, query, error=str(err))
+    return _sqlpage(request, query, columns=columns, rows=rows[:SHOWN_ROWS], more=len(rows) > SHOWN_ROWS)
 
 
-def _sql_page(request: Request, query: str, error: str | None = None, **result: Any) -> HTMLResponse:
-    return _page(
+def _sqlpage(request: Request, query: str, error: str | None = None, **result: Any) -> HTMLResponse:
+    return page(
         request,
         "sql.html",
         status=400 if error else 200,
@@ -86,16 +86,16 @@ async def _form(request: Request) -> dict[str, str] | Response:
     """The fields of a form POSTed (URL-encoded, UTF-8, at most FORM_BYTES), or the page refusing it."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
-        return _problem(request, f"the SQL page takes a form (application/x-www-form-urlencoded), not {kind!r}", 415)
+        return problem(request, f"the SQL page takes a form (application/x-www-form-urlencoded), not {kind!r}", 415)
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > FORM_BYTES:
-            return _problem(request, f"the query is longer than {FORM_BYTES:,} bytes", 413)
+            return problem(request, f"the query is longer than {FORM_BYTES:,} bytes", 413)
     try:
         fields = parse_qs(body.decode(), keep_blank_values=True)
     except UnicodeDecodeError:
-        return _problem(request, "the form is not UTF-8 text", 400)
+        return problem(request, "the form is not UTF-8 text", 400)
     return {k: v[-1] for k, v in fields.items()}
 
 
@@ -210,7 +210,7 @@ async def _download(request: Request, query: str) -> Response:
         return Response(status_code=499)
     except ProjectError as err:
         chunks.stop()
-        return _sql_page(request, query, error=str(err))
+        return _sqlpage(request, query, error=str(err))
 
     async def body():
         try:

@@ -1,0 +1,89 @@
+"""How the app's pages are drawn: the Jinja2 templates (autoescaped), their filters, and the headers every
+response carries."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+HERE = Path(__file__).parent
+FOLD_CHARS, FOLD_LINES = 1200, 20  # longer outputs are folded
+HEADERS = {
+    # Defence in depth: content is escaped, and even a tag that slipped through could run no script.
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    # (not no-referrer: a browser then sends "Origin: null" with the SQL form, which SameOrigin refuses)
+    "Referrer-Policy": "same-origin",
+}
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list | dict):
+        return json.dumps(value, default=str)
+    return _num(value)
+
+
+def _folded(text: Any) -> bool:
+    text = "" if text is None else str(text)
+    return len(text) > FOLD_CHARS or text.count("\n") > FOLD_LINES
+
+
+def _arguments(text: Any) -> str:
+    """Tool-call arguments for reading: the JSON indented (the raw text when it is not JSON)."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False) if isinstance(text, str) else str(text)
+    except ValueError:
+        return text
+
+
+def _content(content: Any) -> str:
+    """A message's content as text (a list of parts: their texts)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+TEMPLATES = Environment(
+    loader=FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True
+)
+
+
+def _href(pattern: str, row: dict[str, Any]) -> str:
+    """``/run/{run_id}``-style ``pattern`` filled with the row's values, each quoted for a URL."""
+    return pattern.format_map({k: quote(str(v), safe="") for k, v in row.items()})
+
+
+TEMPLATES.filters.update(num=_num, cell=_cell, folded=_folded, arguments=_arguments, content=_content, href=_href)
+
+
+def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    """The template ``name`` drawn with ``context``, with the headers every page carries."""
+    body = TEMPLATES.get_template(name).render(request=request, **context)
+    return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+
+def problem(request: Request, message: str, status: int = 404) -> HTMLResponse:
+    """The page that says what went wrong."""
+    return page(request, "problem.html", status, message=message)
