@@ -174,3 +174,51 @@ def python_files_with(pattern: str) -> list[str]:
 def test_a_campaign_rule_is_written_once(rule, pattern, home):
     """Each was written 2-4 times in Python: now a view or one function."""
     assert python_files_with(pattern) == home, rule
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every module of cli.py, engine/ and ingest/ and the project modules it imports, anywhere in it (a
+    function's import too: it runs as soon as the function is called; not one for type checkers alone)."""
+    import ast
+
+    files = [ROOT / "cli.py", *(p for folder in ("ingest", "engine") for p in (ROOT / folder).rglob("*.py"))]
+    names = {}
+    for path in files:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in names.items():
+        found = set()
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # ``from package import module`` imports that module; any other name, the module it is in
+                found |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module for a in node.names
+                }
+        graph[module] = {name for name in found if name in names and name != module}
+    return graph
+
+
+def test_the_house_has_no_circle_of_imports():
+    """There were six (runs -> campaign -> loop -> exploration -> runs among them, and a teacher backend
+    importing its package, which makes it): what two modules share lives below both."""
+    import graphlib
+
+    graph = import_graph()
+    assert graph["engine.campaign.names"] >= {"engine.campaign.log"}  # (the walk sees an import in a function)
+    try:
+        order = list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"a circle of imports: {' -> '.join(err.args[1])}")
+    assert set(order) >= set(graph)

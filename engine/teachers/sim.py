@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.config import problems
-from engine.teachers import RootInfo, TurnCancelled, TurnRequest
+from engine.teachers.protocol import RootInfo, TurnCancelled, TurnRequest
 from ingest.errors import InputError
 from ingest.events import (
     ConversationRecorded,

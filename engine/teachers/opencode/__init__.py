@@ -47,7 +47,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engine.teachers import RootInfo, TurnCancelled, TurnRequest
 from engine.teachers.opencode.coral import (
     CoralLayout,
     check_daemon,
@@ -73,6 +72,7 @@ from engine.teachers.opencode.recorder import (
 from engine.teachers.opencode.server import Servers, run_served
 from engine.teachers.opencode.sessions import bring_session, export_session, holding
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
+from engine.teachers.protocol import RootInfo, TurnCancelled, TurnRequest
 from ingest import coral_eval
 from ingest.events import (
     EvalFinished,
