@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import RunConfig, parallel_problem
@@ -21,13 +21,16 @@ from engine.roots import (
     plan_selection,
     run_started,
 )
-from engine.runs import open_run, recorded_config, run_finished
+from engine.runs import growing, open_run
 from engine.teachers import Teacher, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.paths import command_line
 from ingest.snapshots import read_direction, read_snapshot, root_problem
+
+if TYPE_CHECKING:
+    from engine.mcts.cluster import RayExecutor
 
 Progress = Callable[[Callable[[], dict[str, Any]]], None]
 
@@ -254,6 +257,20 @@ EXECUTORS = ("local", "ray")
 RESUMED = "resumed from the log"
 
 
+def ray_executor(
+    executor: str, config: RunConfig, run_dir: Path, ray_address: str | None, needed: int | None = None
+) -> RayExecutor | None:
+    """The Ray cluster a run's turns go to (``needed``: the slots it must hold), or None for ``local``
+    (this process's threads); InputError for an executor of no such name."""
+    if executor not in EXECUTORS:
+        raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
+    if executor != "ray":
+        return None
+    from engine.mcts.cluster import RayExecutor
+
+    return RayExecutor(config, run_dir, ray_address, needed)
+
+
 def _explore(
     writer: LogWriter,
     catalog: Catalog,
@@ -266,14 +283,9 @@ def _explore(
     note: str = RESUMED,
 ) -> None:
     """Run the engine; ``teacher`` forks roots and discards states, the executor runs the turns."""
-    if executor not in EXECUTORS:
-        raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
     cluster = None
     try:
-        if executor == "ray":
-            from engine.mcts.cluster import RayExecutor
-
-            cluster = RayExecutor(config, writer.log.dir, ray_address)
+        cluster = ray_executor(executor, config, writer.log.dir, ray_address)
         runner = cluster.run_turn if cluster else None
         Explorer(writer, catalog, config, teacher, on_progress, runner).run(resumed=resumed, note=note)
     finally:
@@ -301,18 +313,16 @@ def resume_run(
     on (default: the recorded ones; see :func:`resumed_config`).
     """
     log = EventLog(data_dir, run_id).require()
-    with LogWriter.open(data_dir, run_id) as writer:
-        catalog = Catalog.for_log(log, threads=DECISION_THREADS)
+    with growing(data_dir, run_id) as (writer, catalog, config, finished):
         command = catalog.query("select command from run_config")
         if not command or command[0]["command"] != "explore":
             raise LogError(f"run {run_id!r} is not an exploration run - nothing to resume")
-        config, note = recorded_config(catalog, log), RESUMED
+        note = RESUMED
         if config.grants is not None:
             raise LogError(
                 f"run {run_id!r} grows by the grants of campaign {config.grants.campaign!r}: continue it with "
                 f"'{command_line(data_dir, 'campaign', '--resume', config.grants.campaign)}'"
             )
-        finished = run_finished(catalog)
         if not finished:
             config, note = resumed_config(run_id, config, parallel, turn_timeout)
         if on_start:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -9,17 +10,21 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 
-from engine.catalog import Catalog
+from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import recorded_config as recorded_config  # (where runs are opened)
 from ingest.checks import check_part
 from ingest.errors import LogError
 from ingest.paths import command_line, under
 from ingest.reader import EventLog
 from ingest.reader import run_ids as runs_under
+
+if TYPE_CHECKING:
+    from engine.config import RunConfig
+    from ingest.writer import LogWriter
 
 T = TypeVar("T")
 
@@ -178,3 +183,15 @@ def over_runs(
 def run_finished(catalog: Catalog) -> bool:
     """Whether the run the catalog holds finished (``views/int_run__finished.sql``)."""
     return bool(catalog.query("select finished from int_run__finished")[0]["finished"])
+
+
+@contextlib.contextmanager
+def growing(data_dir: Path, run_id: str) -> Iterator[tuple[LogWriter, Catalog, RunConfig, bool]]:
+    """A recorded run opened to grow (a resume, a campaign's run): its writer (the run's lock held), a
+    catalog of its log for decisions, the config it records, and whether it finished."""
+    from ingest.writer import LogWriter  # (the writer's imports: only where a run grows)
+
+    log = EventLog(data_dir, run_id)
+    with LogWriter.open(data_dir, run_id) as writer:
+        catalog = Catalog.for_log(log, threads=DECISION_THREADS)
+        yield writer, catalog, recorded_config(catalog, log), run_finished(catalog)

@@ -15,14 +15,13 @@ from typing import Any
 from engine.campaign.config import CampaignConfig, TaskSpec
 from engine.campaign.log import campaign_tasks, stop_reason, task_run_id
 from engine.campaign.policy import Round, TaskRows, decide, spent
-from engine.catalog import DECISION_THREADS, Catalog
+from engine.catalog import Catalog
 from engine.config import RunConfig
-from engine.exploration import PlannedRun, plan_run
+from engine.exploration import PlannedRun, plan_run, ray_executor
 from engine.mcts.explorer import Explorer
 from engine.render import counted, spend_line
-from engine.runs import recorded_config, run_finished
+from engine.runs import growing, run_finished
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, check_memory, make_teacher, turn_memory_mb
-from ingest.errors import InputError
 from ingest.events import BlockGranted, BudgetAllocated, CampaignStopped, Event, GrantsClosed, RunFinished
 from ingest.faults import crash_point
 from ingest.log import EventLog, LogWriter
@@ -123,14 +122,12 @@ def plan_task(data_dir: Path, name: str, config: CampaignConfig, spec: TaskSpec)
 @contextlib.contextmanager
 def _opened(data_dir: Path, task: str, run_id: str, plan: PlannedRun | None) -> Iterator[TaskRun]:
     """A task's run, open for writing: the one its log holds, else created now from ``plan``."""
-    log = EventLog(data_dir, run_id)
     if plan is None:
-        with LogWriter.open(data_dir, run_id) as writer:
-            run_catalog = Catalog.for_log(log, threads=DECISION_THREADS)
-            run_config = recorded_config(run_catalog, log)
-            finished = run_finished(run_catalog)
-            with _engine(TaskRun(task, run_id, writer, run_catalog, run_config, None, True, finished)) as run:
-                yield run
+        with (
+            growing(data_dir, run_id) as (writer, run_catalog, run_config, finished),
+            _engine(TaskRun(task, run_id, writer, run_catalog, run_config, None, True, finished)) as run,
+        ):
+            yield run
         return
     plan.copy_roots()
     with LogWriter.create(data_dir, run_id) as writer:
@@ -155,20 +152,12 @@ def _engine(run: TaskRun) -> Iterator[TaskRun]:
 
 def _attach(live: list[TaskRun], slots: SharedSlots, executor: str, ray_address: str | None, stack: Any) -> None:
     """Give every live run its engine, its turns run in the campaign's shared slots."""
-    from engine.exploration import EXECUTORS
-
-    if executor not in EXECUTORS:
-        raise InputError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
     if executor == "local" and live:  # the campaign's slots take turns of any of its runs
         check_memory(max(turn_memory_mb(r.config) for r in live), slots.parallel)
+    needed = sum(r.config.parallel for r in live)  # (on Ray, the first run's executor joins with every run's)
     for run in live:
-        turn = run.teacher.run_turn
-        if executor == "ray":
-            from engine.mcts.cluster import RayExecutor
-
-            needed = sum(r.config.parallel for r in live)  # the first run's executor joins with every run's
-            run.cluster = RayExecutor(run.config, run.writer.log.dir, ray_address, needed)
-            turn = run.cluster.run_turn
+        run.cluster = ray_executor(executor, run.config, run.writer.log.dir, ray_address, needed)
+        turn = run.cluster.run_turn if run.cluster else run.teacher.run_turn
         run.explorer = Explorer(run.writer, run.catalog, run.config, run.teacher, None, slots.runner(turn))
 
 

@@ -127,6 +127,8 @@ class State:
 
 
 def record_stat(log_dir: Path) -> tuple[int, int, int] | None:
+    """What changes whenever a run's record is rewritten (a part published, one quarantined): its size, time
+    and inode; None when the log has no record."""
     try:
         st = (log_dir / RECORD).stat()
     except FileNotFoundError:

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection, Limits, open_runs
+from engine.derived.keys import record_stat
 from engine.derived.live import mark_stamp
 from ingest.errors import ProjectError
-from ingest.log import RECORD, EventLog, run_ids
+from ingest.log import EventLog, run_ids
 from ingest.paths import command_line
 from ingest.text import sql_text
 
@@ -43,14 +44,10 @@ class Source:
     def fingerprint(self, runs: list[str] | None = None) -> tuple:
         """Which runs, and the state of each one's record (it changes whenever a part is published) and of its
         live writer's mark (a collection reads a live run as of its writer's last state: engine/derived/live.py)."""
-        found = []
-        for run_id in runs if runs is not None else run_ids(self.data_dir):
-            try:
-                stat = (EventLog(self.data_dir, run_id).log_dir / RECORD).stat()
-                found.append((run_id, stat.st_mtime_ns, stat.st_size, mark_stamp(self.data_dir, run_id)))
-            except FileNotFoundError:
-                found.append((run_id, None, None, None))
-        return tuple(found)
+        return tuple(
+            (run_id, record_stat(EventLog(self.data_dir, run_id).log_dir), mark_stamp(self.data_dir, run_id))
+            for run_id in (runs if runs is not None else run_ids(self.data_dir))
+        )
 
     def collection(self) -> Collection:
         """The collection of every run (but the damaged ones), up to date; LogError when there is no run yet.
