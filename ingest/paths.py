@@ -59,13 +59,18 @@ def fsync_dir(path: Path) -> None:
 
 
 # What ``<data>`` holds that no output may overwrite: each directory, and what lies in it.
-CAMPAIGNS = "campaigns"  # <data>/campaigns/runs/<name>/log: a campaign's log (engine/campaign/names.py)
+CAMPAIGNS = "campaigns"  # <data>/campaigns/runs/<name>/log: a campaign's log (engine/campaign/log.py)
 DERIVED = "derived"  # <data>/derived/<run>: the runs' derived state (engine/derived/keys.DERIVED)
 GUARDED = {
     "runs": "the runs of the data directory ({path}: their logs, spools and quarantines)",
     CAMPAIGNS: "the campaigns of the data directory ({path}: their logs)",
     DERIVED: "the derived state of the data directory ({path}: the runs' stored views)",
 }
+
+
+def campaigns_dir(data_dir: Path | str) -> Path:
+    """Where campaigns' logs are: ``<data>/campaigns/runs/<name>/log`` (the layout of a run's)."""
+    return Path(data_dir) / CAMPAIGNS
 
 
 def outside_data(path: Path, data_dir: Path, what: str = "the output") -> Path:
@@ -95,11 +100,9 @@ def log_command(data_dir: Path | str, command: str, run_id: str, *words: str) ->
     ``<data>``, as ``verify`` and ``quarantine`` take it (unless a run of that name there
     would be taken instead: then the log's own data directory).
     """
-    from ingest.listing import has_log
-
     data = Path(data_dir)
-    if data.name == CAMPAIGNS and not has_log(run_dir(data.parent, run_id) / "log", run_id):
-        data = data.parent
+    if data.name == CAMPAIGNS and not (run_dir(data.parent, run_id) / "log").exists():
+        data = data.parent  # (with a run's directory there, the log's own: right either way)
     return command_line(data, command, run_id, *words)
 
 
