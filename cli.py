@@ -290,8 +290,8 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, fmt: str) -> None:
     """
 
     from engine import outputs
-    from engine.campaign.names import is_campaign
     from engine.replay import replay_run
+    from engine.runset import is_campaign
     from engine.trees import tree_lines, tree_rows
     from ingest.text import sql_text
 
@@ -428,8 +428,8 @@ def watch(run_id: str, once: bool, period: float) -> None:
         python cli.py watch demo --once
     """
 
-    from engine.campaign.names import is_campaign
     from engine.render import show_campaign_frames, show_frames
+    from engine.runset import is_campaign
     from engine.watch import follow
 
     if is_campaign(data_dir(), run_id):  # a campaign's rounds and budget, a line per task's run

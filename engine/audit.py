@@ -18,7 +18,7 @@ import duckdb
 
 from engine.catalog import read_views
 from engine.collection import Collection
-from engine.runs import DamagedRun
+from engine.runset import DamagedRun
 from ingest.errors import InputError
 
 TOP_ERRORS = 5

@@ -43,7 +43,7 @@ import duckdb
 
 from engine.catalog.definitions import load_graph, read_macros
 from engine.catalog.queries import CheckedQuery, QueryError, RefusedQueryError, check_query, first_line
-from engine.derived import AT_DECISIONS, NOW, Derived, State
+from engine.derived import AT_DECISIONS, NOW, State
 from engine.derived.live import kept_state
 from engine.results import (
     CANCELLED,
@@ -55,16 +55,13 @@ from engine.results import (
 )
 from engine.results import parquet_target as parquet_target  # (re-exported: sql's)
 from engine.results import write_parquet as write_parquet
+from engine.runset import DamagedRun, RunSet
 from ingest.errors import InputError, LogError
-from ingest.listing import has_log
-from ingest.listing import run_ids as run_ids_under
-from ingest.paths import run_dir, under
+from ingest.paths import run_dir
 from ingest.text import sql_text
 
 if TYPE_CHECKING:
     import polars as pl
-
-    from engine.runs import DamagedRun
 
 # Variables each run's config gives its views (its defaults, see variables.py): one value
 # serves every run's views queried from the main database, so the runs must agree on it.
@@ -79,23 +76,15 @@ class Collection:
     found as the runs are first read.
     """
 
-    def __init__(self, data_dir: Path | str, runs: list[str] | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self, data_dir: Path | str, runs: list[str] | RunSet | None = None, limits: Limits | None = None
+    ) -> None:
+        """``runs``: the names a user typed (a campaign's: its runs; none: every run), or the set they resolve to."""
         self.data_dir = Path(data_dir)
         self.limits = limits or Limits.resolve()
-        self.derived = Derived(self.data_dir)
-        self._named = bool(runs)
-        if runs:
-            from engine.campaign.names import expand  # a campaign's name: its runs
-
-            self.run_ids = expand(self.data_dir, runs)
-        else:
-            self.run_ids = run_ids_under(self.data_dir)
-        if not self.run_ids:
-            raise LogError(f"no runs {under(self.data_dir)}")
-        for run_id in self.run_ids:
-            if not has_log(run_dir(self.data_dir, run_id) / "log", run_id):
-                raise LogError(f"run {run_id!r} not found {under(self.data_dir)}")
-        self._damaged: list[DamagedRun] = []
+        self.runs = runs if isinstance(runs, RunSet) else RunSet(self.data_dir, runs)
+        self.run_ids = self.runs.run_ids  # (the set's: a run left out leaves both)
+        self.derived = self.runs.derived
         graph = load_graph(self.derived.views_dir)
         self.views = sorted(graph.views)
         # Views with a row per evaluation point or path selection, and those listing the decisions a
@@ -135,7 +124,7 @@ class Collection:
         """The runs left out as damaged (the runs are read to know, if no query has read them yet)."""
         if not self._states:
             self.states()
-        return list(self._damaged)
+        return list(self.runs.damaged)
 
     # -- the runs' states
 
@@ -176,21 +165,9 @@ class Collection:
     def _leave_out(self, run_id: str, err: LogError) -> None:
         """A run that cannot be read: its error raised (runs named), else left out and named in ``damaged``;
         LogError when no run is left."""
-        if self._named:
-            raise err
-        from engine.runs import diagnosed
-
-        self._damaged.append(diagnosed(self.data_dir, run_id, str(err)))
-        self.run_ids.remove(run_id)
         for states in self._states.values():
             states.pop(run_id, None)
-        if not self.run_ids:
-            raise LogError(
-                "every run under "
-                + str(self.data_dir / "runs")
-                + " is damaged:\n"
-                + "\n".join(d.message() for d in self._damaged)
-            )
+        self.runs.leave_out(run_id, err)
 
     def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool, views: tuple[str, ...]) -> State:
         source = self.derived.source(run_id)

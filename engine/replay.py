@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.runs import DamagedRun, over_runs, recorded_config, runs_to_read
+from engine.runs import over_runs, recorded_config
+from engine.runset import DamagedRun, RunSet
 from ingest.events import DECISION_KINDS
 from ingest.log import EventLog
 
@@ -88,10 +89,10 @@ def replay_runs(data_dir: Path, run_ids: list[str], workers: int | None = None) 
 
 
 def replay_collection(data_dir: Path, run_ids: list[str]) -> tuple[list[str], list[DamagedRun], Iterator[ReplayResult]]:
-    """The runs to replay (those named, else every run under ``data_dir``: ``runs_to_read``), the
-    damaged ones left out, and the replays of the others in run order."""
-    runs, damaged = runs_to_read(data_dir, run_ids)
-    return runs, damaged, replay_runs(data_dir, runs)
+    """The runs to replay (those named, else every run under ``data_dir``: :class:`~engine.runset.RunSet`),
+    the damaged ones left out, and the replays of the others in run order."""
+    runs = RunSet(data_dir, run_ids).checked()
+    return runs.run_ids, runs.damaged, replay_runs(data_dir, runs.run_ids)
 
 
 def _replay(log: EventLog, catalog: Catalog, start: float) -> ReplayResult:

@@ -8,7 +8,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -16,11 +15,7 @@ import duckdb
 
 from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import recorded_config as recorded_config  # (where runs are opened)
-from ingest.checks import check_part
-from ingest.errors import LogError
-from ingest.paths import command_line, under
 from ingest.reader import EventLog
-from ingest.reader import run_ids as runs_under
 
 if TYPE_CHECKING:
     from engine.config import RunConfig
@@ -44,88 +39,6 @@ def open_run(data_dir: Path, run_id: str) -> Catalog:
 
     EventLog(data_dir, run_id).require()
     return Derived(data_dir).open(run_id)
-
-
-@dataclass(frozen=True)
-class DamagedRun:
-    """A run under --data that ``verify`` finds damaged: left out of an all-runs command, named at its end."""
-
-    run_id: str
-    problem: str  # verify's diagnosis
-    part: str | None  # the part to quarantine (the first damaged one), when verify names one
-    data_dir: Path | str = "data"  # where the run lies (the hint names a --data other than ./data)
-
-    def message(self) -> str:
-        hint = command_line(self.data_dir, "quarantine", self.run_id, self.part) if self.part else ""
-        fix = f" - move it aside (the intact prefix stays readable): {hint}" if hint else ""
-        return f"run {self.run_id} is damaged and was not read: {self.problem}{fix}"
-
-
-def runs_to_read(data_dir: Path, run_ids: list[str] | None) -> tuple[list[str], list[DamagedRun]]:
-    """The runs an all-runs command reads, and the damaged ones it leaves out.
-
-    Runs named (``run_ids``): as given, in that order (a campaign's name: its runs),
-    none left out - a damaged one stays the reader's error. None named: every run under ``data_dir``, each checked
-    as its readers will check it (its record, and every part's checksum and footer),
-    and one that fails is diagnosed by ``verify`` and named beside the others'
-    answers instead of hiding them. LogError when there is no run, or when every run
-    is damaged.
-    """
-    if run_ids:
-        from engine.campaign.names import expand
-
-        return expand(data_dir, run_ids), []
-    from engine.derived import Derived
-
-    found = runs_under(data_dir)
-    if not found:
-        raise LogError(f"no runs {under(data_dir)}")
-    derived = Derived(data_dir)
-    readable, damaged = [], []
-    for run_id in found:
-        problem = _unreadable(data_dir, run_id, derived)
-        if problem is None:
-            readable.append(run_id)
-        else:
-            damaged.append(diagnosed(data_dir, run_id, problem))
-    if not readable:
-        raise LogError(
-            "every run under "
-            + str(Path(data_dir) / "runs")
-            + " is damaged:\n"
-            + "\n".join(d.message() for d in damaged)
-        )
-    return readable, damaged
-
-
-def diagnosed(data_dir: Path, run_id: str, problem: str) -> DamagedRun:
-    """A run a reader could not read (``problem``), as ``verify`` diagnoses it."""
-    from ingest.integrity import verify_log  # (the log's whole check: not what opening a run needs)
-
-    verification = verify_log(EventLog(data_dir, run_id))
-    bad = verification.first_bad
-    return DamagedRun(run_id, verification.problem or problem, bad.name if bad is not None else None, data_dir)
-
-
-def _unreadable(data_dir: Path, run_id: str, derived) -> str | None:
-    """Why a reader cannot read this run (its record, a part's checksum or footer), or None.
-
-    Files in ``log/`` the record does not name do not matter here: readers never read them.
-    A run whose stored derived state was derived from its parts as they are now is not
-    read again (:meth:`engine.derived.Derived.checked`).
-    """
-    for _look in range(3):  # a part a merge removed meanwhile: look again
-        try:
-            if derived.checked(run_id):
-                return None
-            for part in EventLog(data_dir, run_id).parts():
-                check_part(part)
-            return None
-        except FileNotFoundError as err:
-            problem = str(err)
-        except (LogError, OSError) as err:
-            return str(err)
-    return problem
 
 
 def over_runs(

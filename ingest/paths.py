@@ -59,7 +59,7 @@ def fsync_dir(path: Path) -> None:
 
 
 # What ``<data>`` holds that no output may overwrite: each directory, and what lies in it.
-CAMPAIGNS = "campaigns"  # <data>/campaigns/runs/<name>/log: a campaign's log (engine/campaign/log.py)
+CAMPAIGNS = "campaigns"  # <data>/campaigns/runs/<name>/log: a campaign's log (engine/runset.py)
 DERIVED = "derived"  # <data>/derived/<run>: the runs' derived state (engine/derived/keys.DERIVED)
 GUARDED = {
     "runs": "the runs of the data directory ({path}: their logs, spools and quarantines)",

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.campaign.log import open_campaign
 from engine.catalog import Catalog
+from engine.runset import open_campaign
 from ingest.events import BudgetAllocated, CampaignTaskAdded, RunStarted
 from ingest.log import EventLog, LogWriter
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from engine.campaign.config import CampaignConfig
-from engine.campaign.log import CAMPAIGN_VIEWS, recorded_campaign
+from engine.campaign.log import recorded_campaign
 from engine.campaign.policy import TaskRows, decide
 from engine.catalog import Catalog
+from engine.runset import CAMPAIGN_VIEWS
 from ingest.events import RunStarted
 from ingest.schema import to_arrow
 

@@ -427,7 +427,7 @@ def test_a_coverage_campaign_on_ray_makes_the_campaign_a_local_one_makes(tmp_pat
         )
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     grants = "select round, task_run, tree_id, edges from campaign_grants order by all"
-    from engine.campaign.log import open_campaign
+    from engine.runset import open_campaign
 
     assert open_campaign(data["ray"], "camp").query(grants) == open_campaign(data["local"], "camp").query(grants)
     for run in ("camp-easy", "camp-hard"):

@@ -440,7 +440,7 @@ def test_a_resumed_campaign_decides_as_the_logs_say_whatever_derived_holds(tmp_p
     grows exactly what its clean copy does."""
     from test_campaign import campaign_file, cli
 
-    from engine.campaign.log import open_campaign
+    from engine.runset import open_campaign
 
     clean = tmp_path / "clean"
     first = cli(

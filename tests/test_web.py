@@ -430,7 +430,7 @@ def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page)
             (t["task"], t["run_id"], t["n"]) for t in printed["tasks"]
         ]
         grants = page.evaluate("() => document.querySelectorAll('table.grants tbody tr').length")
-        from engine.campaign.log import open_campaign
+        from engine.runset import open_campaign
 
         assert grants == len(open_campaign(data, "camp").query("select * from campaign_grants"))
         page.click(f"table.tasks a:text('{printed['runs'][0]}')")

@@ -13,16 +13,10 @@ from typing import Any
 
 from engine import __version__
 from engine.campaign.config import load_campaign
-from engine.campaign.log import (
-    CAMPAIGN_VIEWS,
-    campaign_log,
-    campaign_runs,
-    open_campaign,
-    recorded_campaign,
-    task_run_id,
-)
+from engine.campaign.log import recorded_campaign, task_run_id
 from engine.campaign.loop import Report, drive, plan_task
 from engine.catalog import Catalog
+from engine.runset import CAMPAIGN_VIEWS, campaign_log, campaign_runs, open_campaign
 from ingest.errors import InputError
 from ingest.events import CampaignTaskAdded, RunResumed, RunStarted
 from ingest.log import EventLog, LogWriter, check_run_id

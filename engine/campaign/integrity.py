@@ -14,8 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.campaign.log import campaign_log
-from engine.campaign.names import is_campaign
+from engine.runset import campaign_log, is_campaign
 from ingest.errors import InputError, LogError
 from ingest.integrity import Quarantined, Verification, quarantine, verify_log
 from ingest.log import EventLog

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.campaign.config import CampaignConfig, TaskSpec
-from engine.campaign.log import campaign_tasks, stop_reason, task_run_id
+from engine.campaign.log import stop_reason, task_run_id
 from engine.campaign.policy import Round, TaskRows, decide, spent
 from engine.catalog import Catalog
 from engine.config import RunConfig
@@ -21,6 +21,7 @@ from engine.exploration import PlannedRun, plan_run, ray_executor
 from engine.mcts.explorer import Explorer
 from engine.render import counted, spend_line
 from engine.runs import growing, run_finished
+from engine.runset import campaign_tasks
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, check_memory, make_teacher, turn_memory_mb
 from ingest.events import BlockGranted, BudgetAllocated, CampaignStopped, Event, GrantsClosed, RunFinished
 from ingest.faults import crash_point

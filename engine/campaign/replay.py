@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.campaign.log import campaign_tasks, open_campaign, recorded_campaign, stop_reason
+from engine.campaign.log import recorded_campaign, stop_reason
 from engine.campaign.policy import TaskRows, decide
 from engine.catalog import Catalog
 from engine.replay import Difference, ReplayResult, replay_runs
 from engine.runs import run_finished
+from engine.runset import campaign_tasks, open_campaign
 from ingest.log import EventLog
 
 GAIN_TOLERANCE = 1e-9  # as the views' differs(): float noise between two evaluations

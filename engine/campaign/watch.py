@@ -16,10 +16,10 @@ from typing import Any
 
 import watchfiles
 
-from engine.campaign.log import campaign_log, campaign_tasks, open_campaign
 from engine.campaign.policy import spent
 from engine.catalog import Catalog
 from engine.derived import Derived
+from engine.runset import campaign_log, campaign_tasks, open_campaign
 from engine.watch import writer_alive
 from ingest.errors import LogError
 from ingest.log import EventLog
@@ -56,13 +56,15 @@ def read_campaign_frame(data_dir: Path, name: str, catalogs: dict[str, Catalog],
     """The frame of the campaign's log now and of what ``catalogs`` hold of its runs (opened as they appear)."""
     campaign = open_campaign(data_dir, name)
     runs = []
+    derived: Derived | None = None  # (one for the runs that appeared)
     for task in campaign_tasks(campaign):
         run_id = task["task_run"]
         log = EventLog(data_dir, run_id)
         if run_id not in catalogs:
             if not log.exists():
                 continue
-            catalogs[run_id] = Derived(data_dir).open(run_id)
+            derived = derived or Derived(data_dir)
+            catalogs[run_id] = derived.open(run_id)
         catalog = catalogs[run_id]
         catalog.load(log)
         row = {"run_id": run_id, "task": task["task"], "seq": catalog.tail_seq()}

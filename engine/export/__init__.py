@@ -35,7 +35,8 @@ from engine.export.conversations import (
 )
 from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
-from engine.runs import DamagedRun, over_runs, recorded_config, runs_to_read
+from engine.runs import over_runs, recorded_config
+from engine.runset import DamagedRun, RunSet
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
@@ -110,12 +111,12 @@ def export_runs(
     lengths = Lengths(tokenizer)
     if not workspace.startswith("/") or len(workspace) < 2:
         raise InputError(f"--workspace must be an absolute directory path, not {workspace!r}")
-    runs, damaged = runs_to_read(data_dir, run_ids)
+    found = RunSet(data_dir, run_ids).checked()
+    runs, damaged, derived = found.run_ids, found.damaged, found.derived
     if not run_ids:
         runs = _runs_with_selections(data_dir, runs)
     target = ExportDir(outside_data(Path(out), data_dir, "the export"), overwrite)
     try:
-        derived = Derived(data_dir)
 
         def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport:
             with derived.open(log.run_id) as catalog:

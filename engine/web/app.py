@@ -70,7 +70,7 @@ def collection(request: Request) -> HTMLResponse:
 
 
 def campaign(request: Request) -> HTMLResponse:
-    from engine.campaign.names import is_campaign
+    from engine.runset import is_campaign
 
     name = request.path_params["name"]
     data_dir = request.app.state.source.data_dir

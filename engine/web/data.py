@@ -200,7 +200,7 @@ def eval_feedback(data_dir: Path, run_id: str, turns: set[tuple[str, int]]) -> d
 def campaigns_table(data_dir: Path) -> tuple[Rows, list[str]]:
     """A row per campaign under ``data_dir`` (its policy, budget, tasks, rounds and state), and what is
     damaged: a campaign whose log cannot be read is named with its diagnosis, the others still listed."""
-    from engine.campaign.log import campaign_names, open_campaign
+    from engine.runset import campaign_names, open_campaign
 
     rows, damaged = [], []
     for name in campaign_names(data_dir):
@@ -227,7 +227,7 @@ def damaged_campaign(data_dir: Path, name: str, err: Exception) -> str:
 def campaign_page(data_dir: Path, name: str) -> dict[str, Any]:
     """A campaign: its summary per task (the command's), its rounds and every block it granted."""
     from engine.campaign.command import campaign_result
-    from engine.campaign.log import open_campaign
+    from engine.runset import open_campaign
 
     result = campaign_result(data_dir, name, resumed=False)
     catalog = open_campaign(data_dir, name)

@@ -1,0 +1,167 @@
+"""Which runs a command reads: the names a user typed (runs, campaigns; none: every run), resolved once.
+
+A campaign's name stands for its runs, in its tasks' order (its log, under
+``<data>/campaigns``, lists them: the views of ``views/campaign``). Runs named must
+exist, and a damaged one stays the reader's error. With none named, every run under
+the data directory is read, and one a reader cannot read is diagnosed by ``verify``
+and named beside the others' answers (``damaged``), unless every run is. A set holds
+the process's one :class:`~engine.derived.Derived`, which every reader of its runs uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.catalog import Catalog
+from engine.catalog.definitions import VIEWS_DIR
+from ingest.checks import check_part
+from ingest.errors import LogError
+from ingest.listing import has_log
+from ingest.listing import run_ids as runs_under
+from ingest.paths import RUN_ID_RE, campaigns_dir, command_line, run_dir, under
+from ingest.reader import EventLog
+
+if TYPE_CHECKING:
+    from engine.derived import Derived
+
+CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
+
+
+@dataclass(frozen=True)
+class DamagedRun:
+    """A run under --data that ``verify`` finds damaged: left out of an all-runs command, named at its end."""
+
+    run_id: str
+    problem: str  # verify's diagnosis
+    part: str | None  # the part to quarantine (the first damaged one), when verify names one
+    data_dir: Path | str = "data"  # where the run lies (the hint names a --data other than ./data)
+
+    def message(self) -> str:
+        hint = command_line(self.data_dir, "quarantine", self.run_id, self.part) if self.part else ""
+        fix = f" - move it aside (the intact prefix stays readable): {hint}" if hint else ""
+        return f"run {self.run_id} is damaged and was not read: {self.problem}{fix}"
+
+
+class RunSet:
+    """The runs a command reads (``run_ids``, in order), those left out (``damaged``), and the ``derived``
+    state every reader of them uses."""
+
+    def __init__(self, data_dir: Path | str, names: list[str] | None = None, derived: Derived | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.named = bool(names)
+        self.run_ids = expand(self.data_dir, names) if names else runs_under(self.data_dir)
+        if not self.run_ids:
+            raise LogError(f"no runs {under(self.data_dir)}")
+        for run_id in self.run_ids:
+            if not has_log(run_dir(self.data_dir, run_id) / "log", run_id):
+                raise LogError(f"run {run_id!r} not found {under(self.data_dir)}")
+        self.damaged: list[DamagedRun] = []
+        self._derived = derived
+
+    @property
+    def derived(self) -> Derived:
+        """The process's derived state of these runs (made on first use: it takes the views' digest)."""
+        if self._derived is None:
+            from engine.derived import Derived
+
+            self._derived = Derived(self.data_dir)
+        return self._derived
+
+    def leave_out(self, run_id: str, err: LogError) -> None:
+        """A run a reader could not read: its error raised (runs named), else left out and named in
+        ``damaged`` as ``verify`` diagnoses it; LogError when no run is left."""
+        if self.named:
+            raise err
+        from ingest.integrity import verify_log  # (the log's whole check: only for a run that failed)
+
+        verification = verify_log(EventLog(self.data_dir, run_id))
+        bad = verification.first_bad
+        part = bad.name if bad is not None else None
+        self.damaged.append(DamagedRun(run_id, verification.problem or str(err), part, self.data_dir))
+        self.run_ids.remove(run_id)
+        if not self.run_ids:
+            every = "\n".join(d.message() for d in self.damaged)
+            raise LogError(f"every run under {self.data_dir / 'runs'} is damaged:\n{every}")
+
+    def checked(self) -> RunSet:
+        """The set once every run is checked as its readers will check it (its record, every part's checksum
+        and footer), those that fail left out; runs named are as given (a reader names their damage)."""
+        if not self.named:
+            for run_id in list(self.run_ids):
+                problem = self._unreadable(run_id)
+                if problem is not None:
+                    self.leave_out(run_id, LogError(problem))
+        return self
+
+    def _unreadable(self, run_id: str) -> str | None:
+        """Why a reader cannot read this run (its record, a part's checksum or footer), or None.
+
+        Files in ``log/`` the record does not name do not matter here: readers never read them.
+        A run whose stored derived state was derived from its parts as they are now is not
+        read again (:meth:`engine.derived.Derived.checked`).
+        """
+        for _look in range(3):  # a part a merge removed meanwhile: look again
+            try:
+                if self.derived.checked(run_id):
+                    return None
+                for part in EventLog(self.data_dir, run_id).parts():
+                    check_part(part)
+                return None
+            except FileNotFoundError as err:
+                problem = str(err)
+            except (LogError, OSError) as err:
+                return str(err)
+        return problem
+
+
+# ---------------------------------------------------------------- a campaign's name
+
+
+def is_campaign(data_dir: Path | str, name: str) -> bool:
+    """Whether ``name`` is a campaign under ``data_dir`` and not a run (a run of that name comes first)."""
+    if not RUN_ID_RE.match(name) or ".." in name:
+        return False
+    if has_log(run_dir(data_dir, name) / "log", name):
+        return False
+    return has_log(run_dir(campaigns_dir(data_dir), name) / "log", name)
+
+
+def expand(data_dir: Path | str, names: list[str]) -> list[str]:
+    """``names`` with each campaign's name replaced by its runs (in its tasks' order), each run once."""
+    out: list[str] = []
+    for name in names:
+        out.extend(campaign_runs(Path(data_dir), name) if is_campaign(data_dir, name) else [name])
+    return list(dict.fromkeys(out))
+
+
+def campaign_log(data_dir: Path, name: str) -> EventLog:
+    """The log of campaign ``name`` (LogError names it when it does not exist, on ``require``)."""
+    return EventLog(campaigns_dir(data_dir), name)
+
+
+def campaign_names(data_dir: Path) -> list[str]:
+    """The campaigns under ``<data>/campaigns``, by name."""
+    return runs_under(campaigns_dir(data_dir))
+
+
+def open_campaign(data_dir: Path, name: str) -> Catalog:
+    """A catalog of the campaign's log (views/campaign); LogError when there is no such campaign."""
+    log = campaign_log(data_dir, name)
+    if not log.exists():
+        raise LogError(f"campaign {name!r} not found {under(data_dir, 'campaigns')}")
+    catalog = Catalog.empty(CAMPAIGN_VIEWS)
+    catalog.load(log)
+    return catalog
+
+
+def campaign_tasks(catalog: Catalog) -> list[dict[str, str]]:
+    """The campaign's tasks (``task``, its run ``task_run``) in the order its file gives them."""
+    return catalog.query("select task, task_run from campaign_tasks order by task_order")
+
+
+def campaign_runs(data_dir: Path, name: str) -> list[str]:
+    """The runs of campaign ``name``, in its tasks' order (those created so far)."""
+    runs = [r["task_run"] for r in campaign_tasks(open_campaign(data_dir, name))]
+    return [r for r in runs if EventLog(data_dir, r).exists()]
