@@ -450,6 +450,8 @@ def test_a_test_session_stopped_any_way_leaves_no_ray_process(tmp_path, how):
             "-q",
             "-p",
             "no:cacheprovider",
+            "-n",
+            "0",  # (the session runs the test itself, as a developer's run of one test: no worker to outlive it)
             f"{__file__}::test_a_rounds_sim_run_on_ray_has_the_trees_of_a_local_run",
         ],
         cwd=ROOT,

@@ -9,12 +9,14 @@ git is absolute.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +46,35 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
+REMOVE_S = 60.0  # how long a directory something still writes into is tried again
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and all it holds (nothing when it is not there).
+
+    Something the last turn left may still write into it for a moment (a server's
+    detached plugin install into ``.opencode/``, a process dying): a removal that
+    finds a directory refilled behind it is tried again, up to ``REMOVE_S``; after
+    that, ProjectError names the path.
+    """
+    deadline = time.monotonic() + REMOVE_S
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            if not path.exists():
+                return
+            err = None
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or time.monotonic() > deadline:
+                raise ProjectError(f"{path}: cannot remove it ({error.strerror or error})") from error
+            err = error
+        if time.monotonic() > deadline:
+            raise ProjectError(f"{path}: cannot remove it ({err or 'its files change while they are removed'})")
+        time.sleep(0.1)
+
+
 def copy_dir(src: Path | None, dest: Path) -> None:
     """Make ``dest`` a copy of ``src`` (or an empty directory when there is none).
 
@@ -55,8 +86,7 @@ def copy_dir(src: Path | None, dest: Path) -> None:
     (``ingest.coral_run.RUNTIME``: pid files, heartbeats, logs), which a root made
     before they were left out of roots may still hold.
     """
-    if dest.exists():
-        shutil.rmtree(dest)
+    remove_tree(dest)
     if src is None or not Path(src).is_dir():
         dest.mkdir(parents=True)
         return
