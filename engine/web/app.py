@@ -54,7 +54,7 @@ def collection(request: Request) -> HTMLResponse:
     tables, message = None, None
     try:
         runs = source.collection()
-        tables = data.collectionpage(runs)
+        tables = data.collection_page(runs)
         damaged = source.damaged(runs) + damaged
     except ProjectError as err:
         message = str(err)
@@ -77,13 +77,13 @@ def campaign(request: Request) -> HTMLResponse:
     if not RUN_ID_RE.match(name) or not is_campaign(data_dir, name):
         return problem(request, "no such campaign")
     try:
-        page = data.campaignpage(data_dir, name)
+        shown = data.campaign_page(data_dir, name)
     except ProjectError as err:  # a damaged campaign: a page that says what is damaged
         message = data.damaged_campaign(data_dir, name, err)
         return page(
             request, "problem.html", title=f"campaign {name}", heading=f"Campaign {name} is damaged", message=message
         )
-    return page(request, "campaign.html", campaign=name, **page)
+    return page(request, "campaign.html", campaign=name, **shown)
 
 
 def run(request: Request) -> HTMLResponse:
@@ -108,13 +108,13 @@ def _live(source: data.Source, run_id: str) -> Markup:
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, data_dir=source.data_dir))
     try:
         runs = source.collection()
-        page = data.runpage(runs, run_id)
+        shown = data.run_page(runs, run_id)
         drawings = drawn_trees(runs, run_id)
     except ProjectError as err:
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, problem=str(err)))
     drawings = [(t, Markup(svg), n) for t, svg, n in drawings]  # the report's drawing: escaped where it is made
     live = TEMPLATES.get_template("run_live.html")
-    return Markup(live.render(run_id=run_id, drawings=drawings, legend=Markup(LEGEND), **page))
+    return Markup(live.render(run_id=run_id, drawings=drawings, legend=Markup(LEGEND), **shown))
 
 
 def tree(request: Request) -> HTMLResponse:
@@ -123,23 +123,23 @@ def tree(request: Request) -> HTMLResponse:
         return problem(request, "no such run id")
     try:
         runs = request.app.state.source.collection()
-        page = data.treepage(runs, run_id, tree_id)
+        shown = data.tree_page(runs, run_id, tree_id)
         drawings = drawn_trees(runs, run_id, tree_id)
     except ProjectError as err:
         return problem(request, str(err))
-    if page["tree"] is None:
+    if shown["tree"] is None:
         return problem(request, f"run {run_id!r} has no tree {tree_id!r}")
     turns: dict[str, list] = {}
-    for t in page["turns"]:
+    for t in shown["turns"]:
         turns.setdefault(t["edge_id"], []).append(t)
     calls: dict[tuple[str, int], list] = {}
-    for c in page["calls"]:
+    for c in shown["calls"]:
         calls.setdefault((c["edge_id"], c["turn"]), []).append(c)
     through: dict[str, list] = {}
-    for p in page["paths"]:
+    for p in shown["paths"]:
         for node_id in p["node_ids"]:
             through.setdefault(node_id, []).append(p)
-    page |= {"turns": turns, "calls": calls, "through": through}
+    shown |= {"turns": turns, "calls": calls, "through": through}
     return page(
         request,
         "tree.html",
@@ -147,7 +147,7 @@ def tree(request: Request) -> HTMLResponse:
         tree_id=tree_id,
         drawing=Markup(drawings[0][1]) if drawings else None,
         legend=Markup(LEGEND),
-        **page,
+        **shown,
     )
 
 

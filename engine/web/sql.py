@@ -41,13 +41,13 @@ T = TypeVar("T")
 async def sql(request: Request) -> Response:
     """GET: the form (the query of ``?q=`` in it, not run); POST: run the form's query (``format=csv``: download it)."""
     if request.method == "GET":
-        return _sqlpage(request, request.query_params.get("q", ""))
+        return _sql_page(request, request.query_params.get("q", ""))
     form = await _form(request)
     if isinstance(form, Response):
         return form
     query = form.get("q", "").strip()
     if not query:
-        return _sqlpage(request, "")
+        return _sql_page(request, "")
     if form.get("format") == "csv":
         return await _download(request, query)
     source: data.Source = request.app.state.source
@@ -65,11 +65,11 @@ async def sql(request: Request) -> Response:
         _note_gone(query, started)
         return Response(status_code=499)  # (nobody reads it)
     except ProjectError as err:
-        return _sqlpage(request, query, error=str(err))
-    return _sqlpage(request, query, columns=columns, rows=rows[:SHOWN_ROWS], more=len(rows) > SHOWN_ROWS)
+        return _sql_page(request, query, error=str(err))
+    return _sql_page(request, query, columns=columns, rows=rows[:SHOWN_ROWS], more=len(rows) > SHOWN_ROWS)
 
 
-def _sqlpage(request: Request, query: str, error: str | None = None, **result: Any) -> HTMLResponse:
+def _sql_page(request: Request, query: str, error: str | None = None, **result: Any) -> HTMLResponse:
     return page(
         request,
         "sql.html",
@@ -210,7 +210,7 @@ async def _download(request: Request, query: str) -> Response:
         return Response(status_code=499)
     except ProjectError as err:
         chunks.stop()
-        return _sqlpage(request, query, error=str(err))
+        return _sql_page(request, query, error=str(err))
 
     async def body():
         try:
