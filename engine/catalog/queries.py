@@ -55,7 +55,7 @@ class QueryError(ProjectError):
 
 
 class RefusedQueryError(InputError):
-    """A query that is not one read-only SELECT (nothing was run)."""
+    """A query that is not read-only, or reads outside the runs' logs; nothing was run."""
 
 
 def first_line(err: Exception) -> str:
