@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.runs import over_runs, recorded_config
+from engine.config import recorded_config
+from engine.runs import over_runs
 from engine.runset import DamagedRun, RunSet
 from ingest.events import DECISION_KINDS
 from ingest.log import EventLog

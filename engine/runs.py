@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 import duckdb
 
 from engine.catalog import DECISION_THREADS, Catalog
-from engine.config import recorded_config as recorded_config  # (where runs are opened)
+from engine.config import recorded_config
 from ingest.reader import EventLog
 
 if TYPE_CHECKING:

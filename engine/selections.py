@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.catalog import DECISION_THREADS, Catalog
-from engine.config import MAX_WEIGHT, PathWeights, problems
-from engine.runs import open_run, recorded_config
+from engine.config import MAX_WEIGHT, PathWeights, problems, recorded_config
+from engine.runs import open_run
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import PathsSelected
 from ingest.log import EventLog, LogWriter

@@ -361,3 +361,20 @@ def test_a_query_of_sql_is_parsed_once_from_the_command_line_to_duckdb(data, mon
     explained = "explain " + query
     assert invoke(data, "sql", explained).exit_code == 0
     assert parsed.count(query) == 2 and explained not in parsed  # (an EXPLAIN's SELECT, parsed alone)
+
+
+def test_a_query_made_to_look_checked_is_checked_again(data):
+    """The collection takes a CheckedQuery as checked (parsed once): one made by hand, not by check_query,
+    is checked as any text, so it cannot carry a statement the check refuses past it."""
+    from engine.catalog.queries import CheckedQuery, check_query
+
+    runs = open_runs(data)
+    trees = runs.query(check_query("select count(*) as n from trees"))
+    before = hashes(data)
+    for text in ("select setseed(0.5)", "explain analyze select 1", "select 1; select 2"):
+        forged = CheckedQuery(text, frozenset())
+        with pytest.raises((RefusedQueryError, ProjectError)), runs.result(forged) as result:
+            result.head(1)
+    relabelled = CheckedQuery("select count(*) as n from trees", frozenset({"nodes"}))  # what it reads: not nodes
+    assert runs.query(relabelled) == trees != []
+    assert unchanged(before, hashes(data))

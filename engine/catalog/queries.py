@@ -10,7 +10,7 @@ walker for the relations it reads (``catalog.definitions``).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -72,13 +72,17 @@ class Parsed:
     relations: frozenset[str]
 
 
+_CHECKED = object()  # what only check_query gives a CheckedQuery
+
+
 @dataclass(frozen=True)
 class CheckedQuery:
     """A user's query, checked: ``text`` as given (what runs), ``relations`` what its SELECT reads (the
-    query's, or the one it EXPLAINs)."""
+    query's, or the one it EXPLAINs). One made other than by :func:`check_query` is checked again."""
 
     text: str
     relations: frozenset[str]
+    seal: object = field(default=None, repr=False, compare=False)
 
 
 def parse(con: duckdb.DuckDBPyConnection, sql: str) -> Parsed | str:
@@ -118,7 +122,9 @@ def check_query(query: str | CheckedQuery, con: duckdb.DuckDBPyConnection | None
     a new one), so that ``sql`` refuses a statement before it reads any run.
     """
     if isinstance(query, CheckedQuery):
-        return query
+        if query.seal is _CHECKED:
+            return query
+        query = query.text
     con = con or duckdb.connect(config={"temp_directory": ""})
     if as_utf8(query) != query:  # DuckDB's binding raises TypeError on a lone surrogate
         raise QueryError(f"the query is not UTF-8 text: {as_utf8(query)!r} (U+FFFD for its other bytes)")
@@ -151,7 +157,7 @@ def check_query(query: str | CheckedQuery, con: duckdb.DuckDBPyConnection | None
             "nothing was run"
         )
         raise RefusedQueryError(msg)
-    return CheckedQuery(query, parsed.relations)
+    return CheckedQuery(query, parsed.relations, _CHECKED)
 
 
 def _statements(con: duckdb.DuckDBPyConnection, query: str) -> list:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import Catalog
+from engine.config import recorded_config
 from engine.derived import Derived
 from engine.export.conversations import (
     Contents,
@@ -35,7 +36,7 @@ from engine.export.conversations import (
 )
 from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
-from engine.runs import over_runs, recorded_config
+from engine.runs import over_runs
 from engine.runset import DamagedRun, RunSet
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem

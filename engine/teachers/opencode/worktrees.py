@@ -62,16 +62,11 @@ def remove_tree(path: Path) -> None:
         try:
             shutil.rmtree(path)
             return
-        except FileNotFoundError:
-            if not path.exists():
-                return
-            err = None
-        except OSError as error:
-            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or time.monotonic() > deadline:
-                raise ProjectError(f"{path}: cannot remove it ({error.strerror or error})") from error
-            err = error
-        if time.monotonic() > deadline:
-            raise ProjectError(f"{path}: cannot remove it ({err or 'its files change while they are removed'})")
+        except OSError as err:
+            if isinstance(err, FileNotFoundError) and not path.exists():
+                return  # (not there; else a file under it went meanwhile: again)
+            if err.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EEXIST) or time.monotonic() > deadline:
+                raise ProjectError(f"{path}: cannot remove it ({err.strerror or err})") from err
         time.sleep(0.1)
 
 
