@@ -263,8 +263,12 @@ def cover_problem(parts: list[Part]) -> str | None:
 
 
 def locate(log_dir: Path, name: str) -> Path | None:
-    """Where a committed part is: under its name, or still under its temporary one (None: neither)."""
-    for candidate in (log_dir / name, log_dir / (TMP + name)):
+    """Where a committed part is: under its name, or still under its temporary one (None: neither).
+
+    The temporary name is looked at first: a part only ever moves from it to its name, so one
+    renamed between the two looks is found under its name (looked at the other way round, it
+    would be at neither)."""
+    for candidate in (log_dir / (TMP + name), log_dir / name):
         if candidate.exists():
             return candidate
     return None

@@ -163,6 +163,28 @@ def test_catalog_loads_and_verify_see_whole_prefixes_while_parts_merge(data_dir)
     assert last == 1 + sum(1 + k % 3 for k in range(3000))
 
 
+def test_a_part_renamed_between_two_looks_is_found(tmp_path, monkeypatch):
+    """A committed part moves from its temporary name to its name while a reader looks for it
+    (the writer renames it right after recording it): the reader finds it under one of them,
+    never at neither (which verify would report as a part missing from a sound log)."""
+    from ingest.record import TMP, locate
+
+    name = "part-000000000001-000000000001-L0-" + "0" * 32 + ".parquet"
+    (tmp_path / (TMP + name)).write_bytes(b"bytes")
+    looks = []
+    exists = Path.exists
+
+    def look_then_rename(path: Path) -> bool:  # the writer's rename lands right after the first look
+        found = exists(path)
+        looks.append(path.name)
+        if len(looks) == 1:
+            os.rename(tmp_path / (TMP + name), tmp_path / name)
+        return found
+
+    monkeypatch.setattr(Path, "exists", look_then_rename)
+    assert locate(tmp_path, name) is not None, looks
+
+
 def test_a_second_writer_is_refused_while_a_run_is_written(tmp_path):
     data = tmp_path / "data"
     proc = start_explore(data, "live", config(tmp_path, ENDLESS))
