@@ -72,6 +72,29 @@ def rows(data: Path, run: str, sql: str) -> list[dict]:
     return json.loads(done.stdout)
 
 
+BUDGET = {"edges": 40}
+
+
+@pytest.fixture(scope="module")
+def coverage(tmp_path_factory) -> tuple[Path, dict]:
+    """A coverage campaign ``camp`` of the three tasks on 40 edges, and what it printed (--json).
+
+    Tests only read it; one that changes its data works on a copy (``copied``)."""
+    base = tmp_path_factory.mktemp("coverage")
+    data = base / "data"
+    # (named by --name, not by its file's name)
+    done = cli(data, "campaign", str(campaign_file(base, "coverage", BUDGET, name="cov")), "--name", "camp", "--json")
+    return data, json.loads(done.stdout)
+
+
+def copied(coverage: tuple[Path, dict], tmp: Path) -> Path:
+    import shutil
+
+    data = tmp / "data"
+    shutil.copytree(coverage[0], data)
+    return data
+
+
 EDGES = "select tree_id, edge_id, verdict, child_id from edges order by edge_id"
 PATHS = "select tree_id, leaf_id, round(path_score, 9) as score from paths where selected order by tree_id, leaf_id"
 DECISIONS = (
@@ -100,13 +123,10 @@ def test_a_fixed_campaign_grows_every_run_as_a_separate_explore_does(tmp_path):
         assert len(rows(data, alone, EDGES)) > 10
 
 
-def test_a_coverage_campaign_spends_its_budget_and_replays_with_no_difference(tmp_path):
-    data = tmp_path / "data"
-    budget = 40
-    done = cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": budget})), "--json")
-    result = json.loads(done.stdout)
+def test_a_coverage_campaign_spends_its_budget_and_replays_with_no_difference(tmp_path, coverage):
+    data, result = coverage
     assert result["stop_reason"] == "budget_spent"
-    assert result["total"]["kept_edges"] == budget  # the last block takes the edges left
+    assert result["total"]["kept_edges"] == BUDGET["edges"]  # the last block takes the edges left
     assert result["total"]["n_eff"] > 0 and 0 < result["total"]["n_eff_ratio"] <= 1
     catalog = open_campaign(data, "camp")
     grants = catalog.query("select * from campaign_grants")
@@ -137,9 +157,8 @@ def test_a_coverage_campaign_spends_its_budget_and_replays_with_no_difference(tm
     assert all(run in (tmp_path / "report.html").read_text() for run in result["runs"])
 
 
-def test_replay_names_a_round_the_runs_do_not_imply(tmp_path):
-    data = tmp_path / "data"
-    cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 30})))
+def test_replay_names_a_round_the_runs_do_not_imply(tmp_path, coverage):
+    data = copied(coverage, tmp_path)
     original = open_campaign(data, "camp")
     forged = "forged"
     with LogWriter.create(data / "campaigns", forged) as writer:
@@ -166,10 +185,9 @@ def test_replay_names_a_round_the_runs_do_not_imply(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_campaign_killed_with_kill_9_resumes_to_the_same_campaign(tmp_path):
-    budget = {"edges": 45}
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    cli(whole, "campaign", str(campaign_file(tmp_path, "coverage", budget)))
+def test_a_campaign_killed_with_kill_9_resumes_to_the_same_campaign(tmp_path, coverage):
+    budget = BUDGET
+    whole, killed = coverage[0], tmp_path / "killed"
     kills = ["campaign.decided:2", "publish.renamed:6", "edge.started:4"]
     first = cli(
         killed,
@@ -227,11 +245,10 @@ def test_bad_campaign_files_are_refused_naming_the_file(tmp_path):
     assert missing.returncode != 0 and "campaign 'nothing' not found" in missing.stderr
 
 
-def test_a_run_of_a_coverage_campaign_is_not_resumed_alone(tmp_path):
-    data = tmp_path / "data"
-    cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 20})), "--name", "c2")
-    done = cli(data, "explore", "--resume", "c2-easy", check=False)
-    assert done.returncode != 0 and "campaign --resume c2" in done.stderr
+def test_a_run_of_a_coverage_campaign_is_not_resumed_alone(tmp_path, coverage):
+    data = copied(coverage, tmp_path)
+    done = cli(data, "explore", "--resume", "camp-easy", check=False)
+    assert done.returncode != 0 and "campaign --resume camp" in done.stderr
 
 
 @pytest.mark.slow
