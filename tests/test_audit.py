@@ -371,6 +371,7 @@ def test_diversity_zero_reproduces_the_default_selection(runs, tmp_path):
     assert overall["tree_id"] == "all" and overall["n_eff_ratio"] == overall["n_eff_ratio_default"]
 
 
+@pytest.mark.slow
 def test_diversity_trades_pathscore_for_independent_paths_and_replays(tmp_path):
     """Three paths share edge a (scores 1.9, 1.8, 1.7 at the leaves), a fourth is alone (1.65).
     With k = 2 the plain Top-2 takes two sharing paths; a large lambda takes the lone one."""

@@ -123,6 +123,7 @@ def test_a_fixed_campaign_grows_every_run_as_a_separate_explore_does(tmp_path):
         assert len(rows(data, alone, EDGES)) > 10
 
 
+@pytest.mark.slow
 def test_a_coverage_campaign_spends_its_budget_and_replays_with_no_difference(tmp_path, coverage):
     data, result = coverage
     assert result["stop_reason"] == "budget_spent"
@@ -157,6 +158,7 @@ def test_a_coverage_campaign_spends_its_budget_and_replays_with_no_difference(tm
     assert all(run in (tmp_path / "report.html").read_text() for run in result["runs"])
 
 
+@pytest.mark.slow
 def test_replay_names_a_round_the_runs_do_not_imply(tmp_path, coverage):
     data = copied(coverage, tmp_path)
     original = open_campaign(data, "camp")
@@ -214,6 +216,7 @@ def test_a_campaign_killed_with_kill_9_resumes_to_the_same_campaign(tmp_path, co
     assert resumed.query("select count(*) as n from events where kind = 'run_resumed'")[0]["n"] == 3
 
 
+@pytest.mark.slow
 def test_bad_campaign_files_are_refused_naming_the_file(tmp_path):
     data = tmp_path / "data"
     cases = {
@@ -245,6 +248,7 @@ def test_bad_campaign_files_are_refused_naming_the_file(tmp_path):
     assert missing.returncode != 0 and "campaign 'nothing' not found" in missing.stderr
 
 
+@pytest.mark.slow
 def test_a_run_of_a_coverage_campaign_is_not_resumed_alone(tmp_path, coverage):
     data = copied(coverage, tmp_path)
     done = cli(data, "explore", "--resume", "camp-easy", check=False)

@@ -88,6 +88,7 @@ def campaign_part(data: Path, index: int = -1) -> Path:
 # ------------------------------------------------------------------ outputs never land on a log
 
 
+@pytest.mark.slow
 def test_no_output_lands_on_a_log_a_record_or_derived_state(data, tmp_path):
     """Finding 7: `report --out <data>/campaigns/runs/<name>/log/_record.jsonl` overwrote the campaign's record."""
     record = data / "campaigns" / "runs" / "camp" / "log" / "_record.jsonl"
@@ -169,6 +170,7 @@ def test_verify_of_a_campaign_verifies_its_log_and_every_run_a_section_each(buil
     assert alone.exit_code == 0 and alone.stdout.startswith("run camp-a: ") and "camp-b" not in alone.stdout
 
 
+@pytest.mark.slow
 def test_a_damaged_campaign_record_names_a_verify_and_a_quarantine_that_work_as_printed(data):
     """Finding 7: replay, audit and watch of a campaign whose record was overwritten said 'verify NAME',
     which could not read a campaign."""
@@ -190,6 +192,7 @@ def test_a_damaged_campaign_record_names_a_verify_and_a_quarantine_that_work_as_
     assert invoke(data, "replay", "camp").exit_code == 0
 
 
+@pytest.mark.slow
 def test_a_damaged_part_of_a_campaigns_log_names_commands_that_move_it_and_resume(data):
     part = campaign_part(data)  # the last: the campaign's stop and its RunFinished
     flip(part)

@@ -6,6 +6,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from cli import cli
@@ -59,6 +60,7 @@ def hint(text: str, after: str) -> str:
     return line.split(after, 1)[1].split(" (", 1)[0].rstrip(")").strip()
 
 
+@pytest.mark.slow
 def test_the_hints_a_damaged_run_prints_work_as_printed(runs, tmp_path):
     """An all-runs command names a damaged run with the quarantine to run; it names the
     resume to run next: both carry the --data they were printed under."""

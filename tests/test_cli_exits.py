@@ -132,6 +132,7 @@ group(["go"])
     assert proc.returncode == 0 and out == b"finished\n", err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("closed", [0, 1, 2])
 def test_a_command_started_with_a_standard_stream_closed_still_runs(tmp_path, closed):
     """A closed fd 0/1/2 gets /dev/null: with stderr closed a run stopped as its progress

@@ -36,6 +36,7 @@ def invoke(*args) -> object:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+@pytest.mark.slow
 def test_select_snapshots_takes_the_attempts_of_a_coral_run(coral_run, tmp_path):
     before = digest(coral_run)
     out = tmp_path / "roots"
@@ -120,6 +121,7 @@ def small_config(tmp_path: Path) -> Path:
     return config
 
 
+@pytest.mark.slow
 def test_explore_select_writes_the_picked_attempts_into_the_run(coral_run, tmp_path):
     data = tmp_path / "data"
     r = invoke(

@@ -72,6 +72,7 @@ def test_a_second_read_derives_nothing_and_answers_the_same(data):
     assert not second.derived.built and not second.derived.loaded  # read, not derived
 
 
+@pytest.mark.slow
 def test_deleting_the_derived_state_changes_no_answer(data):
     before = answers(data)
     shutil.rmtree(data / "derived")
@@ -79,6 +80,7 @@ def test_deleting_the_derived_state_changes_no_answer(data):
     assert states(data)  # derived again
 
 
+@pytest.mark.slow
 def test_final_views_read_the_same_now_and_at_every_decision(data):
     """A view without a row per evaluation point has the same rows in either state: so a query over
     final rows may read the state at every decision when one is stored."""
@@ -99,6 +101,7 @@ def test_final_views_read_the_same_now_and_at_every_decision(data):
     assert checked > 40
 
 
+@pytest.mark.slow
 def test_a_views_stored_rows_read_back_with_its_types(data):
     """Every view's stored rows have the view's column names and types (a 128-bit sum, which Parquet
     cannot hold, as BIGINT: the integer it is, not a DOUBLE)."""
@@ -163,6 +166,7 @@ def _interrupted(data: Path, run_id: str, tmp_path: Path) -> None:
     assert done.returncode == -9, done.stderr
 
 
+@pytest.mark.slow
 def test_a_grown_run_is_caught_up_loading_only_its_new_events(data, tmp_path):
     _interrupted(data, "grown", tmp_path)
     log = EventLog(data, "grown")
@@ -192,6 +196,7 @@ def test_a_grown_run_is_caught_up_loading_only_its_new_events(data, tmp_path):
     assert replay_run(data, "grown").differences == []
 
 
+@pytest.mark.slow
 def test_a_quarantined_part_rebuilds_that_runs_state(data):
     """The last part damaged in place with its size and time kept (a warm read does not see it:
     DECISIONS), then quarantined: the record changed, so the run is read again from its log."""
@@ -225,6 +230,7 @@ def test_a_part_changed_in_place_is_read_again_and_found_damaged(data):
     assert [d.run_id for d in runs.damaged] == ["async"]
 
 
+@pytest.mark.slow
 def test_edited_view_definitions_rebuild_the_state(data, tmp_path):
     before = answers(data)
     flavours = {p.parent.parent.name for p in states(data)}
@@ -246,6 +252,7 @@ def test_edited_view_definitions_rebuild_the_state(data, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_two_processes_reading_a_fresh_collection_at_once_agree_and_leave_it_intact(data):
     script = (
         "import json, sys\n"
@@ -273,6 +280,7 @@ def test_two_processes_reading_a_fresh_collection_at_once_agree_and_leave_it_int
     assert not list((data / "derived").glob("*/*/.tmp-*"))
 
 
+@pytest.mark.slow
 def test_where_derived_cannot_be_written_a_temporary_directory_serves_with_a_note(data, capsys):
     before = answers(data)
     shutil.rmtree(data / "derived", ignore_errors=True)
@@ -282,6 +290,7 @@ def test_where_derived_cannot_be_written_a_temporary_directory_serves_with_a_not
     assert (data / "derived").read_text() == "not a directory"
 
 
+@pytest.mark.slow
 def test_a_collection_dropped_before_the_interpreter_ends_leaves_a_clean_exit(data):
     """A query's time-limit timer is joined: a timer thread ending during the interpreter's
     finalization dropped the last reference to the connection there, and DuckDB aborted (134)."""
@@ -358,6 +367,7 @@ def _caught_up_equals_fresh(events, tmp_path_factory, earlier: int, later: int) 
 @pytest.mark.parametrize(
     ("before", "upto"), [("tree_stopped", "end"), ("paths_selected", "end"), ("paths_selected", "paths_selected")]
 )
+@pytest.mark.slow
 def test_a_state_caught_up_across_the_last_decisions_audits_as_one_derived_there(
     finished, tmp_path_factory, before, upto
 ):
@@ -368,6 +378,7 @@ def test_a_state_caught_up_across_the_last_decisions_audits_as_one_derived_there
     _caught_up_equals_fresh(events, tmp_path_factory, last[before] - 1, last.get(upto, events.num_rows))
 
 
+@pytest.mark.slow
 @settings(max_examples=3, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_a_state_caught_up_across_a_cut_answers_as_one_derived_fresh_there(finished, tmp_path_factory, data):

@@ -38,6 +38,7 @@ def _live_writer(events, data: Path, run_id: str, cuts: list[int], keeper: Keepe
     catalog.close()
 
 
+@pytest.mark.slow
 def test_a_reader_of_a_live_run_reads_what_its_writer_kept_and_loads_no_event(runs, tmp_path):
     events = EventLog(runs, "rounds").read_table().sort_by("seq")
     n = events.num_rows
@@ -64,6 +65,7 @@ def test_a_reader_of_a_live_run_reads_what_its_writer_kept_and_loads_no_event(ru
     assert keeper.kept == len(cuts) - 1
 
 
+@pytest.mark.slow
 def test_a_run_nobody_reads_keeps_one_state_at_its_end_and_its_first_reader_derives_nothing(runs, tmp_path):
     events = EventLog(runs, "rounds").read_table().sort_by("seq")
     n = events.num_rows
@@ -80,6 +82,7 @@ def test_a_run_nobody_reads_keeps_one_state_at_its_end_and_its_first_reader_deri
     assert {q: open_runs(written).query(q) for q in QUERIES[:4]} == before
 
 
+@pytest.mark.slow
 def test_an_exploration_read_while_it_runs_is_read_from_the_states_its_writer_keeps(tmp_path):
     data = tmp_path / "data"
     stderr = tmp_path / "stderr"
@@ -115,6 +118,7 @@ def test_an_exploration_read_while_it_runs_is_read_from_the_states_its_writer_ke
     assert answers(data) == kept
 
 
+@pytest.mark.slow
 def test_states_of_other_view_definitions_are_derived_again_run_by_run(runs, tmp_path):
     from engine.catalog.definitions import VIEWS_DIR
 
@@ -133,6 +137,7 @@ def test_states_of_other_view_definitions_are_derived_again_run_by_run(runs, tmp
     assert {q: open_runs(data).query(q) for q in QUERIES[:4]} == got
 
 
+@pytest.mark.slow
 def test_a_live_run_is_read_as_of_its_writers_last_state_and_as_its_log_once_the_writer_is_gone(runs, tmp_path):
     events = EventLog(runs, "rounds").read_table().sort_by("seq")
     n = events.num_rows

@@ -62,6 +62,7 @@ def _left(tmpdir: Path) -> list[str]:
     return [p.name for p in tmpdir.iterdir() if p.name.startswith(FALLBACK_PREFIX)]
 
 
+@pytest.mark.slow
 def test_a_read_only_data_directory_answers_and_leaves_no_copy_behind(data, expected, tmp_path):
     """Finding 5: each reading process left a full copy of the state in the temporary directory."""
     tmpdir = _tmpdir(tmp_path)
@@ -97,6 +98,7 @@ def namespaces() -> list[str]:
     return ["unshare", "--user", "--map-root-user", "--mount"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_answers_from_a_temporary_state_removed_at_the_end(data, expected, tmp_path, namespaces):
     """Finding 4: on a full disk the probe (an empty file) succeeded, then the state's write failed with a
     traceback. The real write is the probe: the state goes to the temporary directory instead."""

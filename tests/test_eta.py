@@ -28,6 +28,7 @@ def timed_run(data, run_id: str, parallel: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_the_estimate_waits_for_data_is_never_zero_while_trees_remain_and_holds_the_run_s_length(data_dir):
     rows = timed_run(data_dir, "timed", parallel=6)  # the trees grow side by side
     unfinished = [r for r in rows if not r["finished"]]
@@ -48,6 +49,7 @@ def test_the_estimate_waits_for_data_is_never_zero_while_trees_remain_and_holds_
     assert max(r["eta_seconds"] for r in after) < 10 * first["session_seconds"] + 1
 
 
+@pytest.mark.slow
 def test_watch_of_an_interrupted_run_says_it_is_not_running_instead_of_a_time_left(data_dir):
     """It said "running ... time left 0s" of a run whose writer was gone."""
 

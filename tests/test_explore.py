@@ -309,6 +309,7 @@ def test_any_64_bit_count_in_the_config_works(tmp_path, roots):
 ONE_EDGE = "[tree]\nroot_children = 1\nmax_depth = 1\n"
 
 
+@pytest.mark.slow
 def test_explore_records_the_whole_config_the_roots_and_their_task(tmp_path, roots):
     """ROOTS made by select-snapshots: the task recorded with them is the run's (it used to
     be the directory's name), and each root keeps its stage and reason."""

@@ -225,6 +225,7 @@ def test_the_chat_export_loads_with_datasets(hand, runs, tmp_path):
             assert row["metadata"]["run_id"] == run and row["metadata"]["node_ids"][0] == row["metadata"]["tree_id"]
 
 
+@pytest.mark.slow
 def test_reexport_is_byte_identical_and_a_reselection_is_another_set(runs, tmp_path):
     data = tmp_path / "data"
     copy_run(runs, "rounds", data)
@@ -261,6 +262,7 @@ def test_reexport_is_byte_identical_and_a_reselection_is_another_set(runs, tmp_p
     assert len(leaves) == manifest["samples"] < default["samples"]
 
 
+@pytest.mark.slow
 def test_export_refuses_what_it_cannot_do_and_writes_nothing(hand, tmp_path):
     data = tmp_path / "data"
     hand_run.write(data, "unselected", select=False)

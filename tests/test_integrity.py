@@ -347,6 +347,7 @@ def _foreign(run: Path, runs: Path, case: str) -> Path:
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["another_runs_part", "same_range_other_content", "forged_whole_log", "stray"])
 def test_a_file_dropped_into_the_log_is_never_read_and_never_costs_a_genuine_part(runs, run, case):
     log = EventLog(run, "rounds")

@@ -148,6 +148,7 @@ def test_a_part_committed_but_not_renamed_is_read_and_the_writer_renames_it(data
     assert log.read_table(["seq"]).column("seq").to_pylist() == list(range(1, 5004))
 
 
+@pytest.mark.slow
 def test_random_kills_never_corrupt_the_log(data_dir):
     """Each kill lands while the writer appends: once its log grew by a random number of
     appends (a condition, whatever the machine's speed), after a random short delay."""
@@ -184,6 +185,7 @@ def test_random_kills_never_corrupt_the_log(data_dir):
             assert pq.read_metadata(part.path).num_rows == part.rows
 
 
+@pytest.mark.slow
 def test_readers_see_a_consistent_prefix_while_a_writer_appends(data_dir):
     _created(data_dir).close()
     writer = child(
@@ -211,6 +213,7 @@ def test_readers_see_a_consistent_prefix_while_a_writer_appends(data_dir):
     assert reads > 3
 
 
+@pytest.mark.slow
 def test_compaction_bounds_files_and_keeps_content(data_dir):
     with _created(data_dir) as w:
         for k in range(700):

@@ -627,6 +627,7 @@ def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_
     assert "sk-secret-77" not in r.output
 
 
+@pytest.mark.slow
 def test_more_concurrent_turns_than_the_memory_carries_are_refused_before_the_run(tmp_path, roots, coral_on_path):
     """--parallel × turn_memory_mb above the memory available: refused with the --parallel that
     fits, before the run exists (a run the OOM killer cuts loses its turns in flight)."""

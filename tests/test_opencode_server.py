@@ -286,6 +286,7 @@ def test_a_file_that_is_no_database_among_the_lanes_is_named_not_a_traceback(tmp
     assert has_session(empty, "ses_x") is False
 
 
+@pytest.mark.slow
 def test_a_directory_refilled_while_it_is_removed_is_removed(tmp_path):
     """A turn 2 failed with 'Directory not empty': it replaces its worktree's shared dir while a process
     the last turn left (a server's detached plugin install) still writes into it for a moment."""

@@ -57,6 +57,7 @@ def test_replay_times_each_of_its_phases(runs):
     assert sum(result.seconds.values()) > 0.5 * elapsed
 
 
+@pytest.mark.slow
 def test_replay_prints_trees_and_the_summary_line(runs):
     r = invoke(runs, "replay", "rounds", "--tree", "T002")
     assert r.exit_code == 0
@@ -338,6 +339,7 @@ def test_paths_command_prints_the_default_selection(runs):
     assert invoke(runs, "paths", "rounds", "--selection", "nope").exit_code == 1
 
 
+@pytest.mark.slow
 def test_reselect_appends_once_per_parameters_and_reports_the_difference(runs, tmp_path):
     forge(runs, "rounds", "re", lambda rows: None)
     before = EventLog(runs, "re").tail_seq()

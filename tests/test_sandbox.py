@@ -189,6 +189,7 @@ def test_report_and_export_refuse_an_output_inside_the_data_directory(data):
     assert hashes(data) == before
 
 
+@pytest.mark.slow
 def test_one_damaged_run_does_not_hide_the_healthy_ones_from_any_all_runs_command(data, tmp_path):
     """Finding 18: every all-runs command read the healthy runs, names the damaged one, exits 1."""
     part = a_part(data, "async")
@@ -306,6 +307,7 @@ CORPUS = [f"explain analyze {s}" for s in EXPLAINED] + PLAIN
 STOPPED = {CROSS_JOIN: "time limit", MEMORY_HUNGRY: "memory than its limit"}
 
 
+@pytest.mark.slow
 def test_a_corpus_of_hostile_statements_changes_no_file_and_no_later_answer(data, tmp_path):
     """Every statement is refused or stopped (a clean error, no traceback), through `sql` and the
     notebook API; afterwards every file under the data dir is byte-identical and every answer

@@ -123,6 +123,7 @@ def in_flight_at_each_start(data: Path, run_id: str) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ahead", [0, 2])
 def test_async_lookahead_starts_edges_beyond_the_slots_but_never_runs_more_turns(tmp_path, ahead):
     parallel = 3

@@ -137,6 +137,7 @@ def comparable(rows: list[dict]) -> list[str]:
     return sorted(repr({k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()}) for r in rows)
 
 
+@pytest.mark.slow
 def test_tables_refreshed_tree_by_tree_equal_a_full_rebuild(sim_log):
     from ingest.columns import LIGHT_SCHEMA
     from ingest.log import EventLog

@@ -409,6 +409,7 @@ def test_serve_on_a_port_in_use_is_a_clean_error_before_any_address_is_printed(t
     assert r.stderr == f"Error: cannot serve on 127.0.0.1:{port}: Address already in use - choose another with --port\n"
 
 
+@pytest.mark.slow
 def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page):
     from test_campaign import campaign_file
     from test_campaign import cli as run_cli
