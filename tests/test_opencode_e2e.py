@@ -627,6 +627,37 @@ def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_
     assert "sk-secret-77" not in r.output
 
 
+def test_a_run_refused_after_its_opencode_store_was_made_leaves_nothing_of_it(tmp_path, roots, student, coral_on_path):
+    """A CORAL whose Python cannot import the grader daemon is found once the run's OpenCode store
+    exists: the run is refused, says why, and its directory is gone (the same run id starts
+    anew); a run that exists (a resume) is never removed by a refusal."""
+    python = tmp_path / "python-without-coral"
+    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'coral'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    config = tmp_path / "run.toml"
+    config.write_text(f'[backend_options]\ncoral_python = "{python}"\n')
+    model = FakeModel(script).start()
+    data = tmp_path / "data"
+    try:
+        r = explore_opencode(data, roots, model, config, "refused", "--coral-dir", str(student))
+    finally:
+        model.stop()
+    assert r.exit_code == 1, r.output
+    assert "cannot import CORAL's grader daemon" in r.stderr and "Traceback" not in r.output
+    assert not (data / "runs" / "refused").exists(), sorted((data / "runs").rglob("*"))[:10]
+    # The same refusal of a run whose directory exists (as a resume's does) leaves it as it was.
+    from engine.config import RunConfig
+    from engine.teachers.opencode import OpenCodeTeacher
+    from ingest.errors import InputError
+
+    kept = data / "runs" / "kept"
+    (kept / "log").mkdir(parents=True)
+    options = {"model": "fake/scripted", "coral_dir": str(student), "coral_python": str(python)}
+    with pytest.raises(InputError, match="grader daemon"):
+        OpenCodeTeacher(RunConfig(task="t", backend="opencode", backend_options=options), kept)
+    assert (kept / "log").is_dir()
+
+
 @pytest.mark.slow
 def test_more_concurrent_turns_than_the_memory_carries_are_refused_before_the_run(tmp_path, roots, coral_on_path):
     """--parallel × turn_memory_mb above the memory available: refused with the --parallel that

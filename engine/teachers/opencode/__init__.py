@@ -100,6 +100,18 @@ class OpenCodeTeacher:
             check_endpoint(
                 self.opts.endpoint, self.opts.model.split("/", 1)[1], api_key(self.opts), self.opts.turn_timeout_s
             )
+        fresh = not Path(run_dir).exists()
+        try:
+            self._open(run_dir, node)
+        except BaseException:
+            if (
+                fresh
+            ):  # refused before the run began (no grader daemon, a store OpenCode cannot open): nothing of it stays
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+
+    def _open(self, run_dir: Path, node: str | None) -> None:
+        """The run's OpenCode store, worktrees, CORAL layout and servers (created under ``run_dir``)."""
         self.run_store = Environment(run_dir, self.opts)
         self.environment = (
             Environment(run_dir, self.opts, node_store(self.opts.node_store, run_dir, node)) if node else self.run_store
