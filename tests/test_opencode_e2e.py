@@ -629,8 +629,8 @@ def test_an_endpoint_that_does_not_answer_the_run_s_model_is_refused_before_the_
 
 def test_a_run_refused_after_its_opencode_store_was_made_leaves_nothing_of_it(tmp_path, roots, student, coral_on_path):
     """A CORAL whose Python cannot import the grader daemon is found once the run's OpenCode store
-    exists: the run is refused, says why, and its directory is gone (the same run id starts
-    anew); a run that exists (a resume) is never removed by a refusal."""
+    exists: the run is refused, says why, and its directory is gone; a run that exists (a resume)
+    is never removed by a refusal."""
     python = tmp_path / "python-without-coral"
     python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'coral'\" >&2\nexit 1\n")
     python.chmod(0o755)

@@ -104,9 +104,9 @@ class OpenCodeTeacher:
         try:
             self._open(run_dir, node)
         except BaseException:
-            if (
-                fresh
-            ):  # refused before the run began (no grader daemon, a store OpenCode cannot open): nothing of it stays
+            # Refused before the run began (no grader daemon, a store OpenCode cannot open): nothing
+            # of it stays. A directory that was there before (a resume, a cluster node) is left.
+            if fresh:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
 
