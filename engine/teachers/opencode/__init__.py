@@ -104,9 +104,7 @@ class OpenCodeTeacher:
         try:
             self._open(run_dir, node)
         except BaseException:
-            # Refused before the run began (no grader daemon, a store OpenCode cannot open): nothing
-            # of it stays. A directory that was there before (a resume, a cluster node) is left.
-            if fresh:
+            if fresh:  # refused before the run began: nothing of it stays (a resume's or a node's is left)
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
 
