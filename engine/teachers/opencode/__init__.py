@@ -47,10 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engine.teachers.opencode.coral import (
-    CoralLayout,
-    check_daemon,
-)
+from engine.teachers.opencode.coral import CoralLayout, check_daemon
 from engine.teachers.opencode.endpoint import check_endpoint
 from engine.teachers.opencode.environment import Environment, api_key, node_store
 from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
