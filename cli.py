@@ -377,8 +377,20 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, fmt: str) -> 
     metavar="LAMBDA",
     help="Pick each root's paths greedily by PathScore + LAMBDA x the N_eff each adds (0 to 1e6).",
 )
+@click.option("--rule", type=click.Choice(["soft", "improved"]), help="Record pairs and labels by this value instead.")
+@click.option("--min-margin", type=FiniteFloat(min=0, max=1), help="With --rule: a pair's least margin (0 to 1].")
+@click.option("--threshold", type=FiniteFloat(min=0, max=1), help="With --rule: a good label's least value (0 to 1].")
 @output()
-def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: float | None, fmt: str) -> None:
+def reselect(
+    run_id: str,
+    weights: str | None,
+    top_k: int | None,
+    diversity: float | None,
+    rule: str | None,
+    min_margin: float | None,
+    threshold: float | None,
+    fmt: str,
+) -> None:
     """Select paths again with other weights, k or diversity, from the same log (no rollout re-run).
 
     The selection is appended as a decision whose id follows from its parameters;
@@ -392,9 +404,25 @@ def reselect(run_id: str, weights: str | None, top_k: int | None, diversity: flo
     Example:
         python cli.py reselect demo --weights max=0.5,avg=0.2,clean=0.15,know=0.15 --top-k 4
         python cli.py reselect demo --diversity 0.5
+        python cli.py reselect demo --rule improved --min-margin 1 --threshold 1
+
+    With --rule (--min-margin, --threshold) it records the preference pairs, labels and
+    step labels of the run's attempts under that rule instead (export --format
+    dpo|kto|steps --selection ID writes them; docs/ALGORITHM.md, "Paths").
     """
 
     from engine import outputs
+
+    if rule is None and (min_margin is not None or threshold is not None):
+        raise click.UsageError("--min-margin and --threshold go with --rule")
+    if rule is not None:
+        if weights is not None or top_k is not None or diversity is not None:
+            raise click.UsageError(
+                "--rule records pairs and labels: it does not go with --weights, --top-k or --diversity"
+            )
+        from engine.supervision import reselect_supervision
+
+        return show(outputs.supervision(reselect_supervision(data_dir(), run_id, rule, min_margin, threshold)), fmt)
     from engine.selections import reselect as run
 
     show(outputs.reselection(run(data_dir(), run_id, weights, top_k, diversity)), fmt)
@@ -604,14 +632,15 @@ def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], fmt: str) -> No
 @cli.command("export")
 @click.argument("run_ids", nargs=-1, metavar="[RUN_ID ...]")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write (new or empty).")
-@click.option("--selection", default=None, help="A recorded selection id (default: each run's default selection).")
+@click.option("--selection", default=None, help="A recorded selection id (default: each run's default one).")
 @click.option(
     "--format",
     "sample_format",
-    type=click.Choice(["chat", "atif"]),
+    type=click.Choice(["chat", "atif", "dpo", "kto", "steps"]),
     default="chat",
     show_default=True,
-    help="chat: OpenAI messages and tools (SFT trainers); atif: ATIF v1.4 trajectories.",
+    help="chat: OpenAI messages and tools (SFT); atif: ATIF v1.4; dpo: preference pairs; "
+    "kto: labelled attempts; steps: each path's edges with step labels.",
 )
 @click.option("--task", default=None, help="Only paths of this task.")
 @click.option(
@@ -667,11 +696,14 @@ def export(
     the path's fields, its nodes' scores and tokens and its turns' eval results.
     Without RUN_IDs, every run with a path selection. One JSONL file per run, and
     manifest.json (selection, weights, log tails, counts, sha256 of each file).
+    dpo, kto and steps write a recorded supervision selection (reselect --rule) in
+    TRL's preference, unpaired and stepwise formats (docs/TRAINING.md).
 
     \b
     Example:
         python cli.py export demo --out data/out/train
         python cli.py export demo --format atif --stage late --out data/out/late-atif
+        python cli.py export demo --format dpo --out data/out/pairs
     """
 
     from engine import outputs

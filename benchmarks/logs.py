@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from engine.catalog import Catalog
 from engine.config import RunConfig, TreeConfig
 from engine.selections import default_parameters, selection_decision
+from engine.supervision import default_rule, supervision_decision
 from ingest.columns import LIGHT_SCHEMA
 from ingest.events import RunFinished
 from ingest.log import EventLog, LogWriter, encode_part, part_name, run_dir
@@ -47,11 +48,12 @@ def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True
 
     Whole-run events (config, snapshot selection, recorded contents) are kept once; each copy's seqs and
     watermarks are shifted together, so every decision still sees the same tree
-    state. As at the end of an exploration, the default path selection over every
-    tree and RunFinished follow the copies. With ``select_at_end=False`` the first
-    copy's path selection is kept instead, which later tree facts follow.
+    state. As at the end of an exploration, the default path and supervision selections
+    over every tree and RunFinished follow the copies. With ``select_at_end=False`` the
+    first copy's path selection is kept instead, which later tree facts follow (and no
+    supervision selection).
     """
-    drop = {"run_finished"} | ({"paths_selected"} if select_at_end else set())
+    drop = {"run_finished", "supervision_selected"} | ({"paths_selected"} if select_at_end else set())
     source = EventLog(data, src).read_table()
     rows = source.to_pylist()
     trees = sorted({r["tree_id"] for r in rows if r["tree_id"]})
@@ -88,8 +90,11 @@ def tile(data: Path, src: str, dst: str, copies: int, select_at_end: bool = True
     with LogWriter.open(data, dst) as writer:  # opening checks the parts form a gapless log
         catalog = Catalog.for_log(EventLog(data, dst))
         weights, top_k = default_parameters(catalog)
-        end = [selection_decision(catalog, writer.tail, weights, top_k)] if select_at_end else []
-        writer.append([*end, RunFinished()])
+        if select_at_end:
+            writer.append([selection_decision(catalog, writer.tail, weights, top_k)])
+            catalog.load(EventLog(data, dst))
+            writer.append([supervision_decision(catalog, writer.tail, default_rule(catalog))])
+        writer.append([RunFinished()])
 
 
 def copy_run(src_data: Path, src: str, data: Path, dst: str, task: str) -> None:

@@ -127,6 +127,23 @@ class PathWeights(_Weights):
         return self
 
 
+SUPERVISION_RULES = ("soft", "improved")
+
+
+class SupervisionConfig(_Strict):
+    """Preference pairs, unpaired labels and step labels (ALGORITHM §3, ``views/int_attempts__valued.sql``).
+
+    ``rule`` values each finished edge attempt: ``soft``, its soft verifier (0 without a
+    score); ``improved``, 1 when it improved on its parent, else 0. Two attempts from one
+    node pair when their values differ by at least ``min_margin``; an attempt (and a path's
+    edge) is labelled good when its value is at least ``threshold``.
+    """
+
+    rule: Literal["soft", "improved"] = "soft"
+    min_margin: float = Field(0.1, gt=0, le=1)
+    threshold: float = Field(0.7, gt=0, le=1)
+
+
 class KnowledgeConfig(_Strict):
     """Which tool calls are knowledge actions (ALGORITHM §4); regexes over the call's target."""
 
@@ -208,6 +225,7 @@ class RunConfig(_Strict):
     soft: SoftWeights = SoftWeights()
     q: QWeights = QWeights()
     paths: PathWeights = PathWeights()
+    supervision: SupervisionConfig = SupervisionConfig()
     knowledge: KnowledgeConfig = KnowledgeConfig()
     backend_options: dict[str, Any] = Field(default_factory=dict)
     # None: every tree grows by the tree rules alone (explore; a campaign's fixed policy).

@@ -59,7 +59,9 @@ FIELD_TYPES: dict[str, pa.DataType] = {
     "grants": pa.string(),
     "line": pa.string(),
     "line_no": pa.int64(),
+    "labels": pa.string(),
     "marks": pa.string(),
+    "min_margin": pa.float64(),
     "messages": pa.string(),
     "model_calls": pa.int64(),
     "model_seconds": pa.float64(),
@@ -69,6 +71,7 @@ FIELD_TYPES: dict[str, pa.DataType] = {
     "parent_id": pa.string(),
     "part": pa.string(),
     "path": pa.string(),
+    "pairs": pa.string(),
     "paths": pa.string(),
     "problem": pa.string(),
     "prompt": pa.string(),
@@ -96,12 +99,14 @@ FIELD_TYPES: dict[str, pa.DataType] = {
     "state": pa.string(),
     "status": pa.string(),
     "step": pa.int64(),
+    "step_paths": pa.string(),
     "system_id": pa.string(),
     "t": pa.float64(),
     "target": pa.string(),
     "task": pa.string(),
     "task_run": pa.string(),
     "text": pa.string(),
+    "threshold": pa.float64(),
     "tokens_cache_read": pa.int64(),
     "tokens_cache_write": pa.int64(),
     "tokens_input": pa.int64(),
@@ -123,7 +128,9 @@ FIELD_TYPES: dict[str, pa.DataType] = {
     "weights": pa.string(),
     "workspace": pa.string(),
 }
-JSON_FIELDS = frozenset({"config", "detail", "grants", "marks", "messages", "paths", "state", "weights"})
+JSON_FIELDS = frozenset(
+    {"config", "detail", "grants", "marks", "messages", "paths", "state", "weights", "pairs", "labels", "step_paths"}
+)
 HEAVY_FIELDS = frozenset({"body", "feedback", "grader_log", "line", "messages", "prompt", "text", "transcript"})
 KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "snapshots_picked": ("watermark", "task", "detail"),
@@ -133,6 +140,16 @@ KIND_FIELDS: dict[str, tuple[str, ...]] = {
     "tree_stopped": ("watermark", "tree_id", "reason"),
     "run_stopped": ("watermark", "reason", "error"),
     "paths_selected": ("watermark", "selection_id", "weights", "top_k", "paths"),
+    "supervision_selected": (
+        "watermark",
+        "selection_id",
+        "rule",
+        "min_margin",
+        "threshold",
+        "pairs",
+        "labels",
+        "step_paths",
+    ),
     "budget_allocated": ("watermark", "round", "rule", "marks", "grants"),
     "campaign_stopped": ("watermark", "round", "marks", "reason"),
     "run_started": ("command", "task", "direction", "config", "tool_version"),

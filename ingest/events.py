@@ -392,6 +392,22 @@ class PathsSelected(Decision):
     paths: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class SupervisionSelected(Decision):
+    """The preference pairs, unpaired labels and step labels of the run's trees under a rule
+    (ALGORITHM §3, views ``pairs``, ``labels``, ``steps``): each attempt is valued by ``rule``
+    (``soft`` or ``improved``); two attempts from one node pair when their values differ by at
+    least ``min_margin``; an attempt or a path's edge is labelled good when its value is at least
+    ``threshold``. The lists hold the ids and values the exports are made of."""
+
+    selection_id: str
+    rule: str
+    min_margin: float
+    threshold: float
+    pairs: list[dict[str, Any]] = Field(default_factory=list)
+    labels: list[dict[str, Any]] = Field(default_factory=list)
+    step_paths: list[dict[str, Any]] = Field(default_factory=list)
+
+
 # ------------------------------------------------------------ campaign budget
 
 

@@ -137,7 +137,8 @@ def test_paths_of_a_run_without_a_selection_yet(runs):
         "rounds",
         "unselected",
         lambda rows: rows.__setitem__(
-            slice(None), [r for r in rows if r["kind"] not in ("paths_selected", "run_finished")]
+            slice(None),
+            [r for r in rows if r["kind"] not in ("paths_selected", "supervision_selected", "run_finished")],
         ),
     )
     r = invoke(runs, "paths", "unselected")
@@ -247,13 +248,15 @@ def test_a_path_selection_that_tree_facts_follow_is_re_derived_at_its_watermark(
 
 
 def test_the_benchmark_tiling_ends_as_an_exploration_does(runs):
-    """By default the tiled run ends with one selection over every tree, then RunFinished."""
+    """By default the tiled run ends with one path and one supervision selection over every tree, then RunFinished."""
     tile(runs, "rounds", "tiled", 3)
-    rows = EventLog(runs, "tiled").read_table(["seq", "kind", "watermark", "paths"]).to_pylist()
-    assert [r["kind"] for r in rows[-2:]] == ["paths_selected", "run_finished"]
+    rows = EventLog(runs, "tiled").read_table(["seq", "kind", "watermark", "paths", "labels"]).to_pylist()
+    assert [r["kind"] for r in rows[-3:]] == ["paths_selected", "supervision_selected", "run_finished"]
     assert sum(r["kind"] == "paths_selected" for r in rows) == 1
-    assert rows[-2]["watermark"] == rows[-3]["seq"]
-    assert len({p["tree_id"] for p in json.loads(rows[-2]["paths"])}) == 12
+    assert sum(r["kind"] == "supervision_selected" for r in rows) == 1
+    assert rows[-3]["watermark"] == rows[-4]["seq"]
+    assert len({p["tree_id"] for p in json.loads(rows[-3]["paths"])}) == 12
+    assert len({p["tree_id"] for p in json.loads(rows[-2]["labels"])}) == 12
     out = json.loads(invoke(runs, "replay", "tiled", "--json").stdout)
     assert out["differ"] == 0, out["differences"][:3]
 

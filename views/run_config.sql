@@ -70,6 +70,11 @@ final as (
         cast(json_extract_string(config, '$.paths.clean') as double) as w_path_clean,
         cast(json_extract_string(config, '$.paths.know') as double) as w_path_know,
         cast(json_extract_string(config, '$.paths.top_k') as bigint) as top_k,
+        coalesce(json_extract_string(config, '$.supervision.rule'), 'soft') as supervision_rule,
+        coalesce(cast(json_extract_string(config, '$.supervision.min_margin') as double), 0.1)
+            as supervision_min_margin,
+        coalesce(cast(json_extract_string(config, '$.supervision.threshold') as double), 0.7)
+            as supervision_threshold,
         cast(json_extract(config, '$.knowledge.file_tools') as varchar[]) as file_tools,
         cast(json_extract(config, '$.knowledge.shell_tools') as varchar[]) as shell_tools,
         cast(json_extract(config, '$.knowledge.knowledge_tools') as varchar[]) as knowledge_tools,

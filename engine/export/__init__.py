@@ -36,6 +36,7 @@ from engine.export.conversations import (
 )
 from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
+from engine.export.supervised import SUPERVISED_FORMATS, SupervisedRun, prepare_supervised, supervised_samples
 from engine.runs import over_runs
 from engine.runset import DamagedRun, RunSet
 from engine.selections import recorded_selection
@@ -43,7 +44,7 @@ from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
 from ingest.paths import outside_data
 
-FORMATS = ("chat", "atif")
+FORMATS = ("chat", "atif", *SUPERVISED_FORMATS)
 INVALID_CALLS = ("keep", "drop")
 DEFAULT_WORKSPACE = "/workspace"
 PATH_FIELDS = (
@@ -109,29 +110,33 @@ def export_runs(
         raise InputError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if invalid not in INVALID_CALLS:
         raise InputError(f"--invalid-calls must be one of {', '.join(INVALID_CALLS)}, not {invalid!r}")
+    supervised = fmt in SUPERVISED_FORMATS
+    if supervised and tokenizer:
+        raise InputError(f"--tokenizer counts the tokens of chat and atif samples, not of {fmt} ones")
     lengths = Lengths(tokenizer)
     if not workspace.startswith("/") or len(workspace) < 2:
         raise InputError(f"--workspace must be an absolute directory path, not {workspace!r}")
     found = RunSet(data_dir, run_ids).checked()
     runs, damaged, derived = found.run_ids, found.damaged, found.derived
     if not run_ids:
-        runs = _runs_with_selections(data_dir, runs)
+        runs = _runs_with_selections(data_dir, runs, "supervision_selected" if supervised else "paths_selected")
     target = ExportDir(outside_data(Path(out), data_dir, "the export"), overwrite)
     try:
 
-        def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport:
+        def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport | SupervisedRun:
             with derived.open(log.run_id) as catalog:
+                if supervised:
+                    return prepare_supervised(log, catalog, selection, fmt, task=task, stage=stage, workspace=workspace)
                 return _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
 
         records = [
-            _write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
+            _write_supervised(target, run, fmt, workspace, reasoning, invalid)
+            if supervised
+            else _write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
             for run in over_runs(data_dir, runs, prepare)
         ]
         if not any(r["samples"] for r in records):
-            wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
-            dropped = sum(r["invalid_call_samples"] for r in records)
-            left = f" ({dropped} with invalid calls left out: --invalid-calls drop)" if dropped else ""
-            raise InputError(f"no selected path{' of ' + wanted if wanted else ''} in {', '.join(runs)}{left}")
+            _nothing_written(records, runs, fmt, task, stage)
         manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning, invalid, lengths)
         return ExportResult(target.commit(manifest), manifest, damaged)
     except OSError as err:
@@ -142,12 +147,64 @@ def export_runs(
         raise
 
 
-def _runs_with_selections(data_dir: Path, run_ids: list[str]) -> list[str]:
+def _runs_with_selections(data_dir: Path, run_ids: list[str], kind: str) -> list[str]:
     runs_dir = Path(data_dir) / "runs"
-    found = [run_id for run_id in run_ids if any(EventLog(data_dir, run_id).scan_kind("paths_selected", ["seq"]))]
+    found = [run_id for run_id in run_ids if any(EventLog(data_dir, run_id).scan_kind(kind, ["seq"]))]
     if not found:
-        raise InputError(f"no run under {runs_dir} has a path selection - give the RUN_IDs to export")
+        what = "a supervision selection" if kind == "supervision_selected" else "a path selection"
+        raise InputError(f"no run under {runs_dir} has {what} - give the RUN_IDs to export")
     return found
+
+
+def _nothing_written(records: list[dict[str, Any]], runs: list[str], fmt: str, task: str | None, stage: str | None):
+    """InputError: no sample was written, and why."""
+    wanted = " and ".join(f"{k} {v!r}" for k, v in (("task", task), ("stage", stage)) if v)
+    of = f" of {wanted}" if wanted else ""
+    dropped = sum(r["invalid_call_samples"] for r in records if "left_out" not in r)
+    dropped += sum(r["left_out"]["invalid_calls"] for r in records if "left_out" in r)
+    left = f" ({dropped} with invalid calls left out: --invalid-calls drop)" if dropped else ""
+    if fmt not in SUPERVISED_FORMATS:
+        raise InputError(f"no selected path{of} in {', '.join(runs)}{left}")
+    what = {"dpo": "preference pair", "kto": "labelled attempt", "steps": "root-to-leaf path"}[fmt]
+    rules = "; ".join(f"{r['run_id']}: rule {r['rule']}, min margin {r['min_margin']:g}" for r in records)
+    why = " (no node has two finished attempts whose values differ by the margin)" if fmt == "dpo" else ""
+    for r in records:
+        if r["left_out"]["unrecorded"] or r["left_out"]["differing_prompts"]:
+            why = " (some were left out: see the manifest's left_out; their turns recorded no conversation)"
+    raise InputError(f"no {what}{of} in {', '.join(runs)}{left}{why} [{rules}]")
+
+
+def _write_supervised(
+    target: ExportDir, run: SupervisedRun, fmt: str, workspace: str, reasoning: bool, invalid: str
+) -> dict[str, Any]:
+    """Write one run's pairs, labels or step paths; return what the manifest says of it."""
+    name = f"{run.run_id}.{fmt}.jsonl"
+    target.start(name)
+    for sample in supervised_samples(run, fmt, workspace, reasoning, invalid == "drop"):
+        if isinstance(sample, dict):
+            target.write(sample)
+        else:
+            written = sample
+    target.end()
+    chosen = run.chosen
+    return {
+        "run_id": run.run_id,
+        "log_tail": run.tail,
+        "selection_id": chosen["selection_id"],
+        "rule": chosen["rule"],
+        "min_margin": chosen["min_margin"],
+        "threshold": chosen["threshold"],
+        "file": name,
+        "samples": sum(written.counts.values()),
+        "left_out": {
+            "unrecorded": written.unrecorded,
+            "differing_prompts": written.differing_prompts,
+            "invalid_calls": written.dropped_invalid,
+        },
+        "invalid_call_samples": written.invalid,
+        "supervision": run.counts,
+        "counts": written.counts,
+    }
 
 
 @dataclass
@@ -393,5 +450,5 @@ def _manifest(
         "counts": counts,
         "samples": sum(r["samples"] for r in records),
         "files": files,
-        **lengths.manifest(),
+        **({} if fmt in SUPERVISED_FORMATS else lengths.manifest()),
     }

@@ -54,6 +54,7 @@ from engine.mcts import decisions
 from engine.mcts.spool import Spool
 from engine.mcts.turns import Runner, TeacherFailedError, TurnPool, moving_average
 from engine.selections import default_parameters, selection_decision
+from engine.supervision import default_rule, supervision_decision
 from engine.teachers import RootInfo, Teacher, TurnRequest
 from ingest.events import ContentRecorded, Event, RunFinished, RunResumed, RunStopped
 from ingest.faults import crash_point
@@ -161,12 +162,13 @@ class Explorer:
             self._publish(force=True)  # a campaign reads the runs' tails next
 
     def finish(self) -> None:
-        """Record the stops due, the default Top-k selection and RunFinished; clear the spool."""
+        """Record the stops due, the default Top-k and supervision selections and RunFinished; clear the spool."""
         with self._unwinding():
             with self._whole():
                 self._stage(decisions.stops(self._query("select * from int_trees__stopping order by tree_id")))
                 weights, top_k = default_parameters(self.catalog)
                 self._stage([selection_decision(self.catalog, self.writer.tail, weights, top_k)])
+                self._stage([supervision_decision(self.catalog, self.writer.tail, default_rule(self.catalog))])
                 self._stage([RunFinished()])
                 self._publish(force=True)
             if self.spool is not None:

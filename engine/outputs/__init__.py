@@ -272,6 +272,28 @@ def paths(chosen: Row, rows: list[Row]) -> Output:
     )
 
 
+def supervision(result: Any) -> Output:
+    """reselect --rule: the supervision selection and its counts by task and stage."""
+    sel = result.selection
+    document = {
+        "selection_id": sel["selection_id"],
+        "appended": result.appended,
+        "rule": sel["rule"],
+        "min_margin": sel["min_margin"],
+        "threshold": sel["threshold"],
+        "counts": result.counts,
+    }
+    state = "appended" if result.appended else "already recorded"
+    lines = [
+        f"supervision selection {sel['selection_id']} ({state}): rule {sel['rule']}, "
+        f"min margin {sel['min_margin']:g}, threshold {sel['threshold']:g}",
+        table(result.counts, ["task", "stage", "pairs", "fork_points", "pair_n_eff", "good", "bad", "step_paths"])
+        if result.counts
+        else "no finished attempt: nothing to pair or label",
+    ]
+    return Output(document, lines)
+
+
 def reselection(result: Any) -> Output:
     """reselect: the selection, and how it differs from the run's default one."""
     sel = result.selection
@@ -326,8 +348,19 @@ def export(result: Any, invalid: str) -> Output:
     if flagged:
         what = "left out" if invalid == "drop" else "kept; --invalid-calls drop leaves them out"
         lines.append(f"{flagged} samples hold a call of a tool the model was not offered ({what})")
-    longest = f", {m['max_tokens']} tokens" if "max_tokens" in m else ""
-    lines.append(f"longest sample: {m['max_chars']} characters{longest} (a trainer's max_length must hold it)")
+    for run in m["runs"]:
+        left = {k: n for k, n in run.get("left_out", {}).items() if n and k != "invalid_calls"}
+        if left:
+            lines.append(f"run {run['run_id']}: left out {', '.join(f'{n} {k}' for k, n in left.items())}")
+        if run.get("supervision"):
+            lines += [
+                f"run {run['run_id']}: rule {run['rule']}, min margin {run['min_margin']:g}, "
+                f"threshold {run['threshold']:g} (the whole selection; pairs at one node share a prompt):",
+                table(run["supervision"], ["task", "stage", "pairs", "fork_points", "pair_n_eff", "good", "bad"]),
+            ]
+    if "max_chars" in m:
+        longest = f", {m['max_tokens']} tokens" if "max_tokens" in m else ""
+        lines.append(f"longest sample: {m['max_chars']} characters{longest} (a trainer's max_length must hold it)")
     return Output({"out": str(result.out), **m}, lines)
 
 

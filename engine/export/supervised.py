@@ -1,0 +1,287 @@
+"""Preference pairs, unpaired labels and step labels as training samples (``export --format dpo|kto|steps``).
+
+A recorded supervision selection (``SupervisionSelected``; :mod:`engine.supervision`)
+names which attempts pair, how each is labelled and each path's step labels; this
+module renders them from the turns' recorded conversations, as the SFT export
+renders a path (:func:`~engine.export.conversations.join_turns`):
+
+- the **prompt** of an attempt is the conversation its node's path had, exactly as
+  the attempt's model received it before its own first message (the system prompt,
+  and every message of the turns root to the node);
+- its **continuation** is its own messages: both turns (turn 1's prompt, the model's
+  answers, the tool results, the eval it ran as the model saw it, turn 2's prompt...).
+
+``dpo``: TRL's conversational preference format (``prompt``, ``chosen``,
+``rejected``) for ``DPOTrainer``; a pair is written only when both attempts received
+the same prompt (system prompt, tools and messages), else counted. ``kto``: TRL's
+unpaired preference format (``prompt``, ``completion``, ``label``) for
+``KTOTrainer``, one row per labelled attempt. ``steps``: TRL's stepwise supervision
+(``prompt``, ``completions``, ``labels``) with each completion an edge's
+continuation (a list of messages), root to leaf. Each row carries ``tools`` (JSON
+text, as the SFT samples) and ``metadata``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from engine.catalog import Catalog
+from engine.export.conversations import (
+    Contents,
+    PathConversation,
+    Placeholder,
+    TurnConversations,
+    TurnKey,
+    invalid_calls,
+    join_turns,
+)
+from engine.supervision import recorded_supervision, supervision_counts
+from ingest.log import EventLog
+
+SUPERVISED_FORMATS = ("dpo", "kto", "steps")
+ATTEMPT_FIELDS = (
+    "verdict",
+    "eval_ok",
+    "edge_score",
+    "improved",
+    "soft",
+    "outcome",
+    "cleanliness",
+    "knowledge",
+    "regression_stability",
+    "tool_calls",
+    "tool_errors",
+    "tool_error_rate",
+    "tok",
+)
+
+
+@dataclass
+class SupervisedRun:
+    """What one run's supervised samples are made of, read from its catalog and log."""
+
+    run_id: str
+    chosen: dict[str, Any]
+    tail: int
+    rows: list[dict[str, Any]]  # the recorded pairs, labels or step paths, in their recorded order
+    attempts: dict[tuple[str, str], dict[str, Any]]  # (tree, edge) -> the edge's fields and its value
+    creators: dict[tuple[str, str], str]  # (tree, node) -> the edge that created it
+    turns: dict[tuple[str, str], list[int]]  # (tree, edge) -> its finished turns
+    conversations: TurnConversations
+    contents: Contents
+    counts: list[dict[str, Any]]
+
+    def attempt(self, tree_id: str, node_id: str, edge_id: str) -> tuple[PathConversation, int] | None:
+        """The conversation of ``node_id``'s path then the attempt ``edge_id``, and where the attempt's
+        own messages start; None when a turn of either recorded no conversation."""
+        keys: list[TurnKey] = []
+        parts = node_id.split(".")
+        for depth in range(2, len(parts) + 1):  # the node's ancestors (root excluded) and the node, root to node
+            keys += [
+                (edge, t)
+                for edge in [self.creators[(tree_id, ".".join(parts[:depth]))]]
+                for t in self._turns(tree_id, edge)
+            ]
+        own = [(edge_id, t) for t in self._turns(tree_id, edge_id)]
+        if not own or any(k not in self.conversations for k in keys + own):
+            return None
+        conv = join_turns([self.conversations.parsed(tree_id, k) for k in keys + own], self.contents)
+        start = next(i for i, owner in enumerate(conv.owners) if owner in own)
+        return conv, start
+
+    def _turns(self, tree_id: str, edge_id: str) -> list[int]:
+        return self.turns.get((tree_id, edge_id), [])
+
+    def fields(self, tree_id: str, edge_id: str) -> dict[str, Any]:
+        return {"edge_id": edge_id, **self.attempts[(tree_id, edge_id)]}
+
+
+def prepare_supervised(
+    log: EventLog,
+    catalog: Catalog,
+    selection: str | None,
+    fmt: str,
+    *,
+    task: str | None,
+    stage: str | None,
+    workspace: str,
+) -> SupervisedRun:
+    """Read what one run's ``fmt`` samples are made of (``catalog``: its state, from :mod:`engine.derived`)."""
+    run_id = log.run_id
+    chosen = recorded_supervision(catalog, run_id, selection)
+    sid, tail = chosen["selection_id"], catalog.tail_seq()
+    filters = "selection_id = ? and (? is null or task = ?) and (? is null or stage = ?)"
+    args = [sid, task, task, stage, stage]
+    view, order = {
+        "dpo": ("int_pairs__recorded", "tree_id, node_key(node_id), chosen_id, rejected_id"),
+        "kto": ("int_labels__recorded", "tree_id, edge_id"),
+        "steps": ("int_steps__recorded", "tree_id, node_key(leaf_id)"),
+    }[fmt]
+    rows = catalog.query(f"select * from {view} where {filters} order by {order}", args)
+    values = {
+        (r["tree_id"], r["edge_id"]): {"value": r["value"], "label": r["label"]}
+        for r in catalog.query(
+            "select tree_id, edge_id, value, label from int_labels__recorded where selection_id = ?", [sid]
+        )
+    }
+    attempts = {
+        (r["tree_id"], r["edge_id"]): {k: r[k] for k in ATTEMPT_FIELDS} | values.get((r["tree_id"], r["edge_id"]), {})
+        for r in catalog.query(
+            f"select tree_id, edge_id, {', '.join(ATTEMPT_FIELDS)} from edges where verdict is not null"
+        )
+    }
+    creators = {
+        (r["tree_id"], r["node_id"]): r["edge_id"]
+        for r in catalog.query("select tree_id, node_id, edge_id from int_nodes__created where edge_id is not null")
+    }
+    turns: dict[tuple[str, str], list[int]] = {}
+    for r in catalog.query("select tree_id, edge_id, turn from int_turns order by tree_id, edge_id, turn"):
+        turns.setdefault((r["tree_id"], r["edge_id"]), []).append(r["turn"])
+    placeholder = Placeholder(
+        [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")], workspace
+    )
+    needed = {(edge, t) for (_tree, edge), ts in turns.items() for t in ts}
+    conversations = TurnConversations.read(log, tail, needed, placeholder)
+    ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
+    contents = Contents.read(log, tail, ids, placeholder)
+    counts = [
+        c
+        for c in supervision_counts(catalog, sid)
+        if (task is None or c["task"] == task) and (stage is None or c["stage"] == stage)
+    ]
+    return SupervisedRun(run_id, chosen, tail, rows, attempts, creators, turns, conversations, contents, counts)
+
+
+@dataclass
+class Written:
+    """What one run's file holds and what was left out (and why)."""
+
+    counts: Counter[tuple[str, str]]
+    unrecorded: int = 0  # a turn of an attempt recorded no conversation
+    differing_prompts: int = 0  # dpo: the two attempts received different prompts
+    invalid: int = 0  # a call of a tool the model was not offered
+    dropped_invalid: int = 0
+
+
+def supervised_samples(run: SupervisedRun, fmt: str, workspace: str, reasoning: bool, drop_invalid: bool):
+    """Yield each sample of ``run`` in the recorded order; the last value yielded is the :class:`Written` tally."""
+    written = Written(Counter())
+    base = {"run_id": run.run_id, "selection_id": run.chosen["selection_id"], "rule": run.chosen["rule"]}
+    for row in run.rows:
+        sample = _sample(run, fmt, row, base, workspace, reasoning, written)
+        if sample is None:
+            continue
+        if sample["metadata"]["invalid_calls"]:
+            written.invalid += 1
+            if drop_invalid:
+                written.dropped_invalid += 1
+                continue
+        written.counts[(row["task"] or "", row["stage"] or "")] += 1
+        yield sample
+    yield written
+
+
+def _sample(run, fmt, row, base, workspace, reasoning, written) -> dict[str, Any] | None:
+    tree = row["tree_id"]
+    where = {"task": row["task"], "stage": row["stage"], "tree_id": tree, "workspace": workspace}
+    if fmt == "dpo":
+        chosen = run.attempt(tree, row["node_id"], row["chosen_id"])
+        rejected = run.attempt(tree, row["node_id"], row["rejected_id"])
+        if chosen is None or rejected is None:
+            written.unrecorded += 1
+            return None
+        (c, cs), (r, rs) = chosen, rejected
+        prompt = [*c.system, *c.messages[:cs]]
+        if prompt != [*r.system, *r.messages[:rs]] or c.tools != r.tools:
+            written.differing_prompts += 1
+            return None
+        metadata = (
+            base
+            | where
+            | {
+                "node_id": row["node_id"],
+                "depth": row["depth"],
+                "margin": row["margin"],
+                "chosen": run.fields(tree, row["chosen_id"]),
+                "rejected": run.fields(tree, row["rejected_id"]),
+                "interrupted_calls": _interrupted(c, cs) + _interrupted(r, rs),
+                "invalid_calls": list(dict.fromkeys(invalid_calls(c) + invalid_calls(r))),
+            }
+        )
+        return {
+            "prompt": _strip(prompt, reasoning),
+            "chosen": _strip(c.messages[cs:], reasoning),
+            "rejected": _strip(r.messages[rs:], reasoning),
+            "tools": json.dumps(c.tools, ensure_ascii=False),
+            "metadata": metadata,
+        }
+    if fmt == "kto":
+        made = run.attempt(tree, row["node_id"], row["edge_id"])
+        if made is None:
+            written.unrecorded += 1
+            return None
+        conv, start = made
+        metadata = (
+            base
+            | where
+            | {
+                "node_id": row["node_id"],
+                "layer": row["layer"],
+                "attempt": run.fields(tree, row["edge_id"]),
+                "interrupted_calls": _interrupted(conv, start),
+                "invalid_calls": invalid_calls(conv),
+            }
+        )
+        return {
+            "prompt": _strip([*conv.system, *conv.messages[:start]], reasoning),
+            "completion": _strip(conv.messages[start:], reasoning),
+            "label": bool(row["label"]),
+            "tools": json.dumps(conv.tools, ensure_ascii=False),
+            "metadata": metadata,
+        }
+    return _steps(run, row, base | where, reasoning, written)
+
+
+def _steps(run, row, metadata, reasoning, written) -> dict[str, Any] | None:
+    """A path's stepwise sample: the leaf's conversation cut where each edge's own messages start."""
+    tree, edges = row["tree_id"], row["edge_ids"]
+    leaf = row["leaf_id"]
+    made = run.attempt(tree, leaf.rsplit(".", 1)[0], edges[-1])
+    if made is None:
+        written.unrecorded += 1
+        return None
+    conv, _ = made
+    starts = [
+        next((i for i, owner in enumerate(conv.owners) if owner is not None and owner[0] == e), None) for e in edges
+    ]
+    if None in starts:  # an edge of the path has no message of its own in the leaf's conversation
+        written.unrecorded += 1
+        return None
+    bounds = [*starts, len(conv.messages)]
+    completions = [_strip(conv.messages[a:b], reasoning) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return {
+        "prompt": _strip([*conv.system, *conv.messages[: starts[0]]], reasoning),
+        "completions": completions,
+        "labels": [bool(x) for x in row["step_labels"]],
+        "tools": json.dumps(conv.tools, ensure_ascii=False),
+        "metadata": metadata
+        | {
+            "leaf_id": leaf,
+            "edges": [run.fields(tree, e) for e in edges],
+            "interrupted_calls": _interrupted(conv, 0),
+            "invalid_calls": invalid_calls(conv),
+        },
+    }
+
+
+def _interrupted(conv: PathConversation, start: int) -> list[str]:
+    """The interrupted calls answered from ``start`` on (those of the sample's own part)."""
+    answered = {m.get("tool_call_id") for m in conv.messages[start:] if m.get("role") == "tool"}
+    return [c for c in conv.interrupted if c in answered]
+
+
+def _strip(messages: list[dict[str, Any]], reasoning: bool) -> list[dict[str, Any]]:
+    return messages if reasoning else [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]

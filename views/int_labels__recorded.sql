@@ -1,0 +1,23 @@
+-- One row per labelled attempt of every recorded supervision selection, as recorded (ALGORITHM §3).
+-- grain: selection_id, tree_id, edge_id
+-- sources: stg_supervision_selected
+--
+-- A selection id recorded twice keeps its latest record.
+with lists as (
+    select
+        seq,
+        selection_id,
+        from_json(
+            labels,
+            '[{"tree_id": "VARCHAR", "edge_id": "VARCHAR", "node_id": "VARCHAR", "layer": "BIGINT", "value": "DOUBLE",
+               "label": "BOOLEAN", "task": "VARCHAR", "stage": "VARCHAR"}]'
+        ) as recorded
+    from stg_supervision_selected
+    qualify row_number() over (partition by selection_id order by seq desc) = 1
+)
+
+select
+    seq as selection_seq,
+    selection_id,
+    unnest(recorded, recursive := true)
+from lists

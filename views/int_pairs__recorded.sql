@@ -1,0 +1,23 @@
+-- One row per pair of every recorded supervision selection, as recorded (ALGORITHM §3).
+-- grain: selection_id, tree_id, node_id, chosen_id, rejected_id
+-- sources: stg_supervision_selected
+--
+-- A selection id recorded twice keeps its latest record.
+with lists as (
+    select
+        seq,
+        selection_id,
+        from_json(
+            pairs,
+            '[{"tree_id": "VARCHAR", "node_id": "VARCHAR", "depth": "BIGINT", "chosen_id": "VARCHAR", "rejected_id": "VARCHAR",
+               "margin": "DOUBLE", "task": "VARCHAR", "stage": "VARCHAR"}]'
+        ) as recorded
+    from stg_supervision_selected
+    qualify row_number() over (partition by selection_id order by seq desc) = 1
+)
+
+select
+    seq as selection_seq,
+    selection_id,
+    unnest(recorded, recursive := true)
+from lists

@@ -1,0 +1,37 @@
+-- One row per step path of every recorded supervision selection, as recorded (ALGORITHM §3).
+-- grain: selection_id, tree_id, leaf_id
+-- sources: stg_supervision_selected
+--
+-- A selection id recorded twice keeps its latest record.
+with lists as (
+    select
+        seq,
+        selection_id,
+        from_json(
+            step_paths,
+            '[{"tree_id": "VARCHAR", "leaf_id": "VARCHAR", "edge_ids": "VARCHAR[]", "step_values": "DOUBLE[]",
+               "step_labels": "BOOLEAN[]", "task": "VARCHAR", "stage": "VARCHAR"}]'
+        ) as recorded
+    from stg_supervision_selected
+    qualify row_number() over (partition by selection_id order by seq desc) = 1
+),
+
+items as (
+    select
+        seq,
+        selection_id,
+        unnest(recorded) as item
+    from lists
+)
+
+select
+    seq as selection_seq,
+    selection_id,
+    item.tree_id,
+    item.leaf_id,
+    item.edge_ids,
+    item.step_values,
+    item.step_labels,
+    item.task,
+    item.stage
+from items

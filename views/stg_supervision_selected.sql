@@ -1,0 +1,15 @@
+-- SupervisionSelected decisions: recorded preference pairs, unpaired labels and step labels.
+-- grain: seq
+-- sources: log_supervision_selected
+select
+    seq,
+    watermark,
+    selection_id,
+    rule,
+    min_margin,
+    threshold,
+    pairs,
+    labels,
+    step_paths
+from log_supervision_selected
+where in_prefix(seq)
