@@ -98,6 +98,24 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
     assert {q["authorization"] for q in model.requests} == {"Bearer secret-4242"}
     for path in [*EventLog(data, "oc").log_dir.iterdir(), *out.iterdir()]:
         assert b"secret-4242" not in path.read_bytes(), path
+    # A preference pair from the same run: the root's retried attempt beside its retry. Each side's
+    # prompt + continuation is exactly what that attempt's model received last, then its answer.
+    pairs = tmp_path / "pairs"
+    done = CliRunner().invoke(cli, ["--data", str(data), "export", "oc", "--format", "dpo", "--out", str(pairs)])
+    assert done.exit_code == 0, done.output
+    (pair,) = [json.loads(line) for line in (pairs / "oc.dpo.jsonl").read_text().splitlines()]
+    sides = {pair["metadata"][s]["edge_id"]: pair[s] for s in ("chosen", "rejected")}
+    assert set(sides) == {"T001/e1-1", "T001/e1-2"} and pair["metadata"]["node_id"] == "T001"
+    for edge_id, continuation in sides.items():
+        turn, session = cat.query(
+            "select turn, session_id from turns where edge_id = ? and session_id is not null order by turn desc limit 1",
+            [edge_id],
+        )[0].values()
+        asked = [q for q in model.requests if q["session"] == session and q["tools"]][-1]
+        answer = {"role": "assistant", "content": f"Done with {edge_id} turn {turn}."}
+        assert [*pair["prompt"], *continuation] == [*placed(asked["messages"]), answer], edge_id
+        assert json.loads(pair["tools"]) == placed(asked["tool_list"])
+    assert [m["role"] for m in pair["prompt"]] == ["system"]  # a root's attempts share the system prompt only
     # Parallel calls are recorded in the order the model made them (the note first).
     calls = cat.query("select tool, target from tool_calls where edge_id = 'T001.1/e1-1' and turn = 2 order by seq")
     assert [Path(c["target"]).name for c in calls[:2]] == ["tiling.md", "does_not_exist.txt"]

@@ -304,3 +304,26 @@ def test_a_run_without_a_node_of_two_attempts_exports_no_pair_and_says_why(tmp_p
     assert pairs == 0
     assert r.exit_code == 1 and "no preference pair in hand" in r.stderr and "rule improved" in r.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_renders_it(tmp_path):
+    """The hand run's two attempts from T1.1 were killed in the middle of a bash call (one in turn 1,
+    one in turn 2): each kto row is the SFT sample of the path to the attempt's node, cut at its fork."""
+    import hand_run
+
+    from engine.export import path_sample
+
+    data = tmp_path / "data"
+    hand_run.write(data)
+    assert invoke(data, "reselect", "hand", "--rule", "soft").exit_code == 0
+    out = tmp_path / "labels"
+    r = invoke(data, "export", "hand", "--format", "kto", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    rows = {json.loads(x)["metadata"]["attempt"]["edge_id"]: json.loads(x) for x in (out / "hand.kto.jsonl").open()}
+    assert set(rows) == {"T1/e1-1", "T1.1/e1-1", "T1.1/e2-1"}
+    for edge_id, leaf in (("T1.1/e1-1", "T1.1.1"), ("T1.1/e2-1", "T1.1.2")):
+        sample, _ = path_sample(data, "hand", "T1", leaf)
+        row = rows[edge_id]
+        assert [*row["prompt"], *row["completion"]] == sample["messages"]
+        assert row["metadata"]["interrupted_calls"] == sample["metadata"]["interrupted_calls"] != []
+        assert row["prompt"][-1]["role"] == "assistant" and row["completion"][0]["role"] == "user"

@@ -22,11 +22,11 @@ from conftest import ROOT, copy_run
 from cli import cli
 
 
-def snippet() -> str:
-    """The Python block of docs/TRAINING.md that trains."""
+def snippet(trainer: str = "SFTTrainer") -> str:
+    """The Python block of docs/TRAINING.md that trains with ``trainer``."""
     section = (ROOT / "docs" / "TRAINING.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    (code,) = [b for b in blocks if "SFTTrainer" in b]
+    (code,) = [b for b in blocks if f"{trainer}(" in b]
     return code
 
 
@@ -41,6 +41,11 @@ def export_dir(tmp_path_factory, runs) -> Path:
         cli, ["--data", str(data), "export", "hand", "rounds", "--out", str(data / "out" / "train")]
     )
     assert done.exit_code == 0, done.output
+    for fmt, out in (("dpo", "pairs"), ("kto", "labels")):  # docs/TRAINING.md's preference exports
+        done = CliRunner().invoke(
+            cli, ["--data", str(data), "export", "rounds", "--format", fmt, "--out", str(data / "out" / out)]
+        )
+        assert done.exit_code == 0, done.output
     return work
 
 
@@ -89,6 +94,32 @@ def test_the_readme_training_code_trains_on_the_export(export_dir, monkeypatch):
         elif m.get("content"):
             assert m["content"] in left
     assert json.dumps(tools[0]) in left
+
+
+@pytest.mark.slow
+def test_the_preference_training_code_trains_dpo_and_kto_on_the_exports(export_dir, monkeypatch):
+    monkeypatch.chdir(export_dir)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(export_dir / "hf-cache"))
+    code = snippet("DPOTrainer")
+    assert "KTOTrainer(" in code
+    scope: dict = {}
+    exec(compile(code, "docs/TRAINING.md", "exec"), scope)  # noqa: S102 - the snippet as written
+    out = export_dir / "data" / "out"
+    for name, folder, fmt in (("dpo", "pairs", "dpo"), ("kto", "labels", "kto")):
+        trainer = scope[name]
+        manifest = json.loads((out / folder / "manifest.json").read_text())
+        # Every row rendered and none dropped (as one cut off at max_length would be).
+        assert len(trainer.train_dataset) == manifest["samples"] > 2, name
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        assert len(losses) == trainer.args.max_steps and all(math.isfinite(x) for x in losses), (name, losses)
+        assert len(set(losses)) > 1, (name, losses)  # the loss moves
+        row = json.loads((out / folder / f"rounds.{fmt}.jsonl").read_text().splitlines()[0])
+        tokenizer = scope["tokenizer"]
+        tools = json.loads(row["tools"])
+        side = row["chosen"] if fmt == "dpo" else row["completion"]
+        rendered = tokenizer.apply_chat_template(row["prompt"] + side, tools=tools, tokenize=False)
+        assert all((m.get("content") or "") in rendered for m in row["prompt"] + side)
+    assert {r["label"] for r in scope["labels"]} == {True, False}  # KTO saw both kinds
 
 
 @pytest.mark.slow
