@@ -2,7 +2,8 @@
 
 Every figure is a row of a view (``coverage``, ``learnability``, ``tool_error_rates``,
 ``tool_error_messages``, ``knowledge_usage``, ``knowledge_improvement``, ``cost_tasks``,
-``phase_times`` and every ``audit_*`` view); this module only chooses which rows to show. It reads them
+``phase_times``, ``supervision_counts`` and every ``audit_*`` view); this module only chooses
+which rows to show. It reads them
 through a :class:`~engine.collection.Collection` (the runs' stored derived state), one
 query a table for every run at once; the ``audit_*`` views read the states evaluated at
 every decision, and the tables of final rows come from those same states.
@@ -39,6 +40,7 @@ class AuditReport:
     knowledge_improvement: Rows
     cost: Rows
     time: Rows
+    supervision: Rows
     violations: Rows = field(default_factory=list)
     damaged: list[DamagedRun] = field(default_factory=list)  # runs under --data left out (none named)
 
@@ -96,4 +98,5 @@ def _queries(by: tuple[str, ...]) -> dict[str, str]:
         "order by run_id, task, measure, with_knowledge desc",
         "cost": "select * from cost_tasks order by run_id, task",
         "time": "select * from phase_times order by run_id, node, phase_order",
+        "supervision": "select * from supervision_counts order by run_id, selection_id, task, stage",
     }

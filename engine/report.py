@@ -270,6 +270,7 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
     knowledge = q("select * from knowledge_usage where run_id = '{run}' and dimension = 'all' order by area, access")
     costs = q("select * from cost_roots where run_id = '{run}' order by tree_id")
     phases = q("select * from phase_times where run_id = '{run}' order by node, phase_order")
+    pairs = q("select * from supervision_counts where run_id = '{run}' order by selection_id, task, stage")
     o = overall[0] if overall else {}
     parts = [
         f'<section class="run" data-run="{_e(run_id)}"><h2>run {_e(run_id)}</h2>',
@@ -296,6 +297,29 @@ def _run_section(runs: Collection, run_id: str) -> tuple[str, int]:
                 "</details>",
             ]
             if phases
+            else []
+        ),
+        *(
+            [
+                "<details open><summary>preference pairs and labels, by recorded rule (pair_n_eff: the pairs' "
+                "independent comparisons; export --format dpo|kto|steps)</summary>",
+                _table(
+                    pairs,
+                    [
+                        "selection_id",
+                        "task",
+                        "stage",
+                        "pairs",
+                        "fork_points",
+                        "pair_n_eff",
+                        "good",
+                        "bad",
+                        "step_paths",
+                    ],
+                ),
+                "</details>",
+            ]
+            if pairs
             else []
         ),
         f'<h3>trees</h3>{LEGEND}<div class="trees">',

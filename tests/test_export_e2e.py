@@ -108,7 +108,8 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
     assert set(sides) == {"T001/e1-1", "T001/e1-2"} and pair["metadata"]["node_id"] == "T001"
     for edge_id, continuation in sides.items():
         turn, session = cat.query(
-            "select turn, session_id from turns where edge_id = ? and session_id is not null order by turn desc limit 1",
+            "select turn, session_id from turns where edge_id = ? and session_id is not null "
+            "order by turn desc limit 1",
             [edge_id],
         )[0].values()
         asked = [q for q in model.requests if q["session"] == session and q["tools"]][-1]

@@ -107,6 +107,9 @@ SPEC_COLUMNS = {
     "top_paths": "tree_id, leaf_id, node_ids, ranked, avg_cleanliness, avg_knowledge, avg_score, "
     "avg_score_rank, max_score, max_score_rank, path_score, rank",
     "tool_calls": "tree_id, edge_id, turn, call_id, tool, status, target, is_knowledge",
+    "pairs": "tree_id, node_id, chosen_id, rejected_id, margin, depth, task, stage, chosen_value, rejected_value",
+    "labels": "tree_id, edge_id, node_id, layer, verdict, eval_ok, edge_score, improved, soft, value, label",
+    "steps": "tree_id, leaf_id, task, stage, steps, edge_ids, step_values, step_labels",
 }
 
 

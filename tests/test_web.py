@@ -204,6 +204,20 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
         node = page.locator("tbody.node").nth(1)
         node.locator("button.open").click()  # a node opens its two turns
         assert node.locator(".turn").count() == 2
+        # The tree's preference pairs, chosen beside rejected, as export --format dpo writes them.
+        done = CliRunner().invoke(
+            cli, ["--data", str(runs), "export", "rounds", "--format", "dpo", "--out", str(tmp_path / "pairs")]
+        )
+        assert done.exit_code == 0, done.output
+        pairs = [json.loads(line) for line in (tmp_path / "pairs" / "rounds.dpo.jsonl").read_text().splitlines()]
+        pairs = [p for p in pairs if p["metadata"]["tree_id"] == "T001"]
+        rows = page.locator("table.pairs tbody tr")
+        assert rows.count() == len(pairs) > 0
+        cells = [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
+        assert [(c[0], c[2], c[6]) for c in cells] == [
+            (p["metadata"]["node_id"], p["metadata"]["chosen"]["edge_id"], p["metadata"]["rejected"]["edge_id"])
+            for p in pairs
+        ]
         shot(page, "tree")
         page.locator("table.nodes a", has_text="#1").first.click()
         page.wait_for_url(re.compile(r"/run/rounds/path\?"))

@@ -396,6 +396,12 @@ def _audit_lines(report: Any) -> list[str]:
             report.time,
             ["run_id", "node", "phase", "turns", "p50_seconds", "p95_seconds", "share"],
         ),
+        (
+            "preference pairs and labels by recorded rule (pairs at one node share a prompt: "
+            "pair_n_eff counts their independent comparisons)",
+            report.supervision,
+            ["run_id", "selection_id", "task", "stage", "pairs", "fork_points", "pair_n_eff", "good", "bad"],
+        ),
     )
     for title, rows, columns in sections:
         lines += [f"\n{title}:", table(rows, columns) if rows else "  (none)"]

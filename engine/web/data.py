@@ -146,7 +146,7 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
 
 
 def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
-    """One tree: its nodes with the edge that made each, their turns and tool calls, its paths."""
+    """One tree: its nodes with the edge that made each, their turns and tool calls, its paths and preference pairs."""
     scope = f"run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)}"
 
     def q(sql: str) -> Rows:
@@ -165,6 +165,7 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
         f"select edge_id, turn, step, call_id, tool, status, target, error from tool_calls where {scope} order by seq"
     )
     paths = q(f"select * from paths where {scope} order by rank nulls last, leaf_id")
+    pairs = q(f"select * from pairs where {scope} order by node_key(node_id), chosen_id, rejected_id")
     return {
         "tree": trees[0] if trees else None,
         "nodes": nodes,
@@ -172,6 +173,7 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
         "turns": turns,
         "calls": calls,
         "paths": paths,
+        "pairs": pairs,
     }
 
 
