@@ -1,7 +1,10 @@
 """Benchmark: ``export`` of a ~1M-event run: wall time and the exporting process's peak RSS.
 
 The run is the replay benchmark's tiled one (a 30-tree sim run with long turns,
-tiled ten times: 300 trees), ending with the default selection over every tree.
+tiled ten times: 300 trees), ending with the default path and supervision selections
+over every tree. Every format is timed: the SFT samples (chat, atif) and the
+preference pairs, labelled attempts and step-labelled paths (dpo, kto, steps), each
+beside the chat export's time.
 ``export`` runs as a user runs it, ``python cli.py export``, in a process of its
 own, once per format; its peak RSS (from the kernel's accounting of the child) is
 printed beside the size of the log and of the turns' transcripts, which an export
@@ -13,6 +16,7 @@ must not hold.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -88,13 +92,18 @@ def main() -> None:
         # Made in another process: a child forked from a large parent would count the
         # parent's pages in its peak RSS.
         subprocess.run([sys.executable, __file__, "--make", str(data), "--copies", str(args.copies)], check=True)
-        for fmt in ("chat", "atif"):
+        chat = None
+        for fmt in ("chat", "atif", "dpo", "kto", "steps"):
             out = Path(tmp) / f"out-{fmt}"
             runs = [timed_export(data, "big", out, fmt) for _ in range(args.repeat)]
             size = sum(p.stat().st_size for p in out.iterdir())
+            samples = json.loads((out / "manifest.json").read_text())["samples"]
+            seconds = statistics.median(r[0] for r in runs)
+            chat = chat or seconds
             print(
-                f"export --format {fmt}: {statistics.median(r[0] for r in runs):.1f} s (median of {args.repeat}), "
-                f"peak RSS {max(r[1] for r in runs) / 1e6:.0f} MB, output {size / 1e6:.0f} MB"
+                f"export --format {fmt}: {samples} samples in {seconds:.1f} s (median of {args.repeat}; "
+                f"{seconds / chat:.2f}x chat), peak RSS {max(r[1] for r in runs) / 1e6:.0f} MB, "
+                f"output {size / 1e6:.0f} MB"
             )
 
 

@@ -22,6 +22,7 @@ from engine.roots import (
     run_started,
 )
 from engine.runs import growing, open_run
+from engine.supervision import default_rule, supervision_counts
 from engine.teachers import Teacher, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, SnapshotsPicked
@@ -44,6 +45,7 @@ class ExploreResult:
     trees: list[dict[str, Any]]
     progress: dict[str, Any]
     top_k: int
+    supervision: list[dict[str, Any]] = field(default_factory=list)  # the default rule's supervision_counts rows
 
 
 def _tree_id(i: int, n: int) -> str:
@@ -377,4 +379,5 @@ def run_summary(data_dir: Path, run_id: str, resumed: bool) -> ExploreResult:
         trees = catalog.query("select * from trees order by tree_id")
         progress = catalog.query("select * from run_progress")[0]
         top_k = catalog.query("select top_k from run_config")[0]["top_k"]
-    return ExploreResult(run_id, resumed, trees, progress, top_k)
+        counts = supervision_counts(catalog, default_rule(catalog).selection_id)
+    return ExploreResult(run_id, resumed, trees, progress, top_k, counts)

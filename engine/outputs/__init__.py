@@ -129,7 +129,15 @@ def exploration(result: Any, data_dir: Path) -> Output:
         f"Top-{result.top_k}: {selected} paths selected over {len(result.trees)} roots "
         f"({command_line(data_dir, 'paths', result.run_id)})",
     ]
-    return Output({"run_id": result.run_id, "progress": result.progress, "trees": result.trees}, lines)
+    if result.supervision:
+        pairs = sum(c["pairs"] for c in result.supervision)
+        forks = sum(c["fork_points"] for c in result.supervision)
+        lines.append(
+            f"preference pairs: {pairs} at {forks} fork points "
+            f"({command_line(data_dir, 'export', result.run_id, '--format', 'dpo', '--out', 'data/out/pairs')})"
+        )
+    document = {"run_id": result.run_id, "progress": result.progress, "trees": result.trees}
+    return Output(document | {"supervision": result.supervision}, lines)
 
 
 CAMPAIGN_COLUMNS = ["task", "run_id", "roots", "kept_edges", "tokens", "n", "n_eff", "n_eff_ratio", "stages_covered"]
