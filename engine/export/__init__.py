@@ -33,6 +33,7 @@ from engine.export.conversations import (
     TurnConversations,
     invalid_calls,
     join_turns,
+    read_conversations,
 )
 from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
@@ -281,13 +282,8 @@ def _prepare_run(
         paths = [p for p in paths if (p["tree_id"], p["leaf_id"]) == leaf]
     walks = _walks(catalog, chosen["selection_id"], run_id, {(p["tree_id"], p["leaf_id"]) for p in paths})
     needed = {(t["edge_id"], t["turn"]) for walk in walks.values() for t in walk if t["turn"]}
-    placeholder = Placeholder(
-        [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")],
-        workspace,
-    )
-    conversations = TurnConversations.read(log, tail, needed, placeholder)
-    ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
-    contents = Contents.read(log, tail, ids, placeholder)
+    conversations, contents = read_conversations(log, catalog, tail, needed, workspace)
+    placeholder = conversations.placeholder
     extras = _turn_facts(catalog, chosen["selection_id"], placeholder) if fmt == "atif" else None
     return _RunExport(run_id, chosen, tail, paths, walks, conversations, contents, extras, _agent(catalog, log))
 

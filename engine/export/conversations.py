@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.catalog import Catalog
 from engine.teachers.opencode.recorder import INTERRUPTED
 from ingest.log import EventLog
 
@@ -89,6 +90,19 @@ class TurnConversations(dict[TurnKey, tuple[TurnConversation, str]]):
                         row["messages"] or "[]",
                     )
         return found
+
+
+def read_conversations(
+    log: EventLog, catalog: Catalog, upto: int, turns: set[TurnKey], workspace: str
+) -> tuple[TurnConversations, Contents]:
+    """The conversations of ``turns`` and their system prompts and tool lists in the log prefix
+    ``1..upto``, every workspace of the run (``catalog``: its state) replaced by ``workspace``
+    (``conversations.placeholder``)."""
+    recorded = catalog.query("select distinct workspace from stg_conversation_recorded")
+    placeholder = Placeholder([r["workspace"] for r in recorded], workspace)
+    conversations = TurnConversations.read(log, upto, turns, placeholder)
+    ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
+    return conversations, Contents.read(log, upto, ids, placeholder)
 
 
 class Contents(dict[str, Any]):

@@ -32,11 +32,11 @@ from engine.catalog import Catalog
 from engine.export.conversations import (
     Contents,
     PathConversation,
-    Placeholder,
     TurnConversations,
     TurnKey,
     invalid_calls,
     join_turns,
+    read_conversations,
 )
 from engine.supervision import recorded_supervision, supervision_counts
 from ingest.log import EventLog
@@ -140,13 +140,8 @@ def prepare_supervised(
     turns: dict[tuple[str, str], list[int]] = {}
     for r in catalog.query("select tree_id, edge_id, turn from int_turns order by tree_id, edge_id, turn"):
         turns.setdefault((r["tree_id"], r["edge_id"]), []).append(r["turn"])
-    placeholder = Placeholder(
-        [r["workspace"] for r in catalog.query("select distinct workspace from stg_conversation_recorded")], workspace
-    )
     needed = {(edge, t) for (_tree, edge), ts in turns.items() for t in ts}
-    conversations = TurnConversations.read(log, tail, needed, placeholder)
-    ids = {i for c, _ in conversations.values() for i in (c.system_id, c.tools_id) if i}
-    contents = Contents.read(log, tail, ids, placeholder)
+    conversations, contents = read_conversations(log, catalog, tail, needed, workspace)
     counts = [
         c
         for c in supervision_counts(catalog, sid)
