@@ -327,3 +327,28 @@ def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_re
         assert [*row["prompt"], *row["completion"]] == sample["messages"]
         assert row["metadata"]["interrupted_calls"] == sample["metadata"]["interrupted_calls"] != []
         assert row["prompt"][-1]["role"] == "assistant" and row["completion"][0]["role"] == "user"
+
+
+def test_an_attempt_without_a_recorded_conversation_is_left_out_and_counted(runs, tmp_path):
+    """A pair one of whose attempts recorded no conversation cannot be rendered: left out, counted, named."""
+    victim = {}
+
+    def change(rows):
+        pair = json.loads(first(rows, "supervision_selected")["pairs"])[0]
+        victim["edge"] = pair["rejected_id"]
+        recorded = first(rows, "conversation_recorded", edge_id=pair["rejected_id"], turn=1)
+        recorded["edge_id"] = "nowhere"  # the attempt's turn 1 recorded nothing (seqs unchanged)
+
+    forge(runs, "rounds", "unrecorded", change)
+    out = tmp_path / "pairs"
+    r = invoke(runs, "export", "unrecorded", "--format", "dpo", "--out", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    (run,) = json.loads(r.stdout)["runs"]
+    pairs = json.loads(
+        invoke(runs, "sql", "select pairs from stg_supervision_selected where run_id = 'unrecorded'", "--json").stdout
+    )[0]["pairs"]
+    involved = [p for p in json.loads(pairs) if victim["edge"] in (p["chosen_id"], p["rejected_id"])]
+    assert run["left_out"]["unrecorded"] == len(involved) > 0
+    assert run["samples"] == len(json.loads(pairs)) - len(involved)
+    text = invoke(runs, "export", "unrecorded", "--format", "dpo", "--out", str(tmp_path / "again"))
+    assert f"left out {len(involved)} unrecorded" in text.output

@@ -37,7 +37,13 @@ from engine.export.conversations import (
 )
 from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
-from engine.export.supervised import SUPERVISED_FORMATS, SupervisedRun, prepare_supervised, supervised_samples
+from engine.export.supervised import (
+    SUPERVISED_FORMATS,
+    SupervisedRun,
+    Written,
+    prepare_supervised,
+    supervised_samples,
+)
 from engine.runs import over_runs
 from engine.runset import DamagedRun, RunSet
 from engine.selections import recorded_selection
@@ -168,10 +174,15 @@ def _nothing_written(records: list[dict[str, Any]], runs: list[str], fmt: str, t
         raise InputError(f"no selected path{of} in {', '.join(runs)}{left}")
     what = {"dpo": "preference pair", "kto": "labelled attempt", "steps": "root-to-leaf path"}[fmt]
     rules = "; ".join(f"{r['run_id']}: rule {r['rule']}, min margin {r['min_margin']:g}" for r in records)
-    why = " (no node has two finished attempts whose values differ by the margin)" if fmt == "dpo" else ""
-    for r in records:
-        if r["left_out"]["unrecorded"] or r["left_out"]["differing_prompts"]:
-            why = " (some were left out: see the manifest's left_out; their turns recorded no conversation)"
+    why = " (no node has two finished attempts whose values differ by the margin)" if fmt == "dpo" and not of else ""
+    unrecorded = sum(r["left_out"]["unrecorded"] for r in records)
+    differing = sum(r["left_out"]["differing_prompts"] for r in records)
+    if unrecorded or differing:
+        why = (
+            f" ({unrecorded} left out whose turns recorded no conversation: a run before conversations were "
+            "recorded, or an opencode backend without --endpoint; "
+            f"{differing} whose two attempts received different prompts)"
+        )
     raise InputError(f"no {what}{of} in {', '.join(runs)}{left}{why} [{rules}]")
 
 
@@ -181,11 +192,9 @@ def _write_supervised(
     """Write one run's pairs, labels or step paths; return what the manifest says of it."""
     name = f"{run.run_id}.{fmt}.jsonl"
     target.start(name)
-    for sample in supervised_samples(run, fmt, workspace, reasoning, invalid == "drop"):
-        if isinstance(sample, dict):
-            target.write(sample)
-        else:
-            written = sample
+    written = Written()
+    for sample in supervised_samples(run, fmt, workspace, reasoning, invalid == "drop", written):
+        target.write(sample)
     target.end()
     chosen = run.chosen
     return {

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.catalog import Catalog
@@ -89,8 +90,8 @@ class SupervisedRun:
         if not own or any(k not in self.conversations for k in keys + own):
             return None
         conv = join_turns([self.conversations.parsed(tree_id, k) for k in keys + own], self.contents)
-        start = next(i for i, owner in enumerate(conv.owners) if owner in own)
-        return conv, start
+        start = next((i for i, owner in enumerate(conv.owners) if owner in own), None)
+        return None if start is None else (conv, start)  # None: the attempt recorded no message of its own
 
     def _turns(self, tree_id: str, edge_id: str) -> list[int]:
         return self.turns.get((tree_id, edge_id), [])
@@ -154,16 +155,17 @@ def prepare_supervised(
 class Written:
     """What one run's file holds and what was left out (and why)."""
 
-    counts: Counter[tuple[str, str]]
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     unrecorded: int = 0  # a turn of an attempt recorded no conversation
     differing_prompts: int = 0  # dpo: the two attempts received different prompts
     invalid: int = 0  # a call of a tool the model was not offered
     dropped_invalid: int = 0
 
 
-def supervised_samples(run: SupervisedRun, fmt: str, workspace: str, reasoning: bool, drop_invalid: bool):
-    """Yield each sample of ``run`` in the recorded order; the last value yielded is the :class:`Written` tally."""
-    written = Written(Counter())
+def supervised_samples(
+    run: SupervisedRun, fmt: str, workspace: str, reasoning: bool, drop_invalid: bool, written: Written
+) -> Iterator[dict[str, Any]]:
+    """Yield each sample of ``run`` in the recorded order, tallying in ``written`` what is written and left out."""
     base = {"run_id": run.run_id, "selection_id": run.chosen["selection_id"], "rule": run.chosen["rule"]}
     for row in run.rows:
         sample = _sample(run, fmt, row, base, workspace, reasoning, written)
@@ -176,7 +178,6 @@ def supervised_samples(run: SupervisedRun, fmt: str, workspace: str, reasoning: 
                 continue
         written.counts[(row["task"] or "", row["stage"] or "")] += 1
         yield sample
-    yield written
 
 
 def _sample(run, fmt, row, base, workspace, reasoning, written) -> dict[str, Any] | None:
