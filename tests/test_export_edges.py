@@ -234,6 +234,14 @@ def compare_run(model: FakeModel, data: Path, run_id: str, cases: dict[int, str]
     text = (data.parent / f"{run_id}-atif").joinpath(f"{run_id}.atif.jsonl").read_text()
     if "/worktrees/" in text:
         problems.append("the ATIF file names a worktree")
+    # Each leaf's attempt as a labelled attempt (kto): the same conversation, cut where the attempt began.
+    labels = {r["metadata"]["attempt"]["edge_id"]: r for r in exported(data, run_id, "kto")}
+    for k, case in cases.items():
+        row, sample = labels.get(f"T001.{k}/e1-1"), chat[f"T001.{k}.1"]
+        if row is None or [*row["prompt"], *row["completion"]] != sample["messages"]:
+            problems.append(f"{case}: the kto row of T001.{k}/e1-1 is not the chat sample cut at its fork")
+        elif any(row["metadata"][f] != sample["metadata"][f] for f in ("interrupted_calls", "invalid_calls")):
+            problems.append(f"{case}: the kto row's interrupted or invalid calls differ from the chat sample's")
     return problems, facts
 
 
@@ -297,6 +305,8 @@ def test_killed_retried_and_invalid_calls_export_what_the_model_received(
     assert [facts[c]["sample"]["metadata"]["invalid_calls"] for c in ("kill-9", "retry-500")] == [[], []]
     kept = exported(data, "odd", "chat", "--invalid-calls", "drop")
     assert sorted(s["metadata"]["leaf_id"] for s in kept) == ["T001.1.1", "T001.2.1"]
+    labelled = {r["metadata"]["attempt"]["edge_id"] for r in exported(data, "odd", "kto", "--invalid-calls", "drop")}
+    assert "T001.3/e1-1" not in labelled and {"T001.1/e1-1", "T001.2/e1-1"} <= labelled
     # ATIF keeps the arguments' keys in the order the model wrote them.
     for case in cases.values():
         chat_calls = [c for m in facts[case]["sample"]["messages"] for c in m.get("tool_calls") or []]
