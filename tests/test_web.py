@@ -120,7 +120,7 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-SHOWN = """() => [...document.querySelectorAll('.conversation .msg')].map(m => ({
+SHOWN = """(selector) => [...document.querySelectorAll(selector)].map(m => ({
   role: m.dataset.role,
   content: [...m.querySelectorAll(':scope > pre.content, :scope > details > pre.content')]
     .map(p => p.textContent).join(''),
@@ -131,9 +131,9 @@ SHOWN = """() => [...document.querySelectorAll('.conversation .msg')].map(m => (
 }))"""
 
 
-def shown_messages(page) -> list[dict]:
+def shown_messages(page, selector: str = ".conversation .msg") -> list[dict]:
     """The conversation the page shows, message by message (arguments parsed: shown indented)."""
-    shown = page.evaluate(SHOWN)
+    shown = page.evaluate(SHOWN, selector)
     for m in shown:
         m["calls"] = [[i, n, json.loads(a)] for i, n, a in m["calls"]]
     return shown
@@ -219,6 +219,32 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
             for p in pairs
         ]
         shot(page, "tree")
+        # A pair's node compares its attempts side by side, each as export --format kto writes it.
+        node_id = next(c[0] for c in cells if {c[3], c[7]} & {"retry", "pruned"})  # a failed attempt in a pair
+        page.locator("table.pairs a", has_text=node_id).first.click()
+        page.wait_for_url(re.compile(r"/run/rounds/tree/T001/compare\?node="))
+        done = CliRunner().invoke(
+            cli, ["--data", str(runs), "export", "rounds", "--format", "kto", "--out", str(tmp_path / "labels")]
+        )
+        assert done.exit_code == 0, done.output
+        labels = [json.loads(x) for x in (tmp_path / "labels" / "rounds.kto.jsonl").read_text().splitlines()]
+        labels = [r for r in labels if (r["metadata"]["tree_id"], r["metadata"]["node_id"]) == ("T001", node_id)]
+        columns = page.locator("section.attempt")
+        assert columns.count() == len(labels) >= 2
+        shown = {columns.nth(i).get_attribute("data-edge"): i + 1 for i in range(columns.count())}
+        for row in labels:
+            k = shown[row["metadata"]["attempt"]["edge_id"]]
+            assert shown_messages(page, f"#a{k} .msg") == sample_messages({"messages": row["completion"]})
+        shot(page, "compare")
+        # A deep link opens the page with its message in view and marked: the first column's last message.
+        last = f"#a1-m{page.locator('#a1 .msg').count() - 1}"
+        where = "e => [e.getBoundingClientRect().top, e.getBoundingClientRect().bottom]"
+        assert page.locator(last).evaluate(where)[0] > page.viewport_size["height"]  # below the fold at first
+        page.goto(page.url + last)
+        assert "#" + page.evaluate("document.querySelector(':target').id") == last
+        top, bottom = page.locator(last).evaluate(where)
+        assert bottom > 0 and top < page.viewport_size["height"]  # scrolled into view
+        page.goto(f"{base}/run/rounds/tree/T001")
         page.locator("table.nodes a", has_text="#1").first.click()
         page.wait_for_url(re.compile(r"/run/rounds/path\?"))
         shot(page, "path")

@@ -134,13 +134,7 @@ def prepare_supervised(
             f"select tree_id, edge_id, {', '.join(ATTEMPT_FIELDS)} from edges where verdict is not null"
         )
     }
-    creators = {
-        (r["tree_id"], r["node_id"]): r["edge_id"]
-        for r in catalog.query("select tree_id, node_id, edge_id from int_nodes__created where edge_id is not null")
-    }
-    turns: dict[tuple[str, str], list[int]] = {}
-    for r in catalog.query("select tree_id, edge_id, turn from int_turns order by tree_id, edge_id, turn"):
-        turns.setdefault((r["tree_id"], r["edge_id"]), []).append(r["turn"])
+    creators, turns = _shapes(catalog)
     needed = {(edge, t) for (_tree, edge), ts in turns.items() for t in ts}
     conversations, contents = read_conversations(log, catalog, tail, needed, workspace)
     counts = [
@@ -149,6 +143,66 @@ def prepare_supervised(
         if (task is None or c["task"] == task) and (stage is None or c["stage"] == stage)
     ]
     return SupervisedRun(run_id, chosen, tail, rows, attempts, creators, turns, conversations, contents, counts)
+
+
+def _shapes(catalog: Catalog, tree_id: str | None = None):
+    """The edge that created each node, and each edge's finished turns (one tree's, or every tree's)."""
+    where, args = ("where tree_id = ?", [tree_id]) if tree_id is not None else ("", [])
+    creators = {
+        (r["tree_id"], r["node_id"]): r["edge_id"]
+        for r in catalog.query(
+            f"select tree_id, node_id, edge_id from int_nodes__created {where} {'and' if where else 'where'} "
+            "edge_id is not null",
+            args,
+        )
+    }
+    turns: dict[tuple[str, str], list[int]] = {}
+    for r in catalog.query(f"select tree_id, edge_id, turn from int_turns {where} order by edge_id, turn", args):
+        turns.setdefault((r["tree_id"], r["edge_id"]), []).append(r["turn"])
+    return creators, turns
+
+
+COMPARED = (
+    "select l.*, e.s1, e.s2, e.outcome, e.cleanliness, e.knowledge, e.regression_stability, e.tool_calls, "
+    "e.tool_errors, e.tok from labels as l join edges as e using (tree_id, edge_id) "
+    "where tree_id = ? and node_id = ? order by l.slot, l.attempt"
+)
+
+
+def node_attempts(catalog: Catalog, log: EventLog, tree_id: str, node_id: str, workspace: str) -> dict[str, Any]:
+    """The finished attempts from one node side by side (``serve``'s compare page).
+
+    ``prompt``: the conversation they were forked from, as the first attempt's model
+    received it (``same_prompt``: every attempt received that one); ``attempts``: each
+    attempt's row of ``labels`` (value and label under the current rule) with its
+    edge's scores, and its own messages, each with the turn it belongs to (``messages``
+    None: a turn of it recorded no conversation). Rendered as ``export --format kto``
+    renders the attempt.
+    """
+    rows = catalog.query(COMPARED, [tree_id, node_id])
+    creators, turns = _shapes(catalog, tree_id)
+    parts = node_id.split(".")
+    path = [creators[(tree_id, ".".join(parts[:d]))] for d in range(2, len(parts) + 1)]
+    needed = {(e, t) for e in path + [r["edge_id"] for r in rows] for t in turns.get((tree_id, e), [])}
+    conversations, contents = read_conversations(log, catalog, catalog.tail_seq(), needed, workspace)
+    run = SupervisedRun(log.run_id, {}, catalog.tail_seq(), [], {}, creators, turns, conversations, contents, [])
+    prompts, attempts = [], []
+    for row in rows:
+        made = run.attempt(tree_id, node_id, row["edge_id"])
+        if made is None:
+            attempts.append(row | {"messages": None})
+            continue
+        conv, start = made
+        prompts.append(([*conv.system, *conv.messages[:start]], conv.tools))
+        own = list(zip(conv.messages[start:], conv.owners[start:], strict=True))
+        attempts.append(row | {"messages": [{"message": m, "owner": o} for m, o in own]})
+    prompt, tools = prompts[0] if prompts else ([], [])
+    return {
+        "prompt": prompt,
+        "tools": tools,
+        "same_prompt": all(p == prompts[0] for p in prompts),
+        "attempts": attempts,
+    }
 
 
 @dataclass

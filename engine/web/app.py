@@ -151,6 +151,21 @@ def tree(request: Request) -> HTMLResponse:
     )
 
 
+def compare(request: Request) -> HTMLResponse:
+    """A node's finished attempts side by side, from the conversation they were forked from."""
+    run_id, tree_id = _run_id(request), request.path_params["tree_id"]
+    node_id = request.query_params.get("node")
+    if run_id is None or not node_id:
+        return problem(request, "a compare page needs a run, a tree and ?node=", 400)
+    try:
+        shown = request.app.state.source.attempts(run_id, tree_id, node_id)
+    except ProjectError as err:
+        return problem(request, str(err))
+    if not shown["attempts"]:
+        return problem(request, f"node {node_id!r} of tree {tree_id!r} has no finished attempt")
+    return page(request, "compare.html", run_id=run_id, tree_id=tree_id, node_id=node_id, **shown)
+
+
 def path(request: Request) -> HTMLResponse:
     run_id = _run_id(request)
     tree_id, leaf_id = request.query_params.get("tree"), request.query_params.get("leaf")
@@ -289,6 +304,7 @@ def create_app(data_dir: Path, token: str, host: str = "127.0.0.1") -> Starlette
         Route("/run/{run_id}/events", run_events),
         Route("/run/{run_id}/path", path),
         Route("/run/{run_id}/tree/{tree_id}", tree),
+        Route("/run/{run_id}/tree/{tree_id}/compare", compare),
         Route("/static/tree.css", tree_css),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]  # every route answers GET (and HEAD), the SQL page POST too (a query): no endpoint writes

@@ -86,6 +86,16 @@ class Source:
                 self._samples.popitem(last=False)
         return found
 
+    def attempts(self, run_id: str, tree_id: str, node_id: str) -> dict[str, Any]:
+        """The finished attempts from a node side by side (:func:`~engine.export.supervised.node_attempts`)."""
+        from engine.derived import Derived
+        from engine.export import DEFAULT_WORKSPACE
+        from engine.export.supervised import node_attempts
+
+        log = EventLog(self.data_dir, run_id).require()
+        with Derived(self.data_dir).open(run_id) as catalog:
+            return node_attempts(catalog, log, tree_id, node_id, DEFAULT_WORKSPACE)
+
 
 def collection_page(runs: Collection) -> dict[str, Rows]:
     """The runs, their tasks and the audit's tables over every run."""
@@ -166,6 +176,9 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
     )
     paths = q(f"select * from paths where {scope} order by rank nulls last, leaf_id")
     pairs = q(f"select * from pairs where {scope} order by node_key(node_id), chosen_id, rejected_id")
+    attempts = q(
+        f"select parent_id as node_id, count(*) as n from edges where {scope} and verdict is not null group by all"
+    )
     return {
         "tree": trees[0] if trees else None,
         "nodes": nodes,
@@ -174,6 +187,7 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
         "calls": calls,
         "paths": paths,
         "pairs": pairs,
+        "attempts": {r["node_id"]: r["n"] for r in attempts},
     }
 
 
