@@ -141,6 +141,7 @@ def test_a_recorded_decision_that_the_prefix_does_not_imply_is_named():
 # ------------------------------------------------------------- on a sim run
 
 
+@pytest.mark.slow
 def test_reselect_records_a_rule_once_and_replay_re_derives_every_one(runs, tmp_path):
     data = tmp_path / "data"
     copy_run(runs, "rounds", data, "sup")
@@ -179,6 +180,7 @@ def test_a_forged_supervision_selection_is_found_by_replay(runs):
     assert {(d["kind"], d["problem"]) for d in found} == {("supervision_selected", "differs")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["dpo", "kto", "steps"])
 def test_each_export_is_the_recorded_selection_and_byte_identical_run_to_run(runs, tmp_path, fmt):
     a, b = tmp_path / "a", tmp_path / "b"
@@ -222,6 +224,7 @@ def test_each_export_is_the_recorded_selection_and_byte_identical_run_to_run(run
         assert len(rows) == paths  # every final leaf's path
 
 
+@pytest.mark.slow
 def test_a_pair_is_the_two_attempts_conversations_cut_at_their_fork(runs, tmp_path):
     """prompt + chosen is the chosen attempt's whole conversation, as the SFT export renders a path to it."""
     from engine.export import path_sample
@@ -261,6 +264,7 @@ def without_supervision(rows):
         row["seq"] = seq
 
 
+@pytest.mark.slow
 def test_bad_rules_margins_and_runs_without_a_selection_are_clear_errors(runs, tmp_path):
     data = tmp_path / "data"
     copy_run(runs, "rounds", data, "r")
@@ -289,6 +293,7 @@ def test_bad_rules_margins_and_runs_without_a_selection_are_clear_errors(runs, t
     assert not (tmp_path / "y").exists()
 
 
+@pytest.mark.slow
 def test_a_run_without_a_node_of_two_attempts_exports_no_pair_and_says_why(tmp_path):
     """Only kept directions, one attempt each below: under 'improved', no two attempts of one node differ."""
     import hand_run
@@ -306,6 +311,7 @@ def test_a_run_without_a_node_of_two_attempts_exports_no_pair_and_says_why(tmp_p
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_renders_it(tmp_path):
     """The hand run's two attempts from T1.1 were killed in the middle of a bash call (one in turn 1,
     one in turn 2): each kto row is the SFT sample of the path to the attempt's node, cut at its fork."""
@@ -329,6 +335,7 @@ def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_re
         assert row["prompt"][-1]["role"] == "assistant" and row["completion"][0]["role"] == "user"
 
 
+@pytest.mark.slow
 def test_an_attempt_without_a_recorded_conversation_is_left_out_and_counted(runs, tmp_path):
     """A pair one of whose attempts recorded no conversation cannot be rendered: left out, counted, named."""
     victim = {}
