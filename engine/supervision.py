@@ -102,7 +102,8 @@ def supervision_decision(catalog: Catalog, watermark: int, rule: Rule) -> Superv
 
 
 def recorded_supervisions(catalog: Catalog) -> list[dict[str, Any]]:
-    """Every SupervisionSelected decision of the run, oldest first (the lists left as JSON text)."""
+    """Every SupervisionSelected decision of the run, oldest first: its id, rule and numbers (the lists are
+    read through the int_*__recorded views)."""
     return catalog.query(
         "select seq, watermark, selection_id, rule, min_margin, threshold from stg_supervision_selected order by seq"
     )
