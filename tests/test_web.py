@@ -251,6 +251,13 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
         key = _path_of(page.url)
         assert key in samples
         assert shown_messages(page) == sample_messages(samples[key])
+        # A message's link: the path's last message, scrolled to and marked.
+        last = f"#m{len(samples[key]['messages']) - 1}"
+        assert page.locator(last).evaluate(where)[0] > page.viewport_size["height"]
+        page.goto(page.url + last)
+        assert "#" + page.evaluate("document.querySelector(':target').id") == last
+        top, bottom = page.locator(last).evaluate(where)
+        assert bottom > 0 and top < page.viewport_size["height"]
         # The path's fields beside it.
         assert page.locator("table.fields").inner_text().count(samples[key]["metadata"]["selection_id"]) == 1
 
