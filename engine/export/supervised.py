@@ -60,6 +60,30 @@ ATTEMPT_FIELDS = (
 )
 
 
+def turn_keys(
+    creators: dict[tuple[str, str], str],
+    turns: dict[tuple[str, str], list[int]],
+    tree_id: str,
+    node_id: str,
+    edge_id: str,
+) -> tuple[list[TurnKey], list[TurnKey]]:
+    """The turns of ``node_id``'s path, root to node (the edges that created it and its ancestors; a node's
+    id extends its parent's), and the turns of the attempt ``edge_id`` from it."""
+    parts = node_id.split(".")
+    path = [creators[(tree_id, ".".join(parts[:depth]))] for depth in range(2, len(parts) + 1)]
+    keys = [(edge, t) for edge in path for t in turns.get((tree_id, edge), [])]
+    return keys, [(edge_id, t) for t in turns.get((tree_id, edge_id), [])]
+
+
+def _sides(fmt: str, row: dict[str, Any]) -> tuple[str, list[str]]:
+    """The node a recorded row's attempts start from, and those attempts (a step path: its last edge)."""
+    if fmt == "dpo":
+        return row["node_id"], [row["chosen_id"], row["rejected_id"]]
+    if fmt == "kto":
+        return row["node_id"], [row["edge_id"]]
+    return row["leaf_id"].rsplit(".", 1)[0], [row["edge_ids"][-1]]
+
+
 @dataclass
 class SupervisedRun:
     """What one run's supervised samples are made of, read from its catalog and log."""
@@ -78,23 +102,12 @@ class SupervisedRun:
     def attempt(self, tree_id: str, node_id: str, edge_id: str) -> tuple[PathConversation, int] | None:
         """The conversation of ``node_id``'s path then the attempt ``edge_id``, and where the attempt's
         own messages start; None when a turn of either recorded no conversation."""
-        keys: list[TurnKey] = []
-        parts = node_id.split(".")
-        for depth in range(2, len(parts) + 1):  # the node's ancestors (root excluded) and the node, root to node
-            keys += [
-                (edge, t)
-                for edge in [self.creators[(tree_id, ".".join(parts[:depth]))]]
-                for t in self._turns(tree_id, edge)
-            ]
-        own = [(edge_id, t) for t in self._turns(tree_id, edge_id)]
+        keys, own = turn_keys(self.creators, self.turns, tree_id, node_id, edge_id)
         if not own or any(k not in self.conversations for k in keys + own):
             return None
         conv = join_turns([self.conversations.parsed(tree_id, k) for k in keys + own], self.contents)
         start = next((i for i, owner in enumerate(conv.owners) if owner in own), None)
         return None if start is None else (conv, start)  # None: the attempt recorded no message of its own
-
-    def _turns(self, tree_id: str, edge_id: str) -> list[int]:
-        return self.turns.get((tree_id, edge_id), [])
 
     def fields(self, tree_id: str, edge_id: str) -> dict[str, Any]:
         return {"edge_id": edge_id, **self.attempts[(tree_id, edge_id)]}
@@ -135,7 +148,12 @@ def prepare_supervised(
         )
     }
     creators, turns = _shapes(catalog)
-    needed = {(edge, t) for (_tree, edge), ts in turns.items() for t in ts}
+    needed: set[TurnKey] = set()  # only the turns the rows render
+    for row in rows:
+        node, edges = _sides(fmt, row)
+        for edge in edges:
+            path, own = turn_keys(creators, turns, row["tree_id"], node, edge)
+            needed.update(path, own)
     conversations, contents = read_conversations(log, catalog, tail, needed, workspace)
     counts = [
         c
@@ -181,9 +199,7 @@ def node_attempts(catalog: Catalog, log: EventLog, tree_id: str, node_id: str, w
     """
     rows = catalog.query(COMPARED, [tree_id, node_id])
     creators, turns = _shapes(catalog, tree_id)
-    parts = node_id.split(".")
-    path = [creators[(tree_id, ".".join(parts[:d]))] for d in range(2, len(parts) + 1)]
-    needed = {(e, t) for e in path + [r["edge_id"] for r in rows] for t in turns.get((tree_id, e), [])}
+    needed = {k for r in rows for keys in turn_keys(creators, turns, tree_id, node_id, r["edge_id"]) for k in keys}
     conversations, contents = read_conversations(log, catalog, catalog.tail_seq(), needed, workspace)
     run = SupervisedRun(log.run_id, {}, catalog.tail_seq(), [], {}, creators, turns, conversations, contents, [])
     prompts, attempts = [], []
@@ -299,7 +315,8 @@ def _steps(run, row, metadata, reasoning, written) -> dict[str, Any] | None:
     """A path's stepwise sample: the leaf's conversation cut where each edge's own messages start."""
     tree, edges = row["tree_id"], row["edge_ids"]
     leaf = row["leaf_id"]
-    made = run.attempt(tree, leaf.rsplit(".", 1)[0], edges[-1])
+    node, (last,) = _sides("steps", row)
+    made = run.attempt(tree, node, last)
     if made is None:
         written.unrecorded += 1
         return None
