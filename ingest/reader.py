@@ -118,20 +118,23 @@ class EventLog:
         return pa.concat_tables(tables, promote_options="default")
 
     def scan_kind(
-        self, kind: str, columns: list[str], upto: int | None = None, batch_rows: int = 1024
+        self, kind: str, columns: list[str], upto: int | None = None, batch_rows: int = 1024, *, after: int = 0
     ) -> Iterator[pa.Table]:
         """The events of one kind in seq order, a batch at a time, only ``columns`` decoded.
 
         Only the row groups whose ``kind`` statistics admit the kind are read, and no
         more than ``batch_rows`` rows are decoded at once, so bulky columns of a large
-        run are never all in memory. ``upto``: the last seq wanted (a reader's prefix).
+        run are never all in memory. ``upto``: the last seq wanted (a reader's prefix);
+        ``after``: the events up to this seq are not wanted (their parts are not read).
         """
         parts, handles = self._open_parts()
         try:
             for fh, part in zip(handles, parts, strict=True):
                 if upto is not None and part.first > upto:
                     break
-                yield from _scan_part(fh, part, kind, columns, upto, batch_rows)
+                if part.last <= after:
+                    continue
+                yield from _scan_part(fh, part, kind, columns, upto, batch_rows, after=after)
         finally:
             for fh in handles:
                 fh.close()
@@ -197,9 +200,9 @@ def same_events(a: pa.Table, b: pa.Table) -> bool:
 
 
 def _scan_part(
-    source: BinaryIO, part: Part, kind: str, columns: list[str], upto: int | None, batch_rows: int
+    source: BinaryIO, part: Part, kind: str, columns: list[str], upto: int | None, batch_rows: int, *, after: int = 0
 ) -> Iterator[pa.Table]:
-    """One part's rows of ``kind`` (seq <= ``upto``) with ``columns``, batch by batch."""
+    """One part's rows of ``kind`` (``after`` < seq <= ``upto``) with ``columns``, batch by batch."""
     try:
         present = set(check_part(part, source).names)
         file = pq.ParquetFile(source)
@@ -211,6 +214,8 @@ def _scan_part(
             keep = pc.equal(table.column("kind"), kind)
             if upto is not None:
                 keep = pc.and_(keep, pc.less_equal(table.column("seq"), upto))
+            if after:
+                keep = pc.and_(keep, pc.greater(table.column("seq"), after))
             table = table.filter(keep)
             if table.num_rows:
                 yield pa.Table.from_arrays(

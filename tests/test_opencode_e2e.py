@@ -756,7 +756,11 @@ def test_a_relative_data_dir_from_inside_a_git_repository_works(tmp_path, roots,
     assert len(turns) == 3, turns  # the scripted crash of T001/e1-1 turn 1 (turn 2 skipped), the retry's two
     for t in turns:  # each turn ran in its worktree and coral scored the code the model wrote there
         expected = value_for(t["edge_id"], t["turn"])
-        assert t["outcome"] == "completed" and t["score"] == (None if expected == "CRASH" else float(expected))
+        assert t["outcome"] == "completed" and t["score"] == (None if expected == "CRASH" else float(expected)), (
+            t,
+            cat.query("select edge_id, turn, outcome, error from stg_turn_finished order by seq"),
+            done.stderr[-3000:],
+        )
     worktree = cat.query("select json_extract_string(state, '$.worktree') as wt from stg_turn_finished")[0]["wt"]
     assert Path(worktree).is_absolute() and Path(worktree).is_relative_to(cwd / "data")
     assert subprocess.run(["git", "worktree", "list"], cwd=cwd, capture_output=True, text=True).stdout.count("\n") == 1

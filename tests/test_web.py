@@ -26,9 +26,11 @@ from click.testing import CliRunner
 from conftest import ROOT, SNAPSHOTS, copy_run
 from fake_model import FakeModel
 from playwright.sync_api import sync_playwright
-from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, student  # noqa: F401 - fixtures
+from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, student, value_for  # noqa: F401 - fixtures
 
 from cli import cli
+from engine.catalog import Catalog
+from ingest.log import EventLog
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/web-shots")
@@ -231,13 +233,20 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
         labels = [r for r in labels if (r["metadata"]["tree_id"], r["metadata"]["node_id"]) == ("T001", node_id)]
         columns = page.locator("section.attempt")
         assert columns.count() == len(labels) >= 2
-        shown = {columns.nth(i).get_attribute("data-edge"): i + 1 for i in range(columns.count())}
+        shown = {
+            columns.nth(i).get_attribute("data-edge"): columns.nth(i).get_attribute("id")
+            for i in range(columns.count())
+        }
         for row in labels:
             k = shown[row["metadata"]["attempt"]["edge_id"]]
-            assert shown_messages(page, f"#a{k} .msg") == sample_messages({"messages": row["completion"]})
+            assert k == row["metadata"]["attempt"]["edge_id"].rsplit("/", 1)[1]  # e<slot>-<attempt>
+            assert shown_messages(page, f"#{k} .msg") == sample_messages({"messages": row["completion"]})
         shot(page, "compare")
-        # A deep link opens the page with its message in view and marked: the first column's last message.
-        last = f"#a1-m{page.locator('#a1 .msg').count() - 1}"
+        # A deep link opens the page with its message in view and marked: the first column's last message,
+        # named by its index in the conversation (the prompt's messages, then the attempt's).
+        first = columns.nth(0).get_attribute("id")
+        forked = [m for m in labels[0]["prompt"] if m["role"] != "system"]  # (every attempt's prompt: the node's)
+        last = f"#{first}-m{len(forked) + page.locator(f'#{first} .msg').count() - 1}"
         where = "e => [e.getBoundingClientRect().top, e.getBoundingClientRect().bottom]"
         assert page.locator(last).evaluate(where)[0] > page.viewport_size["height"]  # below the fold at first
         page.goto(page.url + last)
@@ -357,6 +366,60 @@ def test_html_in_a_tool_result_is_shown_as_text(tmp_path, page):
         assert shown_messages(page) == sample_messages(samples[("T1", "T1.1.1")])
 
 
+def _planted(data: Path, run_id: str, needle: str) -> list[tuple[str, int]]:
+    """An independent count: (edge, index) of each turn's own tool message holding ``needle``, read from the log."""
+    found = []
+    for batch in EventLog(data, run_id).scan_kind(
+        "conversation_recorded", ["edge_id", "base", "turn_start", "messages"]
+    ):
+        for row in batch.to_pylist():
+            for i, m in enumerate(json.loads(row["messages"]), row["base"]):
+                if (
+                    i >= row["turn_start"]
+                    and m.get("role") == "tool"
+                    and needle.lower() in str(m.get("content")).lower()
+                ):
+                    found.append((row["edge_id"], i))
+    return found
+
+
+@pytest.mark.slow
+def test_a_search_finds_a_string_planted_in_one_tool_result_and_opens_its_message(two_runs, tmp_path, page):
+    needle = "Needle-7F3A"
+    _hand_run_with(two_runs, f"{PAYLOAD} the {needle} is here")
+    planted = _planted(two_runs, "hand", needle)
+    assert planted  # (the hand run reads the note once or more)
+    with serving(two_runs, tmp_path) as (base, token):
+        page.goto(f"{base}/?token={token}")
+        page.locator("nav.top a", has_text="search").click()
+        page.fill("#q", needle.lower())  # upper or lower case alike
+        page.locator("form.search button").click()
+        page.wait_for_url(re.compile(r"/search\?q="))
+        shot(page, "search")
+        assert page.evaluate("window.__pwned") is None and page.locator("table.hits img").count() == 0
+        assert page.locator("#search-count").inner_text() == f"{len(planted)} hit{'' if len(planted) == 1 else 's'}."
+        hits = page.locator("table.hits tbody tr")
+        assert hits.count() == len(planted)
+        assert {hits.nth(i).locator("td").nth(0).inner_text() for i in range(hits.count())} == {"hand"}
+        assert page.locator("table.hits mark").first.inner_text() == needle
+        # Filters narrow it: another run has none; a verdict no attempt with it has.
+        page.goto(f"{base}/search?q={needle}&run=rounds")
+        assert page.locator("#search-count").inner_text() == "0 hits."
+        # Its link opens the message on its node's compare page, scrolled to and marked.
+        page.goto(f"{base}/search?q={needle}")
+        edge_id, index = planted[0]
+        page.locator("table.hits a.hit").first.click()
+        page.wait_for_url(re.compile(r"/run/hand/tree/T1/compare\?node=.*#e\d+-\d+-m\d+$"))
+        target = page.evaluate("document.querySelector(':target').id")
+        assert target == f"{edge_id.rsplit('/', 1)[1]}-m{index}"
+        marked = page.locator(f"#{target}")
+        assert needle in marked.inner_text() and marked.get_attribute("data-role") == "tool"
+        top, bottom = marked.evaluate("e => [e.getBoundingClientRect().top, e.getBoundingClientRect().bottom]")
+        assert bottom > 0 and top < page.viewport_size["height"]
+        assert page.evaluate("window.__pwned") is None
+        shot(page, "search-opened")
+
+
 @pytest.mark.slow
 def test_a_non_local_bind_refuses_requests_without_its_token(two_runs, tmp_path, page):
     runs = two_runs
@@ -418,7 +481,7 @@ def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(two_runs, tmp_pa
 def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots, student, coral_on_path):  # noqa: F811
     model = FakeModel(script).start()
     config = tmp_path / "run.toml"
-    config.write_text("parallel = 1\n[tree]\nroot_children = 1\nmax_children = 1\nmax_depth = 2\n")
+    config.write_text("parallel = 1\n[tree]\nroot_children = 2\nmax_children = 1\nmax_depth = 2\n")
     data = tmp_path / "data"
     try:
         r = explore_opencode(data, roots, model, config, "oc", "--coral-dir", str(student))
@@ -426,6 +489,9 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         model.stop()
     assert r.exit_code == 0, r.output
     samples = exported(data, "oc", tmp_path / "out")
+    catalog = Catalog.for_log(EventLog(data, "oc"))
+    attempts = {e["edge_id"]: e for e in catalog.query("select * from edges where parent_id = 'T001'")}
+    assert sorted(e["verdict"] for e in attempts.values()) == ["kept", "kept", "retry"]  # e1-1 crashed: retried
     with serving(data, tmp_path) as (base, token):
         page.goto(f"{base}/run/oc?token={token}")
         page.locator("details.paths a", has_text="T001.1.1").click()
@@ -433,6 +499,38 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         shot(page, "path-opencode")
         assert shown_messages(page) == sample_messages(samples[("T001", "T001.1.1")])
         assert page.locator(".eval").count() == 4  # each turn's eval after its last message
+        # The root's attempts side by side: where they differ, and the code each changed (git, in the
+        # tree's repository: from the root's commit to the attempt's last turn's).
+        page.goto(f"{base}/run/oc/tree/T001")
+        root_row = page.locator("tbody.node").nth(0)
+        root_row.locator("button.open").click()
+        root_row.locator("a.compare-link").click()
+        page.wait_for_url(re.compile(r"/run/oc/tree/T001/compare\?node=T001$"))
+        shot(page, "compare-opencode")
+        columns = page.locator("section.attempt")
+        assert sorted(columns.nth(i).get_attribute("data-edge") for i in range(columns.count())) == sorted(attempts)
+        assert page.locator(".diverge").count() == 3  # (each turn 1 prompt names its edge: they differ at once)
+        ends = {
+            r["edge_id"]: json.loads(r["state"])
+            for r in catalog.query("select edge_id, arg_max(state, turn) as state from stg_turn_finished group by 1")
+        }
+        repo = ends["T001/e1-1"]["repo"]
+        root = subprocess.run(
+            ["git", "-C", repo, "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True
+        )
+        for edge_id in attempts:
+            column = page.locator(f'section.attempt[data-edge="{edge_id}"]')
+            column.locator("details.code summary").click()
+            shown = column.locator("pre.diff").inner_text()
+            diff = subprocess.run(
+                ["git", "-C", repo, "diff", root.stdout.strip(), ends[edge_id]["commit"]],
+                capture_output=True,
+                text=True,
+            ).stdout
+            assert shown.strip() == diff.strip() and "solution.py" in diff
+            wrote = value_for(edge_id, 2 if attempts[edge_id]["verdict"] == "kept" else 1)
+            assert f"+VALUE = {wrote}" in shown  # the code the model wrote in its last turn
+        shot(page, "compare-opencode-diffs")
 
 
 def test_serve_refuses_a_missing_data_directory(tmp_path):

@@ -181,21 +181,24 @@ def _shapes(catalog: Catalog, tree_id: str | None = None):
 
 
 COMPARED = (
-    "select l.*, e.s1, e.s2, e.outcome, e.cleanliness, e.knowledge, e.regression_stability, e.tool_calls, "
-    "e.tool_errors, e.tok from labels as l join edges as e using (tree_id, edge_id) "
-    "where tree_id = ? and node_id = ? order by l.slot, l.attempt"
+    "select e.tree_id, e.edge_id, e.parent_id as node_id, e.slot, e.attempt, e.verdict, e.child_id, e.improved, "
+    "e.soft, e.s1, e.s2, e.outcome, e.cleanliness, e.knowledge, e.regression_stability, e.tool_calls, "
+    "e.tool_errors, e.tok, l.rule, l.value, l.label "
+    "from edges as e left join labels as l using (tree_id, edge_id) where e.tree_id = ? and e.parent_id = ? "
+    "and exists (select 1 from int_turns as t where t.tree_id = e.tree_id and t.edge_id = e.edge_id) "
+    "order by e.slot, e.attempt"
 )
 
 
 def node_attempts(catalog: Catalog, log: EventLog, tree_id: str, node_id: str, workspace: str) -> dict[str, Any]:
-    """The finished attempts from one node side by side (``serve``'s compare page).
+    """The attempts from one node that finished a turn, side by side (``serve``'s compare page).
 
     ``prompt``: the conversation they were forked from, as the first attempt's model
     received it (``same_prompt``: every attempt received that one); ``attempts``: each
-    attempt's row of ``labels`` (value and label under the current rule) with its
-    edge's scores, and its own messages, each with the turn it belongs to (``messages``
-    None: a turn of it recorded no conversation). Rendered as ``export --format kto``
-    renders the attempt.
+    attempt's edge with its scores and, once it finished, its value and label under the
+    current rule (``labels``), and its own messages, each with the turn it belongs to and
+    its index in the conversation (``messages`` None: a turn of it recorded no
+    conversation). Rendered as ``export --format kto`` renders the attempt.
     """
     rows = catalog.query(COMPARED, [tree_id, node_id])
     creators, turns = _shapes(catalog, tree_id)
@@ -211,14 +214,27 @@ def node_attempts(catalog: Catalog, log: EventLog, tree_id: str, node_id: str, w
         conv, start = made
         prompts.append(([*conv.system, *conv.messages[:start]], conv.tools))
         own = list(zip(conv.messages[start:], conv.owners[start:], strict=True))
-        attempts.append(row | {"messages": [{"message": m, "owner": o} for m, o in own]})
+        attempts.append(
+            row | {"messages": [{"message": m, "owner": o, "idx": start + i} for i, (m, o) in enumerate(own)]}
+        )
     prompt, tools = prompts[0] if prompts else ([], [])
     return {
         "prompt": prompt,
         "tools": tools,
         "same_prompt": all(p == prompts[0] for p in prompts),
         "attempts": attempts,
+        "diverge": _diverge([[m["message"] for m in a["messages"]] for a in attempts if a["messages"] is not None]),
     }
+
+
+def _diverge(own: list[list[dict[str, Any]]]) -> int | None:
+    """Where the attempts' own messages first differ (an offset into each; None: fewer than two attempts)."""
+    if len(own) < 2:
+        return None
+    k = 0
+    while all(k < len(m) for m in own) and all(m[k] == own[0][k] for m in own):
+        k += 1
+    return k
 
 
 @dataclass

@@ -33,6 +33,7 @@ from engine.report import LEGEND, drawn_trees
 from engine.web import data, sql
 from engine.web.live import run_events
 from engine.web.pages import HEADERS, HERE, TEMPLATES, page, problem
+from engine.web.search import search_page
 from ingest.errors import ProjectError
 from ingest.log import RUN_ID_RE
 
@@ -298,6 +299,7 @@ def create_app(data_dir: Path, token: str, host: str = "127.0.0.1") -> Starlette
     routes = [
         Route("/", collection),
         Route("/sql", sql.sql, methods=["GET", "POST"]),
+        Route("/search", search_page),
         Route("/campaign/{name}", campaign),
         Route("/run/{run_id}", run),
         Route("/run/{run_id}/live", run_live),

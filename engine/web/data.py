@@ -21,6 +21,7 @@ from typing import Any
 from engine.collection import Collection, Limits, open_runs
 from engine.derived.keys import record_stat
 from engine.derived.live import mark_stamp
+from engine.derived.transcripts import Transcripts
 from ingest.errors import ProjectError
 from ingest.log import EventLog, run_ids
 from ingest.paths import command_line
@@ -40,6 +41,7 @@ class Source:
         self._lock = threading.Lock()  # held while the collection is opened or brought up to date
         self._open: tuple[tuple, Collection] | None = None
         self._samples: OrderedDict[tuple, Any] = OrderedDict()
+        self._transcripts: Transcripts | None = None
 
     def fingerprint(self, runs: list[str] | None = None) -> tuple:
         """Which runs, and the state of each one's record (it changes whenever a part is published) and of its
@@ -65,6 +67,15 @@ class Source:
                 self._open = (now, runs)
             return self._open[1]
 
+    @property
+    def transcripts(self) -> Transcripts:
+        """The runs' transcripts to search, kept where the collection keeps its derived state."""
+        runs = self.collection()
+        with self._lock:
+            if self._transcripts is None or self._transcripts.derived is not runs.derived:
+                self._transcripts = Transcripts(runs.derived)
+            return self._transcripts
+
     def damaged(self, runs: Collection) -> list[str]:
         """What is damaged among the collection's runs (each left out), as messages."""
         with runs.binding_lock:
@@ -87,14 +98,20 @@ class Source:
         return found
 
     def attempts(self, run_id: str, tree_id: str, node_id: str) -> dict[str, Any]:
-        """The finished attempts from a node side by side (:func:`~engine.export.supervised.node_attempts`)."""
+        """The attempts from a node side by side (:func:`~engine.export.supervised.node_attempts`), each with the
+        code it changed (:func:`~engine.web.code.changes`)."""
         from engine.derived import Derived
         from engine.export import DEFAULT_WORKSPACE
         from engine.export.supervised import node_attempts
+        from engine.web.code import changes
 
         log = EventLog(self.data_dir, run_id).require()
         with Derived(self.data_dir).open(run_id) as catalog:
-            return node_attempts(catalog, log, tree_id, node_id, DEFAULT_WORKSPACE)
+            shown = node_attempts(catalog, log, tree_id, node_id, DEFAULT_WORKSPACE)
+            code = changes(catalog.query, tree_id, node_id, [a["edge_id"] for a in shown["attempts"]])
+        for attempt in shown["attempts"]:
+            attempt["code"] = code[attempt["edge_id"]]
+        return shown
 
 
 def collection_page(runs: Collection) -> dict[str, Rows]:

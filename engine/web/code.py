@@ -1,0 +1,81 @@
+"""The code each attempt changed: the diff between its node's recorded code state and the attempt's.
+
+A turn's recorded state (``TurnFinished.state``) names the tree's repository and the
+commit its worktree ended at; a node's code is its creating edge's last turn's commit,
+a root's the repository's own commit (made from the snapshot's code when the tree
+started). The diff is read from that repository with git: a run whose backend records
+no code (the simulator), or whose repository is not on this machine any more, says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+MAX_CHARS = 200_000  # of a diff shown (the rest is cut, and said so)
+
+
+def _git(repo: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "-C", repo, "-c", "core.quotepath=off", *args], capture_output=True, text=True, errors="replace"
+    )
+
+
+def _code(state: Any) -> tuple[str, str] | None:
+    """The (repository, commit) a recorded state names, or None."""
+    held = json.loads(state) if isinstance(state, str) else state
+    if isinstance(held, dict) and held.get("repo") and held.get("commit"):
+        return str(held["repo"]), str(held["commit"])
+    return None
+
+
+def changes(query, tree_id: str, node_id: str, edge_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each attempt's code change from the node: ``files`` (git's numstat rows), ``diff`` (text) or ``why`` not.
+
+    ``query(sql, args)``: rows of the run's catalog.
+    """
+    ends = {
+        r["edge_id"]: r["state"]
+        for r in query(
+            "select edge_id, arg_max(state, turn) as state from stg_turn_finished where tree_id = ? group by all",
+            [tree_id],
+        )
+        if r["edge_id"] in edge_ids
+    }
+    start = None
+    if node_id != tree_id:
+        made = query("select state from int_nodes__created where tree_id = ? and node_id = ?", [tree_id, node_id])
+        start = _code(made[0]["state"]) if made and made[0]["state"] else None
+    found = {}
+    for edge_id in edge_ids:
+        end = _code(ends.get(edge_id))
+        if end is None:
+            found[edge_id] = {"why": "this run's backend recorded no code state (the simulator records none)"}
+            continue
+        repo, commit = end
+        base = start
+        if node_id == tree_id:  # the root: the repository's own commit
+            head = _git(repo, "rev-parse", "HEAD")
+            base = (repo, head.stdout.strip()) if head.returncode == 0 else None
+        found[edge_id] = _diff(repo, base[1] if base else None, commit)
+    return found
+
+
+def _diff(repo: str, before: str | None, after: str) -> dict[str, Any]:
+    if before is None:
+        return {"why": f"the node's code is not in {repo} any more (removed, or not on this machine)"}
+    for commit in (before, after):
+        if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+            return {"why": f"commit {commit[:12]} is not in {repo} (removed, or not on this machine)"}
+    stat = _git(repo, "diff", "--numstat", "--no-renames", before, after)
+    patch = _git(repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", before, after)
+    if stat.returncode != 0 or patch.returncode != 0:
+        return {"why": f"git diff failed in {repo}: {(stat.stderr or patch.stderr).strip()[:300]}"}
+    files = []
+    for line in stat.stdout.splitlines():
+        added, removed, name = line.split("\t", 2)
+        files.append({"file": name, "added": added, "removed": removed})
+    text = patch.stdout
+    cut = len(text) > MAX_CHARS
+    return {"before": before, "after": after, "files": files, "diff": text[:MAX_CHARS], "cut": cut, "chars": len(text)}

@@ -1,0 +1,192 @@
+"""Search every transcript of the collection: the runs' transcripts (:mod:`engine.derived.transcripts`)
+filtered by their text and by what the views say of their attempts.
+
+A search reads each run's transcript segments (checked, caught up as the run grows)
+and the rows of ``edges`` and ``trees`` (and ``tool_calls`` for the tool-error and
+knowledge filters) through the collection, then runs one query over them on a
+connection of its own. The text matches case-insensitively as a plain substring (no
+pattern syntax). A turn recorded twice counts once: its last record. Each hit links to
+its message on the compare page of the attempt's node (``#e<slot>-<attempt>-m<idx>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from engine.web.pages import page
+from ingest.errors import ProjectError
+from ingest.text import sql_text
+
+SHOWN = 200  # hits listed (the count is of every hit)
+AROUND = 90  # characters of context each side of a match
+KINDS = ("text", "reasoning", "call", "result")
+VERDICTS = ("kept", "kept_exempt", "pruned", "retry")
+
+HITS = """
+with pieces as (
+    select * from read_parquet({files})
+),
+found as (
+    select p.*, e.parent_id, e.verdict, e.edge_score, e.task, e.stage
+    from pieces as p
+    join attempts as e using (run_id, tree_id, edge_id)
+    where {where}
+)
+select f.*, count(*) over () as total
+from found as f
+where not exists (
+    select 1 from pieces as later
+    where later.run_id = f.run_id and later.edge_id = f.edge_id and later.turn = f.turn and later.seq > f.seq
+)
+order by f.run_id, f.tree_id, f.seq, f.idx, f.kind, f.call_id
+limit {limit}
+"""
+
+
+@dataclass
+class Query:
+    """What a search asks for (the form's fields, checked)."""
+
+    q: str = ""
+    kind: str = ""
+    tool: str = ""
+    run: str = ""
+    task: str = ""
+    stage: str = ""
+    tree: str = ""
+    verdict: str = ""
+    min_score: float | None = None
+    max_score: float | None = None
+    errors: bool = False
+    knowledge: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, params: Any) -> Query:
+        found = cls(**{k: (params.get(k) or "").strip() for k in ("q", "kind", "tool", "run", "task", "stage", "tree")})
+        found.verdict = (params.get("verdict") or "").strip()
+        found.errors, found.knowledge = bool(params.get("errors")), bool(params.get("knowledge"))
+        for name in ("min_score", "max_score"):
+            text = (params.get(name) or "").strip()
+            try:
+                setattr(found, name, float(text) if text else None)
+            except ValueError:
+                found.problems.append(f"{name.replace('_', ' ')} {text!r} is not a number")
+        if found.kind and found.kind not in KINDS:
+            found.problems.append(f"kind {found.kind!r} is not one of {', '.join(KINDS)}")
+        if found.verdict and found.verdict not in VERDICTS:
+            found.problems.append(f"verdict {found.verdict!r} is not one of {', '.join(VERDICTS)}")
+        return found
+
+    @property
+    def asked(self) -> bool:
+        """Whether there is anything to search for (a text or a tool name)."""
+        return bool(self.q or self.tool)
+
+    def where(self) -> tuple[str, list[Any]]:
+        """The hits' condition and its parameters."""
+        clauses, args = [], []
+        if self.q:
+            clauses.append("contains(lower(p.text), ?)")
+            args.append(self.q.lower())
+        for column, value in (("p.kind", self.kind), ("p.tool", self.tool), ("p.run_id", self.run)):
+            if value:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        for column, value in (("e.task", self.task), ("e.stage", self.stage), ("p.tree_id", self.tree)):
+            if value:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        if self.verdict:
+            clauses.append("e.verdict = ?")
+            args.append(self.verdict)
+        if self.min_score is not None:
+            clauses.append("e.edge_score >= ?")
+            args.append(self.min_score)
+        if self.max_score is not None:
+            clauses.append("e.edge_score <= ?")
+            args.append(self.max_score)
+        for flag, table in ((self.errors, "failed_calls"), (self.knowledge, "knowledge_calls")):
+            if flag:
+                clauses.append(
+                    f"exists (select 1 from {table} as c where c.run_id = p.run_id and c.edge_id = p.edge_id "
+                    "and c.call_id = p.call_id)"
+                )
+        return " and ".join(clauses) or "true", args
+
+
+def search(source: Any, query: Query) -> dict[str, Any]:
+    """The hits of ``query`` over the collection of ``source`` (:class:`engine.web.data.Source`)."""
+    runs = source.collection()
+    names = [query.run] if query.run else list(runs.run_ids)
+    files = [str(f) for run_id in names if run_id in runs.run_ids for f in source.transcripts.files(run_id)]
+    if not files:
+        return {"hits": [], "total": 0}
+    tables = {
+        "attempts": runs.arrow(
+            "select e.run_id, e.tree_id, e.edge_id, e.parent_id, e.verdict, e.edge_score, t.task, t.stage "
+            "from edges as e join trees as t using (run_id, tree_id)"
+        )
+    }
+    if query.errors:
+        tables["failed_calls"] = runs.arrow("select run_id, edge_id, call_id from tool_calls where status = 'error'")
+    if query.knowledge:
+        tables["knowledge_calls"] = runs.arrow("select run_id, edge_id, call_id from tool_calls where is_knowledge")
+    where, args = query.where()
+    sql = HITS.format(files="[" + ", ".join(sql_text(f) for f in files) + "]", where=where, limit=SHOWN)
+    con = duckdb.connect(config={"temp_directory": ""})
+    try:
+        for name, table in tables.items():
+            con.register(name, table)
+        result = con.execute(sql, args)
+        columns = [d[0] for d in result.description]
+        rows = [dict(zip(columns, r, strict=True)) for r in result.fetchall()]
+    finally:
+        con.close()
+    for row in rows:
+        row["before"], row["match"], row["after"] = _snippet(row["text"], query.q)
+        row["anchor"] = f"{row['edge_id'].rsplit('/', 1)[1]}-m{row['idx']}"
+    return {"hits": rows, "total": rows[0]["total"] if rows else 0}
+
+
+def _snippet(text: str, q: str) -> tuple[str, str, str]:
+    """The text around the first match of ``q`` (the match apart, to be marked)."""
+    at = text.lower().find(q.lower()) if q else -1
+    if at < 0:
+        return (text[: 2 * AROUND] + ("…" if len(text) > 2 * AROUND else "")), "", ""
+    start, end = max(0, at - AROUND), min(len(text), at + len(q) + AROUND)
+    before = ("…" if start else "") + text[start:at]
+    return before, text[at : at + len(q)], text[at + len(q) : end] + ("…" if end < len(text) else "")
+
+
+def search_page(request: Request) -> HTMLResponse:
+    """The search form, and its hits when something was asked."""
+    source = request.app.state.source
+    query = Query.of(request.query_params)
+    found: dict[str, Any] = {"hits": [], "total": 0}
+    error = "; ".join(query.problems) or None
+    choices: dict[str, list] = {"runs": [], "tasks": [], "stages": ["early", "middle", "late"]}
+    try:
+        runs = source.collection()
+        choices["runs"] = list(runs.run_ids)
+        choices["tasks"] = [r["task"] for r in runs.query("select distinct task from trees order by task")]
+        if query.asked and not error:
+            found = search(source, query)
+    except ProjectError as err:
+        error = str(err)
+    return page(
+        request,
+        "search.html",
+        query=query,
+        error=error,
+        shown=SHOWN,
+        kinds=KINDS,
+        verdicts=VERDICTS,
+        **found,
+        **choices,
+    )

@@ -1,0 +1,129 @@
+"""The transcripts ``serve``'s search reads (engine/derived/transcripts.py): derived state like any other.
+
+Their rows must be what an independent reading of the log gives; a run that grew is
+caught up by reading only its new events; a changed stored file is dropped and built
+again (never an answer from it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import hand_run
+import pytest
+
+from engine.derived import Derived
+from engine.derived.transcripts import INDEX, WORKSPACE, Transcripts
+from ingest.events import RunStarted
+from ingest.log import EventLog, LogWriter
+
+
+def reference(data: Path, run_id: str) -> list[tuple]:
+    """Each turn's own messages (from its user prompt on; the last record of a turn), piece by piece."""
+    turns = {}
+    for batch in EventLog(data, run_id).scan_kind(
+        "conversation_recorded", ["seq", "edge_id", "turn", "base", "turn_start", "workspace", "messages"]
+    ):
+        for row in batch.to_pylist():
+            turns[(row["edge_id"], row["turn"])] = row
+    names = {}
+    rows = []
+    for row in turns.values():
+        messages = json.loads(row["messages"])
+        for m in messages:
+            for c in m.get("tool_calls") or []:
+                names[(row["edge_id"], c["id"])] = c["function"]["name"]
+    for (edge_id, turn), row in turns.items():
+        for i, m in enumerate(json.loads(row["messages"]), row["base"]):
+            if i < row["turn_start"]:
+                continue
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content)
+            pieces = [("result", content, names.get((edge_id, m.get("tool_call_id"))), m.get("tool_call_id"))]
+            if m["role"] != "tool":
+                pieces = [("text", content, None, None)]
+            pieces.append(("reasoning", m.get("reasoning_content"), None, None))
+            pieces += [
+                ("call", c["function"]["arguments"], c["function"]["name"], c["id"]) for c in m.get("tool_calls") or []
+            ]
+            for kind, text, tool, call_id in pieces:
+                if text:
+                    text = text.replace(row["workspace"], WORKSPACE) if row["workspace"] else text
+                    role = "assistant" if kind == "call" else m["role"]
+                    rows.append((edge_id, turn, i, role, kind, tool, call_id, text))
+    return sorted(rows, key=repr)
+
+
+def indexed(files: list[Path]) -> list[tuple]:
+    names = ", ".join(f"'{f}'" for f in files)
+    found = duckdb.sql(
+        f"select edge_id, turn, idx, role, kind, tool, call_id, text from read_parquet([{names}])"
+    ).fetchall()
+    return sorted(found, key=repr)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    data = tmp_path_factory.mktemp("hand") / "data"
+    hand_run.write(data)
+    return data
+
+
+@pytest.fixture
+def hand(written, tmp_path) -> Path:
+    """The hand run's data directory, a copy of one's own (nothing derived yet)."""
+    data = tmp_path / "data"
+    shutil.copytree(written, data, ignore=shutil.ignore_patterns("derived"))
+    return data
+
+
+def test_the_rows_are_each_turns_own_messages_read_from_the_log(hand):
+    rows = indexed(Transcripts(Derived(hand)).files("hand"))
+    expected = reference(hand, "hand")
+    assert rows == expected
+    kinds = {r[4] for r in rows}
+    assert kinds == {"text", "reasoning", "call", "result"}  # the hand run has each
+    assert all("/runs/hand/worktrees" not in r[7] for r in rows)  # every workspace replaced
+
+
+def test_a_grown_run_is_caught_up_from_its_new_events_alone(tmp_path):
+    data = tmp_path / "data"
+    events = hand_run.events()
+    half = next(i for i, e in enumerate(events) if getattr(e, "edge_id", None) == "T1.1/e1-1")
+    with LogWriter.create(data, "grows") as writer:
+        writer.append([RunStarted(command="explore", task="speedup", config=hand_run.CONFIG.model_dump(mode="json"))])
+        writer.append(events[:half])
+        first = Transcripts(Derived(data))
+        before = first.files("grows")
+        assert first.built == 1 and indexed(before) == reference(data, "grows")
+        writer.append(events[half:])
+    after = first.files("grows")
+    assert first.built == 2  # one segment more: the new events'
+    assert after[0] == before[0] and len(after) == 2
+    assert indexed(after) == reference(data, "grows")
+    again = Transcripts(Derived(data))  # another reader, another process: reads what is stored
+    assert again.files("grows") == after and again.built == 0
+
+
+@pytest.mark.parametrize("damage", ["segment", "index", "missing"])
+def test_a_changed_stored_file_is_dropped_and_built_again(hand, damage, capsys):
+    files = Transcripts(Derived(hand)).files("hand")
+    place = files[0].parent
+    if damage == "segment":
+        data = bytearray(files[0].read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        files[0].write_bytes(bytes(data))
+    elif damage == "index":
+        held = json.loads((place / INDEX).read_text())
+        held["tail"] += 1
+        (place / INDEX).write_text(json.dumps(held))
+    else:
+        files[0].unlink()
+    reader = Transcripts(Derived(hand))
+    rows = indexed(reader.files("hand"))
+    assert reader.built == 1 and rows == reference(hand, "hand")
+    assert "dropped" in capsys.readouterr().err
