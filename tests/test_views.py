@@ -208,6 +208,26 @@ def test_run_progress_counts_the_edges_and_trees_of_the_run(sim_log):
     assert (row["trees"], row["trees_done"]) == (len(statuses), statuses.count("done"))
 
 
+def test_spend_curve_is_campaign_spend_as_of_each_seq(sim_log):
+    """The run's spend at a seq is what campaign_spend says over the log up to that seq (a round reading
+    the run at its mark), and its last row what it says now."""
+    from ingest.log import EventLog
+
+    log = EventLog(*sim_log)
+    whole = Catalog.for_log(log, threads=1)
+    curve = whole.query("select seq, kept_edges, tokens from spend_curve order by seq")
+    now = whole.query("select kept_edges, tokens from campaign_spend")[0]
+    assert (curve[-1]["kept_edges"], curve[-1]["tokens"]) == (now["kept_edges"], now["tokens"])
+    tail = whole.tail_seq()
+    growing = Catalog.empty(threads=1)
+    for mark in sorted({1, tail // 5, tail // 3, tail // 2, (3 * tail) // 4, tail}):
+        growing.load(log, upto=mark)
+        spent = growing.query("select kept_edges, tokens from campaign_spend")[0]
+        before = [r for r in curve if r["seq"] <= mark]
+        shown = (before[-1]["kept_edges"], before[-1]["tokens"]) if before else (0, 0)
+        assert shown == (spent["kept_edges"], spent["tokens"]), mark
+
+
 def test_an_edge_starting_makes_only_the_as_of_tables_stale(sim_log):
     from ingest.events import EdgeStarted
     from ingest.log import EventLog

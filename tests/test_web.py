@@ -221,6 +221,40 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
             for p in pairs
         ]
         shot(page, "tree")
+        # Its paths with what their turns cost (cost_paths), a column's name sorting them.
+        catalog = Catalog.for_log(EventLog(runs, "rounds"))
+        costs = catalog.query("select leaf_id, tokens from cost_paths where tree_id = 'T001'")
+        table = page.locator("form.compare-paths table.paths")
+
+        def column(name: str) -> list[str]:
+            k = table.locator("thead th").all_inner_texts().index(name)
+            return [row.locator("td").nth(k).inner_text() for row in table.locator("tbody tr").all()]
+
+        shown = dict(zip(column("leaf_id"), column("tokens"), strict=True))
+        assert {leaf: int(v.replace(",", "")) for leaf, v in shown.items() if v != "-"} == {
+            r["leaf_id"]: r["tokens"] for r in costs
+        }
+        for order in (sorted, lambda xs: sorted(xs, reverse=True)):
+            table.locator("thead th", has_text="tokens").click()
+            tokens = [int(v.replace(",", "")) for v in column("tokens") if v != "-"]
+            assert tokens == order(tokens) and column("tokens")[len(tokens) :] == ["-"] * (len(shown) - len(tokens))
+        # Two selected paths side by side from where their conversations part, each as export writes it.
+        boxes = page.locator('form.compare-paths input[name="leaf"]')
+        assert boxes.count() >= 2
+        picked = [boxes.nth(i).get_attribute("value") for i in (0, 1)]
+        boxes.nth(0).check()
+        boxes.nth(1).check()
+        page.locator("form.compare-paths button").click()
+        page.wait_for_url(re.compile(r"/run/rounds/tree/T001/paths\?leaf="))
+        a, b = (samples[("T001", leaf)]["messages"] for leaf in picked)
+        shared = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
+        assert page.locator("details.fork summary").inner_text().startswith(f"The conversation they share: {shared} ")
+        for k, leaf in enumerate(picked, 1):
+            rest = {"messages": samples[("T001", leaf)]["messages"][shared:]}
+            assert page.locator(f"#p{k}").get_attribute("data-leaf") == leaf
+            assert shown_messages(page, f"#p{k} .msg") == sample_messages(rest)
+        shot(page, "compare-paths")
+        page.goto(f"{base}/run/rounds/tree/T001")
         # A pair's node compares its attempts side by side, each as export --format kto writes it.
         node_id = next(c[0] for c in cells if {c[3], c[7]} & {"retry", "pruned"})  # a failed attempt in a pair
         page.locator("table.pairs a", has_text=node_id).first.click()
@@ -266,6 +300,13 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
         page.goto(page.url + last)
         assert "#" + page.evaluate("document.querySelector(':target').id") == last
         top, bottom = page.locator(last).evaluate(where)
+        assert bottom > 0 and top < page.viewport_size["height"]
+        # A tool result links to the call it answers: the call is scrolled to and marked.
+        result = page.locator('.msg[data-role="tool"]').last
+        call_id = result.get_attribute("data-tool-call-id")
+        result.locator(".who a", has_text=call_id).click()
+        assert page.evaluate("document.querySelector(':target').dataset.callId") == call_id
+        top, bottom = page.locator(".call:target").evaluate(where)
         assert bottom > 0 and top < page.viewport_size["height"]
         # The path's fields beside it.
         assert page.locator("table.fields").inner_text().count(samples[key]["metadata"]["selection_id"]) == 1
@@ -364,6 +405,42 @@ def test_html_in_a_tool_result_is_shown_as_text(tmp_path, page):
         results = page.locator('.msg[data-role="tool"] pre.content').all_inner_texts()
         assert PAYLOAD in results
         assert shown_messages(page) == sample_messages(samples[("T1", "T1.1.1")])
+
+
+DEEP = """parallel = 1
+[tree]
+root_children = 1
+max_children = 1
+max_depth = 50
+hard_token_limit = 1000000000000
+target_good_leaves = 1
+max_valid_edges = 1000
+max_failed_expansions = 1000
+tool_error_prune = 1.0
+[backend_options]
+latency_s = 0
+"""
+
+
+@pytest.mark.slow
+def test_a_100_turn_path_renders_whole(tmp_path, page):
+    """A path of 50 edges (100 turns, over a thousand messages) on one page, equal to its export."""
+    config = tmp_path / "deep.toml"
+    config.write_text(DEEP)
+    data = tmp_path / "data"
+    args = ["--data", str(data), "explore", str(SNAPSHOTS), "--select", "--task", "kernel-speedup"]
+    done = CliRunner().invoke(cli, [*args, "--num-roots", "1", "--run-id", "deep", "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    samples = exported(data, "deep", tmp_path / "out")
+    leaf = "T001" + ".1" * 50
+    assert set(samples) == {("T001", leaf)}
+    with serving(data, tmp_path) as (base, token):
+        page.goto(f"{base}/run/deep/path?tree=T001&leaf={leaf}&token={token}")
+        assert page.locator(".conversation .turn-head").count() == 100
+        assert page.locator(".conversation .eval").count() == 100
+        assert shown_messages(page) == sample_messages(samples[("T001", leaf)])
+        assert len(samples[("T001", leaf)]["messages"]) > 1000
+        shot(page, "path-100-turns")
 
 
 def _planted(data: Path, run_id: str, needle: str) -> list[tuple[str, int]]:
@@ -579,6 +656,25 @@ def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page)
         from engine.runset import open_campaign
 
         assert grants == len(open_campaign(data, "camp").query("select * from campaign_grants"))
+        # Round by round, what the runs had spent when the round read them: each run's log loaded up to
+        # the round's mark, its campaign_spend read there (as the campaign's replay reads it).
+        rounds = open_campaign(data, "camp").query("select seq, marks from campaign_rounds order by seq")
+        expected = []
+        for r in rounds:
+            edges = tokens = 0
+            for run_id, mark in json.loads(r["marks"]).items():
+                catalog = Catalog.empty()
+                catalog.load(EventLog(data, run_id), upto=mark)
+                spend = catalog.query("select kept_edges, tokens from campaign_spend")[0]
+                edges, tokens = edges + spend["kept_edges"], tokens + spend["tokens"]
+            expected.append((r["seq"], edges, tokens))
+        shown = page.evaluate(
+            "() => [...document.querySelectorAll('table.rounds tbody tr')]"
+            ".map(r => [...r.cells].map(c => c.textContent))"
+        )
+        assert [(int(c[0]), int(c[6].replace(",", "")), int(c[7].replace(",", ""))) for c in shown] == expected
+        assert len(expected) >= 2 and expected[-1][1] > expected[0][1]  # (it grew between rounds)
+        assert "24 valid edges" in page.locator("p.budget").inner_text()  # the budget beside the spend
         page.click(f"table.tasks a:text('{printed['runs'][0]}')")
         page.wait_for_selector("#live")
         assert printed["runs"][0] in page.title()

@@ -3,7 +3,8 @@
 -- sources: trees, int_turns__costs
 --
 -- Every turn of the tree counts, those of pruned and retried attempts included.
--- tokens_per_selected_path: the tree's tokens over its selected paths (what one
+-- startup/model/tool_seconds: sums over the turns that measured them (null: none did;
+-- turn_phases). tokens_per_selected_path: the tree's tokens over its selected paths (what one
 -- training sample from this root cost to make; null without a selected path).
 with costs as (
     select
@@ -16,7 +17,10 @@ with costs as (
         sum(tokens_reasoning) as tokens_reasoning,
         sum(tokens) as tokens,
         sum(cost order by edge_id, turn) as cost,
-        sum(wall_seconds order by edge_id, turn) as wall_seconds
+        sum(wall_seconds order by edge_id, turn) as wall_seconds,
+        sum(startup_seconds order by edge_id, turn) as startup_seconds,
+        sum(model_seconds order by edge_id, turn) as model_seconds,
+        sum(tool_seconds order by edge_id, turn) as tool_seconds
     from int_turns__costs
     group by all
 )
@@ -34,6 +38,9 @@ select
     coalesce(c.tokens, 0) as tokens,
     coalesce(c.cost, 0.0) as cost,
     coalesce(c.wall_seconds, 0.0) as wall_seconds,
+    c.startup_seconds,
+    c.model_seconds,
+    c.tool_seconds,
     t.selected as selected_paths,
     case when t.selected > 0
         then c.tokens / t.selected

@@ -1,12 +1,13 @@
--- Per finished turn: its tokens by kind and in all, model calls, the backend's cost and wall time.
+-- Per finished turn: its tokens by kind and in all, model calls, the backend's cost, wall time and phases.
 -- grain: tree_id, edge_id, turn
 -- sources: stg_turn_finished, stg_step_finished
 --
 -- Tokens are summed over the turn's steps as the backend reported them (OpenCode:
 -- input excludes the cached part, output excludes reasoning); tokens is the four
 -- kinds' total, the one definition every view that counts tokens reads. wall_seconds is
--- wall-clock time, as is finished_at (when the turn was recorded): for reports
--- only, never for a decision.
+-- wall-clock time, as are its phases (turn_phases: null where the backend could not
+-- tell) and finished_at (when the turn was recorded): for reports only, never for a
+-- decision.
 with steps as (
     select
         tree_id,
@@ -35,6 +36,10 @@ select
         + coalesce(s.tokens_reasoning, 0) as tokens,
     coalesce(s.cost, 0.0) as cost,
     coalesce(f.wall_seconds, 0.0) as wall_seconds,
-    f.recorded_at as finished_at
+    f.startup_seconds,
+    f.model_seconds,
+    f.tool_seconds,
+    f.recorded_at as finished_at,
+    f.seq as finished_seq
 from stg_turn_finished as f
 left join steps as s using (tree_id, edge_id, turn)

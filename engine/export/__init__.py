@@ -259,7 +259,22 @@ def path_sample(
     """
     log = EventLog(data_dir, run_id).require()
     with Derived(data_dir).open(run_id) as catalog:
-        run = _prepare_run(log, catalog, selection, "chat", None, None, workspace, leaf=(tree_id, leaf_id))
+        return sample_in(log, catalog, tree_id, leaf_id, selection=selection, workspace=workspace, reasoning=reasoning)
+
+
+def sample_in(
+    log: EventLog,
+    catalog: Catalog,
+    tree_id: str,
+    leaf_id: str,
+    *,
+    selection: str | None = None,
+    workspace: str = DEFAULT_WORKSPACE,
+    reasoning: bool = True,
+) -> tuple[dict[str, Any], PathConversation]:
+    """:func:`path_sample` from a catalog of the run already open (``catalog``: its state)."""
+    run_id = log.run_id
+    run = _prepare_run(log, catalog, selection, "chat", None, None, workspace, leaf=(tree_id, leaf_id))
     if not run.paths:
         msg = f"run {run_id!r}: selection {run.chosen['selection_id']!r} has no path of tree {tree_id!r} to {leaf_id!r}"
         raise InputError(msg)

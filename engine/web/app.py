@@ -51,14 +51,15 @@ def _run_id(request: Request) -> str | None:
 
 def collection(request: Request) -> HTMLResponse:
     source: data.Source = request.app.state.source
-    campaigns, damaged = data.campaigns_table(source.data_dir)
-    tables, message = None, None
+    tables, message, runs, left_out = None, None, None, []
     try:
         runs = source.collection()
         tables = data.collection_page(runs)
-        damaged = source.damaged(runs) + damaged
+        left_out = source.damaged(runs)
     except ProjectError as err:
         message = str(err)
+    campaigns, damaged = data.campaigns_table(source.data_dir, runs)
+    damaged = left_out + damaged
     return page(
         request,
         "collection.html",
@@ -78,7 +79,7 @@ def campaign(request: Request) -> HTMLResponse:
     if not RUN_ID_RE.match(name) or not is_campaign(data_dir, name):
         return problem(request, "no such campaign")
     try:
-        shown = data.campaign_page(data_dir, name)
+        shown = data.campaign_page(data_dir, name, request.app.state.source.collection())
     except ProjectError as err:  # a damaged campaign: a page that says what is damaged
         message = data.damaged_campaign(data_dir, name, err)
         return page(
@@ -167,6 +168,21 @@ def compare(request: Request) -> HTMLResponse:
     return page(request, "compare.html", run_id=run_id, tree_id=tree_id, node_id=node_id, **shown)
 
 
+def compare_paths(request: Request) -> HTMLResponse:
+    """Two or more selected paths of a tree side by side from where their conversations part."""
+    run_id, tree_id = _run_id(request), request.path_params["tree_id"]
+    leaves = list(dict.fromkeys(request.query_params.getlist("leaf")))
+    if run_id is None or not 2 <= len(leaves) <= 4:
+        return problem(request, "comparing paths needs a run, a tree and two to four ?leaf= (selected paths)", 400)
+    source: data.Source = request.app.state.source
+    try:
+        shown = source.paths(run_id, tree_id, leaves)
+        costs = data.path_costs(source.collection(), run_id, tree_id)
+    except ProjectError as err:
+        return problem(request, str(err))
+    return page(request, "compare_paths.html", run_id=run_id, tree_id=tree_id, costs=costs, **shown)
+
+
 def path(request: Request) -> HTMLResponse:
     run_id = _run_id(request)
     tree_id, leaf_id = request.query_params.get("tree"), request.query_params.get("leaf")
@@ -181,7 +197,7 @@ def path(request: Request) -> HTMLResponse:
         return problem(request, str(err))
     meta = sample["metadata"]
     turns = {(t["edge_id"], t["turn"]): t for t in meta["turns"]}
-    feedback = data.eval_feedback(source.data_dir, run_id, set(turns))
+    feedback = source.feedback(run_id, set(turns))
     # The messages in order, each with the turn it belongs to; a turn's eval after its last message.
     system = len(sample["messages"]) - len(conv.owners)
     items = []
@@ -307,6 +323,7 @@ def create_app(data_dir: Path, token: str, host: str = "127.0.0.1") -> Starlette
         Route("/run/{run_id}/path", path),
         Route("/run/{run_id}/tree/{tree_id}", tree),
         Route("/run/{run_id}/tree/{tree_id}/compare", compare),
+        Route("/run/{run_id}/tree/{tree_id}/paths", compare_paths),
         Route("/static/tree.css", tree_css),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]  # every route answers GET (and HEAD), the SQL page POST too (a query): no endpoint writes

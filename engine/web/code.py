@@ -13,6 +13,8 @@ import json
 import subprocess
 from typing import Any
 
+from ingest.text import sql_text
+
 MAX_CHARS = 200_000  # of a diff shown (the rest is cut, and said so)
 
 
@@ -30,41 +32,48 @@ def _code(state: Any) -> tuple[str, str] | None:
     return None
 
 
+def node_code(query, tree_id: str, node_id: str) -> tuple[str, str] | None:
+    """The (repository, commit) of a node's code: its creating edge's last turn's; a root's, its repository's
+    own commit (None: the run recorded no code, or the repository is gone). ``query(sql)``: the run's rows."""
+    if node_id != tree_id:
+        scope = f"tree_id = {sql_text(tree_id)} and node_id = {sql_text(node_id)}"
+        made = query(f"select state from int_nodes__created where {scope}")
+        return _code(made[0]["state"]) if made and made[0]["state"] else None
+    for row in query(f"select state from stg_turn_finished where tree_id = {sql_text(tree_id)} order by seq limit 1"):
+        found = _code(row["state"])
+        if found is not None:
+            head = _git(found[0], "rev-parse", "HEAD")
+            return (found[0], head.stdout.strip()) if head.returncode == 0 else None
+    return None
+
+
 def changes(query, tree_id: str, node_id: str, edge_ids: list[str]) -> dict[str, dict[str, Any]]:
     """Each attempt's code change from the node: ``files`` (git's numstat rows), ``diff`` (text) or ``why`` not.
 
-    ``query(sql, args)``: rows of the run's catalog.
+    ``query(sql)``: the run's rows (its catalog's, or the collection's of that run alone).
     """
     ends = {
-        r["edge_id"]: r["state"]
+        r["edge_id"]: _code(r["state"])
         for r in query(
-            "select edge_id, arg_max(state, turn) as state from stg_turn_finished where tree_id = ? group by all",
-            [tree_id],
+            "select edge_id, arg_max(state, turn) as state from stg_turn_finished "
+            f"where tree_id = {sql_text(tree_id)} group by all"
         )
         if r["edge_id"] in edge_ids
     }
-    start = None
-    if node_id != tree_id:
-        made = query("select state from int_nodes__created where tree_id = ? and node_id = ?", [tree_id, node_id])
-        start = _code(made[0]["state"]) if made and made[0]["state"] else None
-    found = {}
-    for edge_id in edge_ids:
-        end = _code(ends.get(edge_id))
-        if end is None:
-            found[edge_id] = {"why": "this run's backend recorded no code state (the simulator records none)"}
-            continue
-        repo, commit = end
-        base = start
-        if node_id == tree_id:  # the root: the repository's own commit
-            head = _git(repo, "rev-parse", "HEAD")
-            base = (repo, head.stdout.strip()) if head.returncode == 0 else None
-        found[edge_id] = _diff(repo, base[1] if base else None, commit)
-    return found
+    start = node_code(query, tree_id, node_id)
+    return {edge_id: diff(start, ends.get(edge_id)) for edge_id in edge_ids}
 
 
-def _diff(repo: str, before: str | None, after: str) -> dict[str, Any]:
+def diff(before: tuple[str, str] | None, after: tuple[str, str] | None) -> dict[str, Any]:
+    """The change from one recorded code state to another: ``files``, ``diff`` (text), or ``why`` there is none."""
+    if after is None:
+        return {"why": "this run's backend recorded no code state (the simulator records none)"}
     if before is None:
-        return {"why": f"the node's code is not in {repo} any more (removed, or not on this machine)"}
+        return {"why": f"the starting code is not in {after[0]} any more (removed, or not on this machine)"}
+    return _diff(after[0], before[1], after[1])
+
+
+def _diff(repo: str, before: str, after: str) -> dict[str, Any]:
     for commit in (before, after):
         if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
             return {"why": f"commit {commit[:12]} is not in {repo} (removed, or not on this machine)"}

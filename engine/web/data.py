@@ -13,6 +13,9 @@ This module only chooses rows; every figure is a column of a view.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -81,15 +84,12 @@ class Source:
         with runs.binding_lock:
             return [d.message() for d in runs.damaged]
 
-    def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None):
-        """The export's chat sample of a path and its conversation, kept while the run's log is unchanged."""
-        from engine.export import path_sample
-
-        key = (self.fingerprint([run_id]), tree_id, leaf_id, selection)
+    def _kept(self, key: tuple, make):
+        """What ``make()`` gives, kept under ``key`` (it names the run's log as of now) among the last SAMPLES_KEPT."""
         with self._lock:
             found = self._samples.get(key)
-        if found is None:  # built without the lock (two pages may build the same one: the same sample)
-            found = path_sample(self.data_dir, run_id, tree_id, leaf_id, selection=selection)
+        if found is None:  # made without the lock (two pages may make the same one: the same value)
+            found = make()
         with self._lock:
             self._samples[key] = found
             self._samples.move_to_end(key)
@@ -97,21 +97,80 @@ class Source:
                 self._samples.popitem(last=False)
         return found
 
+    def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None, catalog=None):
+        """The export's chat sample of a path and its conversation, kept while the run's log is unchanged
+        (``catalog``: the run's, open already; else one is opened when the sample is not kept)."""
+        from engine.derived import Derived
+        from engine.export import sample_in
+
+        def make():
+            log = EventLog(self.data_dir, run_id).require()
+            with contextlib.nullcontext(catalog) if catalog else Derived(self.data_dir).open(run_id) as opened:
+                return sample_in(log, opened, tree_id, leaf_id, selection=selection)
+
+        return self._kept((self.fingerprint([run_id]), tree_id, leaf_id, selection), make)
+
+    def feedback(self, run_id: str, turns: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+        """:func:`eval_feedback` of these turns, kept while the run's log is unchanged."""
+        key = (self.fingerprint([run_id]), "feedback", frozenset(turns))
+        return self._kept(key, lambda: eval_feedback(self.data_dir, run_id, turns))
+
+    def kept(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None) -> bool:
+        """Whether a path's sample is kept (as of the run's log now)."""
+        with self._lock:
+            return (self.fingerprint([run_id]), tree_id, leaf_id, selection) in self._samples
+
     def attempts(self, run_id: str, tree_id: str, node_id: str) -> dict[str, Any]:
         """The attempts from a node side by side (:func:`~engine.export.supervised.node_attempts`), each with the
-        code it changed (:func:`~engine.web.code.changes`)."""
+        code it changed (:func:`~engine.web.code.changes`), kept while the run's log is unchanged."""
         from engine.derived import Derived
         from engine.export import DEFAULT_WORKSPACE
         from engine.export.supervised import node_attempts
         from engine.web.code import changes
 
-        log = EventLog(self.data_dir, run_id).require()
-        with Derived(self.data_dir).open(run_id) as catalog:
-            shown = node_attempts(catalog, log, tree_id, node_id, DEFAULT_WORKSPACE)
-            code = changes(catalog.query, tree_id, node_id, [a["edge_id"] for a in shown["attempts"]])
-        for attempt in shown["attempts"]:
-            attempt["code"] = code[attempt["edge_id"]]
-        return shown
+        def make():
+            log = EventLog(self.data_dir, run_id).require()
+            with Derived(self.data_dir).open(run_id) as catalog:
+                shown = node_attempts(catalog, log, tree_id, node_id, DEFAULT_WORKSPACE)
+                code = changes(catalog.query, tree_id, node_id, [a["edge_id"] for a in shown["attempts"]])
+            for attempt in shown["attempts"]:
+                attempt["code"] = code[attempt["edge_id"]]
+            return shown
+
+        return self._kept((self.fingerprint([run_id]), "attempts", tree_id, node_id), make)
+
+    def paths(self, run_id: str, tree_id: str, leaves: list[str]) -> dict[str, Any]:
+        """Selected paths of a tree side by side from where their conversations part: each path's sample as
+        ``export`` writes it, and the code each changed from the last node they share (:mod:`engine.web.code`)."""
+        from engine.derived import Derived
+        from engine.web.code import diff, node_code
+
+        kept = all(self.kept(run_id, tree_id, leaf, None) for leaf in leaves)
+        with contextlib.nullcontext() if kept else Derived(self.data_dir).open(run_id) as catalog:
+            samples = [self.sample(run_id, tree_id, leaf, None, catalog) for leaf in leaves]
+        nodes = [[n["node_id"] for n in sample["metadata"]["nodes"]] for sample, _conv in samples]
+        shared_nodes = [n[0] for n in itertools.takewhile(lambda n: len(set(n)) == 1, zip(*nodes, strict=False))]
+        fork = shared_nodes[-1] if shared_nodes else tree_id
+        runs = self.collection()
+
+        def query(sql: str) -> Rows:
+            return runs.query(sql, run_id)
+
+        start = node_code(query, tree_id, fork)
+        code = [diff(start, node_code(query, tree_id, leaf)) for leaf in leaves]
+        messages = [sample["messages"] for sample, _conv in samples]
+        shared = 0
+        while all(shared < len(m) for m in messages) and all(m[shared] == messages[0][shared] for m in messages):
+            shared += 1
+        columns = []
+        for (sample, conv), leaf, changed in zip(samples, leaves, code, strict=True):
+            system = len(sample["messages"]) - len(conv.owners)
+            owners = [None] * system + list(conv.owners)
+            own = [
+                {"message": m, "owner": owners[i], "idx": i} for i, m in enumerate(sample["messages"]) if i >= shared
+            ]
+            columns.append({"leaf_id": leaf, "meta": sample["metadata"], "messages": own, "code": changed})
+        return {"shared": messages[0][:shared], "fork": fork, "columns": columns}
 
 
 def collection_page(runs: Collection) -> dict[str, Rows]:
@@ -160,7 +219,11 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
             "and stop_reason is not null group by all order by 1"
         ),
         "trees": q(f"select * from trees where run_id = {run} order by status = 'done', tree_id"),
-        "paths": q(f"select * from top_paths where run_id = {run} order by tree_id, rank, leaf_id"),
+        "paths": q(
+            "select p.*, c.turns, c.tokens, c.cost, c.wall_seconds from top_paths as p left join cost_paths as c "
+            f"using (run_id, tree_id, leaf_id) where run_id = {run} order by tree_id, rank, leaf_id"
+        ),
+        "costs": q(f"select * from cost_roots where run_id = {run} order by tree_id"),
         "seq": q(f"select asof_seq from stg_log_tail where run_id = {run}")[0]["asof_seq"],
         "phases": q(f"select * from phase_times where run_id = {run} and phase <> 'wall' order by node, phase_order"),
     }
@@ -196,8 +259,11 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
     attempts = q(
         f"select parent_id as node_id, count(*) as n from edges where {scope} and verdict is not null group by all"
     )
+    cost = q(f"select * from cost_roots where {scope}")
     return {
         "tree": trees[0] if trees else None,
+        "cost": cost[0] if cost else None,
+        "costs": path_costs(runs, run_id, tree_id),
         "nodes": nodes,
         "failed": failed,
         "turns": turns,
@@ -219,6 +285,12 @@ def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict
     return {"path": found[0] if found else None, "weights": weights[0] if weights else {}}
 
 
+def path_costs(runs: Collection, run_id: str, tree_id: str) -> dict[str, dict[str, Any]]:
+    """The ``cost_paths`` row of each selected path of a tree, by leaf."""
+    scope = f"run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)}"
+    return {r["leaf_id"]: r for r in runs.query(f"select * from cost_paths where {scope}", run_id)}
+
+
 def eval_feedback(data_dir: Path, run_id: str, turns: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
     """The grader's feedback of these turns' evals (a heavy column: read from the log, not a view)."""
     found: dict[tuple[str, int], str] = {}
@@ -230,9 +302,10 @@ def eval_feedback(data_dir: Path, run_id: str, turns: set[tuple[str, int]]) -> d
     return found
 
 
-def campaigns_table(data_dir: Path) -> tuple[Rows, list[str]]:
-    """A row per campaign under ``data_dir`` (its policy, budget, tasks, rounds and state), and what is
-    damaged: a campaign whose log cannot be read is named with its diagnosis, the others still listed."""
+def campaigns_table(data_dir: Path, runs: Collection | None) -> tuple[Rows, list[str]]:
+    """A row per campaign under ``data_dir`` (its policy, budget, tasks, rounds and state, and what its runs
+    spent, from ``runs``), and what is damaged: a campaign whose log cannot be read is named with its
+    diagnosis, the others still listed."""
     from engine.runset import campaign_names, open_campaign
 
     rows, damaged = [], []
@@ -241,11 +314,19 @@ def campaigns_table(data_dir: Path) -> tuple[Rows, list[str]]:
             catalog = open_campaign(data_dir, name)
             config = catalog.query("select policy, budget_edges, budget_tokens from campaign_config")
             state = catalog.query("select rounds, stop_reason, finished from campaign_state")[0]
-            tasks = catalog.query("select count(*) as tasks from campaign_tasks")[0]
+            tasks = [r["task_run"] for r in catalog.query("select task_run from campaign_tasks order by task_run")]
         except ProjectError as err:
             damaged.append(damaged_campaign(data_dir, name, err))
             continue
-        rows.append({"campaign": name, **(config[0] if config else {}), **tasks, **state})
+        spent = {"spent_edges": None, "spent_tokens": None}
+        if runs is not None and tasks:
+            listed = ", ".join(sql_text(t) for t in tasks)
+            found = runs.query(
+                "select sum(kept_edges) as spent_edges, sum(tokens) as spent_tokens from campaign_spend "
+                f"where run_id in ({listed})"
+            )
+            spent = found[0]
+        rows.append({"campaign": name, **(config[0] if config else {}), "tasks": len(tasks), **state, **spent})
     return rows, damaged
 
 
@@ -257,16 +338,35 @@ def damaged_campaign(data_dir: Path, name: str, err: Exception) -> str:
     return f"campaign {name} is damaged and was not read: {err}{hint}"
 
 
-def campaign_page(data_dir: Path, name: str) -> dict[str, Any]:
-    """A campaign: its summary per task (the command's), its rounds and every block it granted."""
+def campaign_page(data_dir: Path, name: str, runs: Collection) -> dict[str, Any]:
+    """A campaign: its summary per task (the command's), its budget and its rounds with what the runs had
+    spent when each read them (``spend_curve`` at the round's marks), and every block it granted."""
     from engine.campaign.command import campaign_result
     from engine.runset import open_campaign
 
     result = campaign_result(data_dir, name, resumed=False)
     catalog = open_campaign(data_dir, name)
+    rounds = catalog.query("select seq, round, rule, blocks, edges, reason, marks from campaign_rounds order by seq")
+    marks = [(r["seq"], run_id, seq) for r in rounds for run_id, seq in json.loads(r["marks"] or "{}").items()]
+    spent: dict[int, dict[str, Any]] = {}
+    if marks and all(run_id in runs.run_ids for _seq, run_id, _mark in marks):  # (a run left out: not known)
+        values = ", ".join(f"({int(seq)}, {sql_text(run_id)}, {int(mark)})" for seq, run_id, mark in marks)
+        found = runs.query(
+            f"with m(seq, run_id, mark) as (values {values}) "
+            "select m.seq, sum(coalesce(s.kept_edges, 0)) as spent_edges, "
+            "sum(coalesce(s.tokens, 0)) as spent_tokens from m asof left join spend_curve as s "
+            "on m.run_id = s.run_id and m.mark >= s.seq group by m.seq"  # (no row yet: nothing spent)
+        )
+        spent = {r["seq"]: r for r in found}
+    granted = 0
+    for r in rounds:
+        granted += r["edges"] or 0
+        r.update(granted_edges=granted, **{k: spent.get(r["seq"], {}).get(k) for k in ("spent_edges", "spent_tokens")})
+    budget = catalog.query("select budget_edges, budget_tokens from campaign_config")
     return {
         "result": result,
-        "rounds": catalog.query("select seq, round, rule, blocks, edges, reason from campaign_rounds order by seq"),
+        "budget": budget[0] if budget else {},
+        "rounds": rounds,
         "grants": catalog.query(
             "select round, rule, task, task_run as run_id, tree_id, edges, gain from campaign_grants "
             "order by seq, task_run, tree_id"

@@ -45,7 +45,33 @@ function openNode(id, scroll) {
   return true;
 }
 
+// A sortable table: a click on a column's name sorts its rows by that column (numbers as numbers,
+// "-" last), a second click the other way.
+function sortBy(th) {
+  const table = th.closest("table");
+  const body = table.tBodies[0];
+  const col = [...th.parentNode.children].indexOf(th);
+  const down = th.getAttribute("aria-sort") === "ascending";
+  const key = (row) => {
+    const text = (row.cells[col] || {textContent: ""}).textContent.trim();
+    const n = Number(text.replace(/,/g, ""));
+    return text === "-" || text === "" ? null : (Number.isNaN(n) ? text : n);
+  };
+  const rows = [...body.rows].filter((r) => r.cells.length > 1);
+  rows.sort((a, b) => {
+    const x = key(a), y = key(b);
+    if (x === null || y === null) return (x === null) - (y === null);
+    const c = typeof x === typeof y ? (x < y ? -1 : x > y ? 1 : 0) : (typeof x === "number" ? -1 : 1);
+    return down ? -c : c;
+  });
+  rows.forEach((r) => body.appendChild(r));
+  table.querySelectorAll("th[aria-sort]").forEach((h) => h.removeAttribute("aria-sort"));
+  th.setAttribute("aria-sort", down ? "descending" : "ascending");
+}
+
 document.addEventListener("click", (e) => {
+  const heading = e.target.closest("table.sortable thead th");
+  if (heading) { sortBy(heading); return; }
   const node = e.target.closest("svg.tree g[data-node]");
   if (node) {
     const id = node.dataset.node;
