@@ -215,9 +215,6 @@ def path(request: Request) -> HTMLResponse:
                 "starts": owner is not None and before != owner,
             }
         )
-    names = {
-        c["id"]: (c.get("function") or {}).get("name") for m in sample["messages"] for c in m.get("tool_calls") or []
-    }
     return page(
         request,
         "path.html",
@@ -227,7 +224,7 @@ def path(request: Request) -> HTMLResponse:
         items=items,
         meta=meta,
         tools=json.loads(sample["tools"]),
-        call_names=names,
+        call_names=data.call_names(sample["messages"]),
         **rows,
     )
 

@@ -135,6 +135,7 @@ class Source:
                 code = changes(catalog.query, tree_id, node_id, [a["edge_id"] for a in shown["attempts"]])
             for attempt in shown["attempts"]:
                 attempt["code"] = code[attempt["edge_id"]]
+                attempt["call_names"] = call_names([m["message"] for m in attempt["messages"] or []])
             return shown
 
         return self._kept((self.fingerprint([run_id]), "attempts", tree_id, node_id), make)
@@ -169,8 +170,16 @@ class Source:
             own = [
                 {"message": m, "owner": owners[i], "idx": i} for i, m in enumerate(sample["messages"]) if i >= shared
             ]
-            columns.append({"leaf_id": leaf, "meta": sample["metadata"], "messages": own, "code": changed})
+            names = call_names(sample["messages"])
+            columns.append(
+                {"leaf_id": leaf, "meta": sample["metadata"], "messages": own, "code": changed, "call_names": names}
+            )
         return {"shared": messages[0][:shared], "fork": fork, "columns": columns}
+
+
+def call_names(messages: list[dict[str, Any]]) -> dict[str, str | None]:
+    """The tool each call of ``messages`` called, by call id (a tool message names the call it answers)."""
+    return {c["id"]: (c.get("function") or {}).get("name") for m in messages for c in m.get("tool_calls") or []}
 
 
 def collection_page(runs: Collection) -> dict[str, Rows]:
