@@ -36,6 +36,7 @@ from urllib.parse import quote, urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_MS = 300.0
+SEARCH_TARGET_MS = 1000.0  # a search of every transcript at ~1M events (issue 37)
 
 
 def _free_port() -> int:
@@ -90,12 +91,11 @@ def _compare_pages(base: str) -> list[tuple[str, str]]:
         )
     two = _rows(
         base,
-        "select run_id, tree_id, list(leaf_id order by rank)[1:2] as leaves from top_paths group by all "
-        "having count(*) >= 2 order by run_id, tree_id limit 1",
+        "select run_id, tree_id, leaf_id from top_paths qualify count(*) over (partition by run_id, tree_id) >= 2 "
+        "order by run_id, tree_id, rank, leaf_id limit 2",
     )
-    if two:
-        leaves = two[0]["leaves"].strip("[]").split(", ")
-        query = "&".join(f"leaf={quote(leaf.strip(chr(39)))}" for leaf in leaves)
+    if len(two) == 2:
+        query = "&".join(f"leaf={quote(r['leaf_id'])}" for r in two)
         pages.append(
             ("compare: two selected paths", f"/run/{two[0]['run_id']}/tree/{quote(two[0]['tree_id'])}/paths?{query}")
         )
@@ -194,7 +194,8 @@ def main() -> None:
             path, form = path if isinstance(path, tuple) else (path, None)
             cold, _ = _get(base + path, form)
             warm = statistics.median(_get(base + path, form)[0] for _ in range(args.repeat))
-            verdict = "meets" if warm <= TARGET_MS else "MISSES"
+            target = SEARCH_TARGET_MS if name.startswith("search") else TARGET_MS
+            verdict = ("meets" if warm <= target else "MISSES") + (f" {target:.0f} ms" if target != TARGET_MS else "")
             print(f"{name:40} {cold:9.0f} {warm:12.0f}  {verdict}")
         if args.browser:
             _render(base)

@@ -127,3 +127,20 @@ def test_a_changed_stored_file_is_dropped_and_built_again(hand, damage, capsys):
     rows = indexed(reader.files("hand"))
     assert reader.built == 1 and rows == reference(hand, "hand")
     assert "dropped" in capsys.readouterr().err
+
+
+def test_a_search_of_failed_calls_finds_the_calls_tool_calls_says_failed(hand):
+    """The tool-error filter keeps the calls ``tool_calls`` says failed (the knowledge filter joins the same way)."""
+    from engine.catalog import Catalog
+    from engine.web.data import Source
+    from engine.web.search import Query, search
+
+    calls = Catalog.for_log(EventLog(hand, "hand")).query("select call_id, tool, status from tool_calls")
+    failed = {c["call_id"] for c in calls if c["status"] == "error" and c["tool"] == "read"}
+    read = {c["call_id"] for c in calls if c["tool"] == "read"}
+    source = Source(hand)
+    found = search(source, Query.of({"tool": "read", "kind": "result", "errors": "1"}))
+    assert failed and {h["call_id"] for h in found["hits"]} == failed and found["total"] == len(failed)
+    found = search(source, Query.of({"tool": "read", "kind": "result"}))
+    assert {h["call_id"] for h in found["hits"]} == read and len(read) > len(failed)
+    assert search(source, Query.of({"tool": "read", "kind": "result", "knowledge": "1"}))["total"] == 0  # (none is)

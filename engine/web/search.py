@@ -27,25 +27,16 @@ AROUND = 90  # characters of context each side of a match
 KINDS = ("text", "reasoning", "call", "result")
 VERDICTS = ("kept", "kept_exempt", "pruned", "retry")
 
-HITS = """
-with pieces as (
-    select * from read_parquet({files})
-),
-found as (
-    select p.*, e.parent_id, e.verdict, e.edge_score, e.task, e.stage
-    from pieces as p
-    join attempts as e using (run_id, tree_id, edge_id)
-    where {where}
-)
-select f.*, count(*) over () as total
-from found as f
-where not exists (
-    select 1 from pieces as later
-    where later.run_id = f.run_id and later.edge_id = f.edge_id and later.turn = f.turn and later.seq > f.seq
-)
-order by f.run_id, f.tree_id, f.seq, f.idx, f.kind, f.call_id
-limit {limit}
+FOUND = """
+select p.*, e.parent_id, e.verdict, e.edge_score, e.task, e.stage
+from read_parquet({files}) as p
+join attempts as e using (run_id, tree_id, edge_id)
+join (
+    select run_id, edge_id, turn, max(seq) as seq from read_parquet({files}) group by all
+) as latest using (run_id, edge_id, turn, seq)
+where {where}
 """
+ORDER = "order by run_id, tree_id, seq, idx, kind, call_id"
 
 
 @dataclass
@@ -138,12 +129,13 @@ def search(source: Any, query: Query) -> dict[str, Any]:
     if query.knowledge:
         tables["knowledge_calls"] = runs.arrow("select run_id, edge_id, call_id from tool_calls where is_knowledge")
     where, args = query.where()
-    sql = HITS.format(files="[" + ", ".join(sql_text(f) for f in files) + "]", where=where, limit=SHOWN)
+    found = FOUND.format(files="[" + ", ".join(sql_text(f) for f in files) + "]", where=where)
     con = duckdb.connect(config={"temp_directory": ""})
     try:
         for name, table in tables.items():
             con.register(name, table)
-        result = con.execute(sql, args)
+        (total,) = con.execute(f"select count(*) from ({found})", args).fetchone()
+        result = con.execute(f"select * from ({found}) {ORDER} limit {SHOWN}", args)
         columns = [d[0] for d in result.description]
         rows = [dict(zip(columns, r, strict=True)) for r in result.fetchall()]
     finally:
@@ -151,7 +143,7 @@ def search(source: Any, query: Query) -> dict[str, Any]:
     for row in rows:
         row["before"], row["match"], row["after"] = _snippet(row["text"], query.q)
         row["anchor"] = f"{row['edge_id'].rsplit('/', 1)[1]}-m{row['idx']}"
-    return {"hits": rows, "total": rows[0]["total"] if rows else 0}
+    return {"hits": rows, "total": total}
 
 
 def _snippet(text: str, q: str) -> tuple[str, str, str]:
