@@ -355,7 +355,9 @@ def campaign_page(data_dir: Path, name: str, runs: Collection) -> dict[str, Any]
 
     result = campaign_result(data_dir, name, resumed=False)
     catalog = open_campaign(data_dir, name)
-    rounds = catalog.query("select seq, round, rule, blocks, edges, reason, marks from campaign_rounds order by seq")
+    rounds = catalog.query(
+        "select seq, round, rule, blocks, edges, granted_edges, reason, marks from campaign_rounds order by seq"
+    )
     marks = [(r["seq"], run_id, seq) for r in rounds for run_id, seq in json.loads(r["marks"] or "{}").items()]
     spent: dict[int, dict[str, Any]] = {}
     if marks and all(run_id in runs.run_ids for _seq, run_id, _mark in marks):  # (a run left out: not known)
@@ -367,10 +369,8 @@ def campaign_page(data_dir: Path, name: str, runs: Collection) -> dict[str, Any]
             "on m.run_id = s.run_id and m.mark >= s.seq group by m.seq"  # (no row yet: nothing spent)
         )
         spent = {r["seq"]: r for r in found}
-    granted = 0
     for r in rounds:
-        granted += r["edges"] or 0
-        r.update(granted_edges=granted, **{k: spent.get(r["seq"], {}).get(k) for k in ("spent_edges", "spent_tokens")})
+        r.update({k: spent.get(r["seq"], {}).get(k) for k in ("spent_edges", "spent_tokens")})
     budget = catalog.query("select budget_edges, budget_tokens from campaign_config")
     return {
         "result": result,
