@@ -10,11 +10,13 @@ no code (the simulator), or whose repository is not on this machine any more, sa
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from typing import Any
 
 from ingest.text import sql_text
 
+COMMIT = re.compile(r"[0-9a-f]{7,64}")  # a git object name, as the backend records it
 MAX_CHARS = 200_000  # of a diff shown (the rest is cut, and said so)
 
 
@@ -27,9 +29,9 @@ def _git(repo: str, *args: str) -> subprocess.CompletedProcess:
 def _code(state: Any) -> tuple[str, str] | None:
     """The (repository, commit) a recorded state names, or None."""
     held = json.loads(state) if isinstance(state, str) else state
-    if isinstance(held, dict) and held.get("repo") and held.get("commit"):
+    if isinstance(held, dict) and held.get("repo") and COMMIT.fullmatch(str(held.get("commit") or "")):
         return str(held["repo"]), str(held["commit"])
-    return None
+    return None  # (a commit that is not an object name is never handed to git: it could be an option)
 
 
 def node_code(query, tree_id: str, node_id: str) -> tuple[str, str] | None:
