@@ -230,6 +230,36 @@ def test_a_part_changed_in_place_is_read_again_and_found_damaged(data):
     assert [d.run_id for d in runs.damaged] == ["async"]
 
 
+def test_a_part_renamed_into_place_while_a_state_is_read_where_it_lies_is_listed_again(data, monkeypatch):
+    """A stored state's views are derived from the parts read where they lie. A part the writer has
+    committed but not yet renamed is listed under its temporary name; the rename can land before
+    DuckDB opens it (seen once: audit failed with "Cannot open file .tmp-part-..."). The reader
+    lists again and reads it under its name."""
+    from ingest.reader import EventLog as Reader
+    from ingest.record import TMP
+
+    last = EventLog(data, "async").parts()[-1].path
+    os.rename(last, last.with_name(TMP + last.name))  # committed, not yet renamed
+    assert open_runs(data, ["async"]).query("select count(*) as n from trees")  # its state, stored then
+    listed = Reader.parts
+    renamed = []
+
+    def rename_after_listing(self):
+        parts = listed(self)
+        if not renamed and any(p.path.name.startswith(TMP) for p in parts):
+            os.rename(last.with_name(TMP + last.name), last)  # the writer's rename, right after the listing
+            renamed.append(True)
+        return parts
+
+    monkeypatch.setattr(Reader, "parts", rename_after_listing)
+    runs = open_runs(data, ["async"])
+    rows = runs.query("select stratum, stratum_key, n_eff from coverage order by all")
+    assert renamed and rows  # the rename landed while a reader read the parts in place
+    assert not runs.derived.built  # the stored state read, its view derived in place
+    monkeypatch.undo()
+    assert open_runs(data, ["async"]).query("select stratum, stratum_key, n_eff from coverage order by all") == rows
+
+
 @pytest.mark.slow
 def test_edited_view_definitions_rebuild_the_state(data, tmp_path):
     before = answers(data)

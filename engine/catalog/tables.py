@@ -209,14 +209,22 @@ class LogTables:
         """Each event table's rows as a relation over the log's parts up to seq ``upto`` (read where they
         lie, not checked: for a catalog that only reads views of a state derived from those parts), for
         :meth:`typed_views`; the tail is set (lower when parts were quarantined since)."""
-        parts = [p for p in log.parts() if p.first <= upto]
-        if not parts:
-            raise LogError(f"{log.log_dir}: the log holds no events up to seq {upto} - read it again")
-        listed = ", ".join(sql_text(p.path) for p in parts)
-        scan = f"read_parquet([{listed}], union_by_name = true)"
-        present = {d[0] for d in self.con.execute(f"select * from {scan} limit 0").description}
-        self.con.execute("update log_tail set seq = ?", [min(upto, parts[-1].last)])
-        return {f"log_{k}": (f"{scan} where kind = '{k}' and seq <= {int(upto)}", present) for k in KIND_COLUMNS}
+        for attempt in range(50):
+            parts = [p for p in log.parts() if p.first <= upto]
+            if not parts:
+                raise LogError(f"{log.log_dir}: the log holds no events up to seq {upto} - read it again")
+            listed = ", ".join(sql_text(p.path) for p in parts)
+            scan = f"read_parquet([{listed}], union_by_name = true)"
+            try:
+                present = {d[0] for d in self.con.execute(f"select * from {scan} limit 0").description}
+            except duckdb.IOException as err:
+                if all(p.path.exists() for p in parts):
+                    raise LogError(f"{log.log_dir}: cannot read the log: {err}") from err
+                time.sleep(0.002 * attempt)  # renamed into place or merged away since the listing: list again
+                continue
+            self.con.execute("update log_tail set seq = ?", [min(upto, parts[-1].last)])
+            return {f"log_{k}": (f"{scan} where kind = '{k}' and seq <= {int(upto)}", present) for k in KIND_COLUMNS}
+        raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
 
     def tail_seq(self) -> int:
         """The largest seq held (0 when empty; buffered events not counted)."""
