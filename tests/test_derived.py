@@ -194,6 +194,16 @@ def test_a_grown_run_is_caught_up_loading_only_its_new_events(data, tmp_path):
     assert {q: fresh.query(q) for q in QUERIES} == caught_up
     assert fresh.derived.built == {"cold": 1, "reflavoured": 1}  # now, then at decisions from it
     assert replay_run(data, "grown").differences == []
+    # A catch-up does not check the recorded config again (its base was stored once the same code
+    # had): a reader's process pays no pydantic import for it.
+    with LogWriter.open(data, "grown") as writer:
+        writer.append([RunResumed(note="appended once more")])
+    script = (
+        "import sys; from engine.collection import open_runs; r = open_runs(sys.argv[1], ['grown']); "
+        "r.query('select count(*) from trees'); print(dict(r.derived.built), 'pydantic' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(data)], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.split() == ["{'caught_up':", "1}", "False"], done.stdout + done.stderr
 
 
 @pytest.mark.slow

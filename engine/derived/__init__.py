@@ -253,7 +253,6 @@ class Derived:
     def _derive(self, log: EventLog, source: Source, variables: dict[str, Any]) -> Held:
         """A catalog of ``log`` refreshed up to ``source``'s tail under ``variables``: from a stored state it
         extends (caught up), else from the log alone (cold)."""
-        from engine.config import recorded_config
         from engine.derived.store import base_state, set_flavour
 
         base = base_state(
@@ -274,7 +273,10 @@ class Derived:
                     catalog = held.catalog
             before = catalog.tail_seq()
             catalog.load(log, upto=source.tail)  # the source's events, whatever was published since
-            recorded_config(catalog, log)
+            if how == "cold":  # a base was stored once the same code (keys.CODE) accepted the same first event
+                from engine.config import recorded_config  # (pydantic: 0.17 s a catch-up does not pay)
+
+                recorded_config(catalog, log)
             if catalog.tail_seq() != source.tail:  # its parts quarantined meanwhile: read the log again
                 raise _Moved
             set_flavour(catalog, variables)

@@ -23,9 +23,9 @@ DERIVED = "derived"
 VERSION = 2  # 2: no events in a state; tables as Parquet; every file checked by its digest
 ROOT = Path(__file__).resolve().parent.parent.parent
 # The code a state is derived by: the event schema and the log's reading (ingest/), the
-# catalog (its tables, their refresh) and this module. Its source is part of every
-# state's key, so a state derived by other code is never read.
-CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived/*.py", "engine/runs.py")
+# catalog (its tables, their refresh), the check of the recorded config and this module.
+# Its source is part of every state's key, so a state derived by other code is never read.
+CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived/*.py", "engine/runs.py", "engine/config.py")
 NOW = {"asof_points": "now"}
 AT_DECISIONS = {"asof_points": "decisions"}
 _TMP = ".tmp-"
