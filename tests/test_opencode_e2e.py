@@ -822,6 +822,28 @@ def test_a_run_whose_turns_all_fail_with_a_backend_error_stops_and_resumes_after
 
 
 @pytest.mark.slow
+def test_a_model_opencode_does_not_know_stops_the_run_with_opencode_s_reason(tmp_path, roots, student):
+    """The endpoint answers the run's model, but the OpenCode config the run gives (its provider replaced
+    by ``opencode_config``) does not know it: OpenCode stores each prompt and ends the session with a
+    ``session.error``. Each turn is a backend error that says OpenCode's reason (it said only "opencode
+    ended without an answer"), and the run stops after backend_error_limit of them."""
+    config = tmp_path / "unknown.toml"
+    config.write_text(
+        "parallel = 1\n[tree]\nroot_children = 1\nmax_depth = 1\n[backend_options.opencode_config]\nprovider = {}\n"
+    )
+    model = FakeModel(script).start()
+    data = tmp_path / "data"
+    try:
+        args = ["--data", str(data), "explore", str(roots), "--task", "speedup", "--run-id", "unknown"]
+        done = opencode_process([*args, "--coral-dir", str(student)], tmp_path, model, config)
+    finally:
+        model.stop()
+    assert done.returncode == 1, done.stderr
+    assert "Error: the last 3 turns failed with a backend error" in done.stderr, done.stderr
+    assert "Model not found: fake/scripted" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow
 def test_a_session_continues_on_another_nodes_store(tmp_path, roots, coral_on_path):
     """Two Teachers of one run on two cluster nodes (two OpenCode stores): turn 1 on one,
     turn 2 and the child's fork on the other, then back; the model receives the whole

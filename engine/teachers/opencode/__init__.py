@@ -17,17 +17,16 @@ A turn, in the rooms of this package:
    what ``coral eval`` left (``ingest.coral_eval``);
 5. ``recorder``: with an endpoint, OpenCode's requests pass through a recording
    server on loopback, and the turn records what the model received. A turn the
-   model never answered is a backend error (``outcome = error``), however it ended;
-   a score that came back before a timeout stands.
+   model never answered is a backend error (``outcome = error``), however it ended (with what
+   OpenCode reported, e.g. a model it does not know); a score that came back before a timeout stands.
 
 With an endpoint, ``endpoint`` checks before anything else that it answers the
 run's model (a run with nothing listening is refused at once).
 
-With ``coral_dir`` (the Student run's ``.coral``), ``coral`` gives every edge a
-CORAL run of its own around its worktree, and CORAL's grader daemon runs beside
-the turn's OpenCode process, so that the real ``coral eval`` grades there. Before
-the first turn, ``check_grader`` has the same daemon grade a root's own commit in a
-throwaway edge layout (``GraderChecked``; the engine stops the run when it fails).
+With ``coral_dir`` (the Student run's ``.coral``), ``coral`` gives every edge a CORAL run of its own
+around its worktree, and CORAL's grader daemon runs beside the turn's OpenCode process, so that the
+real ``coral eval`` grades there. Before the first turn, ``check_grader`` has the same daemon grade a
+root's own commit in a throwaway edge layout (``GraderChecked``; the engine stops the run when it fails).
 
 Every recorded state - commit, session, shared-dir snapshot - stays immutable and
 can be forked again (by turn 2, the node's children, a resumed run). Paths are absolute.
@@ -219,6 +218,7 @@ class OpenCodeTeacher:
             # Not a rollout: a backend failure (int_turns__failing), never an edge the tree keeps.
             where = f" at {self.opts.endpoint}" if self.opts.endpoint else ""
             outcome, error = "error", f"the model never answered{where}: {error or 'opencode ended without an answer'}"
+        error = None if outcome == "completed" else error
         if exchanges is not None:
             recorded, conversation = conversation_facts(
                 exchanges, ids, conversation, str(worktree), parser.summary.results
@@ -421,7 +421,7 @@ class OpenCodeTeacher:
             detail = "; ".join(parser.summary.errors) or stderr.read_text(errors="replace")[-500:]
             who = "opencode serve reported" if self.servers else f"opencode exited with {finished.returncode}"
             return parser, lines, facts, "error", f"{who}: {detail}".strip()
-        return parser, lines, facts, "completed", None
+        return parser, lines, facts, "completed", why and f"opencode serve reported: {why}"  # (said if never answered)
 
     def _process(self, request, edge_dir, worktree, source, prompt, cancel, companions, token, on_line) -> Finished:
         """The turn as one ``opencode run`` process (``serve = false``)."""

@@ -1,35 +1,32 @@
 """Turns driven through long-lived ``opencode serve`` processes of the store, over their HTTP API.
 
-A turn of ``opencode run`` starts a whole OpenCode (about 5 CPU-seconds and 500-700
-MB before its first request to the model, measured on 1.18.33). A server started
-once holds the store; a turn then costs a session (created, or forked from the
-recorded one), a prompt, and the server's instance for the turn's worktree (2-3
-CPU-seconds and 130-290 MB with its tools, disposed when the turn ends: measured by
-benchmarks/teacher.py). What was measured on the pinned version, and what this
-module relies on:
+A turn of ``opencode run`` starts a whole OpenCode (about 5 CPU-seconds and 500-700 MB before its
+first request to the model, measured on 1.18.33). A server started once holds the store; a turn then
+costs a session (created, or forked from the recorded one), a prompt, and the server's instance for
+the turn's worktree (2-3 CPU-seconds and 130-290 MB with its tools, disposed when the turn ends:
+measured by benchmarks/teacher.py). What was measured on the pinned version, and what this module
+relies on:
 
-- ``POST /session?directory=D`` creates a session bound to ``D``; ``POST
-  /session/S/fork`` copies ``S`` whole into a new session bound to ``S``'s
-  directory, and ``S`` is left as it was. The fork's ``directory`` set in the store
-  (``sessions.move_session``) before its first prompt makes it, its instance and
-  its tools run in the turn's worktree;
-- ``POST /session/S/prompt_async`` starts the turn; ``session.idle`` on the server's
-  event stream (``/global/event``) says it ended (its answer is stored a moment
-  later: the turn waits for it); ``POST /session/S/abort`` stops
-  it, and kills the process group of a running tool;
-- the model's requests carry ``x-session-id`` (the recorder keys a turn's
-  exchanges by it);
-- ``OPENCODE_SERVER_PASSWORD`` guards the API (basic auth, user ``opencode``): the
-  server listens on loopback, and anyone who can reach it can run a shell.
+- ``POST /session?directory=D`` creates a session bound to ``D``; ``POST /session/S/fork`` copies
+  ``S`` whole into a new session bound to ``S``'s directory, and ``S`` is left as it was. The fork's
+  ``directory`` set in the store (``sessions.move_session``) before its first prompt makes it, its
+  instance and its tools run in the turn's worktree;
+- ``POST /session/S/prompt_async`` starts the turn; ``session.idle`` on the server's event stream
+  (``/global/event``) says it ended (its answer is stored a moment later: the turn waits for it);
+  ``POST /session/S/abort`` stops it, and kills the process group of a running tool;
+- a turn OpenCode cannot start (a model it does not know) stores the prompt, sends ``session.error``
+  with the reason, and goes idle with no answer;
+- the model's requests carry ``x-session-id`` (the recorder keys a turn's exchanges by it);
+- ``OPENCODE_SERVER_PASSWORD`` guards the API (basic auth, user ``opencode``): the server listens on
+  loopback, and anyone who can reach it can run a shell.
 
-Each server writes a database of its own (a lane: ``Servers`` says why and how a
-turn finds the lane of its source session).
+Each server writes a database of its own (a lane: ``Servers`` says why and how a turn finds the lane
+of its source session).
 
-The server carries the run's and the supervisor's marks, so a resumed run and the
-watchdog stop it and every tool process it started, as they stop ``opencode run``.
-A server that served ``recycle_turns`` turns takes no more (Bun's heap grows with
-every instance it made): the next turn starts a new one, and the old one is stopped
-when its last turn ends.
+The server carries the run's and the supervisor's marks, so a resumed run and the watchdog stop it and
+every tool process it started, as they stop ``opencode run``. A server that served ``recycle_turns``
+turns takes no more (Bun's heap grows with every instance it made): the next turn starts a new one,
+and the old one is stopped when its last turn ends.
 """
 
 from __future__ import annotations
@@ -81,6 +78,7 @@ class Server:
         self.turns = 0  # turns given to this server
         self.active = 0  # turns running on it
         self._idle: dict[str, threading.Event] = {}
+        self._errors: dict[str, str] = {}  # a watched session's first session.error (e.g. an unknown model)
         self._lock = threading.Lock()
         self._stopped = False
         self.proc, self.marker = supervisor.spawn(
@@ -173,13 +171,13 @@ class Server:
         return session in (self.call("GET", "/session/status") or {})
 
     def progress(self, session: str, base: int) -> tuple[str, list[dict[str, Any]] | None]:
-        """Where the turn prompted after the session's first ``base`` messages is: ``answered`` (not
-        busy, its last message a finished answer to that prompt: the messages with it), ``running``
-        (busy, or the prompt not stored yet) or ``quiet`` (the prompt stored, not busy, no answer).
+        """Where the turn prompted after the session's first ``base`` messages is: ``answered`` (not busy,
+        its last message a finished answer to that prompt: the messages with it), ``running`` (busy, or
+        the prompt not stored yet) or ``quiet`` (the prompt stored, not busy, no answer).
 
-        ``session.idle`` can come before the answer's end is stored, and a waiter woken by a
-        dropped event stream can look before the prompt is taken: a fork's last message is then
-        the previous turn's answer, and the session is not busy yet."""
+        ``session.idle`` can come before the answer's end is stored, and a waiter woken by a dropped
+        event stream can look before the prompt is taken: a fork's last message is then the previous
+        turn's answer, and the session is not busy yet."""
         if self.busy(session):
             return "running", None
         messages = self.messages(session) or []
@@ -194,6 +192,7 @@ class Server:
         """Forget the session's waiter and dispose of the worktree's instance (its memory)."""
         with self._lock:
             self._idle.pop(session, None)
+            self._errors.pop(session, None)
         with contextlib.suppress(ServerGone, ProjectError):
             self.call("POST", "/instance/dispose", directory=str(directory))
 
@@ -246,13 +245,19 @@ class Server:
                 for raw in answer:
                     if not raw.startswith(b"data:"):
                         continue
-                    with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
                         payload = json.loads(raw[5:]).get("payload") or {}
                         if payload.get("type") == "session.idle":
                             with self._lock:
                                 idle = self._idle.get(payload["properties"]["sessionID"])
                             if idle is not None:
                                 idle.set()
+                        elif payload.get("type") == "session.error":  # a watched session's first, kept (error())
+                            found, err = payload["properties"], payload["properties"].get("error") or {}
+                            text = str((err.get("data") or {}).get("message") or err.get("name") or "").strip()
+                            with self._lock:
+                                if found.get("sessionID") in self._idle and text:
+                                    self._errors.setdefault(found["sessionID"], text.splitlines()[0][:300])
             except (OSError, http.client.HTTPException):
                 pass
             finally:
@@ -261,6 +266,11 @@ class Server:
                 self._wake_all()
                 time.sleep(0.5)
         self._wake_all()
+
+    def error(self, session: str) -> str | None:
+        """What the session's first ``session.error`` said (OpenCode's reason a turn ended unanswered), or None."""
+        with self._lock:
+            return self._errors.get(session)
 
     def _wake_all(self) -> None:
         with self._lock:
@@ -392,9 +402,9 @@ class Servers:
 
 @dataclass
 class Served:
-    """How a served turn ended (``completed``, ``timeout``, ``startup``, ``cancelled`` or ``gone``: the
-    server exited, or could not start or fork it; ``why`` says), its session and the session's
-    messages (empty when gone)."""
+    """How a served turn ended (``completed``, ``timeout``, ``startup``, ``cancelled`` or ``gone``: the server
+    exited, or could not start or fork it; ``why`` says, else the session's error, if any), its session and
+    the session's messages (empty when gone)."""
 
     outcome: str
     session: str | None
@@ -482,7 +492,7 @@ def run_served(
             messages = messages if outcome == "completed" and messages is not None else server.messages(session)
         except (ServerGone, ProjectError) as err:
             return Served("gone", session, [], str(err))
-        return Served(outcome, session, messages)
+        return Served(outcome, session, messages, server.error(session))
     finally:
         if session is not None:
             server.release(session, worktree)
