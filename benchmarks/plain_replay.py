@@ -7,7 +7,8 @@ kind's rows into dicts (``to_pylist``) and rebuilds every tree with dicts and lo
 then re-derives every recorded decision at its watermark: each edge verdict and
 child id, each turn-2 skip, each node selection (Q, T and Select of every node
 there), each tree stop, each path selection (the PathScore and Top-k of every
-tree there), the snapshot pick, and the coverage checks replay makes (N_eff <= N
+tree there), each supervision selection (the pairs, labels and step paths under its
+rule at its watermark), the snapshot pick, and the coverage checks replay makes (N_eff <= N
 per stratum, quota picks within quotas). Written to be correct and reasonable -
 sorted lists and bisection for the rank populations, one pass over each kind - not
 to be slow. It returns the counts the real replay reports, so the benchmark checks
@@ -50,6 +51,7 @@ COLUMNS = {
     "node_selected": ["seq", "watermark", "tree_id", "node_id", "select_score", "q", "t"],
     "tree_stopped": ["seq", "watermark", "tree_id", "reason"],
     "paths_selected": ["seq", "watermark", "weights", "top_k", "paths"],
+    "supervision_selected": ["seq", "watermark", "rule", "min_margin", "threshold", "pairs", "labels", "step_paths"],
 }
 EDGE_ID = re.compile(r"^(.+)/e(\d+)-(\d+)$")
 INF_SEQ = 2**63
@@ -219,6 +221,7 @@ def replay(data: Path, run_id: str) -> Result:
     check_selections(ev, trees, states, cfg, result)
     check_stops(ev, trees, states, tail, result)
     check_path_selections(ev, trees, states, cfg, result)
+    check_supervision(ev, trees, result)
     check_snapshots(ev, cfg, result)
     check_coverage(ev, trees, states, cfg, tail, result)
     result.trees = len(trees)
@@ -616,6 +619,60 @@ def check_path_selections(ev, trees, states, cfg, result) -> None:
             a, b = recorded.get(key), derived.get(key)
             if a is None or b is None or a["rank"] != b["rank"] or differs(a["path_score"], b["path_score"]):
                 result.differences.append(f"paths_selected {r['seq']} {key}: recorded {a}, derived {b}")
+
+
+def r12(x: float) -> float:
+    """``x`` rounded to 12 decimals, half away from zero (as DuckDB's ``round``)."""
+    return math.copysign(math.floor(abs(x) * 1e12 + 0.5), x) / 1e12
+
+
+def check_supervision(ev, trees, result) -> None:
+    """Each SupervisionSelected: at its watermark, under its rule, exactly its pairs (and margins),
+    labels (and values) and step paths (their edges and labels)."""
+    for r in ev["supervision_selected"]:
+        w, threshold, margin = r["watermark"], r12(r["threshold"]), r12(r["min_margin"])
+        done = [e for t in trees.values() for e in t.edges.values() if e.verdict and e.completed_seq <= w]
+        value = {e.edge_id: r12(e.soft or 0.0) if r["rule"] == "soft" else (1.0 if e.improved else 0.0) for e in done}
+        labels = {(e.tree_id, e.edge_id): (value[e.edge_id] >= threshold, value[e.edge_id]) for e in done}
+        by_node: dict[tuple[str, str], list[Edge]] = defaultdict(list)
+        for e in done:
+            by_node[(e.tree_id, e.parent_id)].append(e)
+        pairs = {
+            (c.tree_id, c.parent_id, c.edge_id, o.edge_id): r12(value[c.edge_id] - value[o.edge_id])
+            for attempts in by_node.values()
+            for c in attempts
+            for o in attempts
+            if value[c.edge_id] > value[o.edge_id] and r12(value[c.edge_id] - value[o.edge_id]) >= margin
+        }
+        kept = {(e.tree_id, e.child_id): e for e in done if e.child_id is not None}
+        parents = {(e.tree_id, e.parent_id) for e in kept.values()}
+        steps = {}
+        for (tree_id, leaf), _ in kept.items():
+            if (tree_id, leaf) in parents:
+                continue
+            ids = leaf.split(".")  # the leaf and its ancestors: its id's prefixes
+            prefixes = (".".join(ids[:n]) for n in range(1, len(ids) + 1))
+            path = sorted((kept[(tree_id, c)] for c in prefixes if (tree_id, c) in kept), key=lambda e: e.layer)
+            steps[(tree_id, leaf)] = ([e.edge_id for e in path], [labels[(tree_id, e.edge_id)][0] for e in path])
+        recorded_pairs = {
+            (p["tree_id"], p["node_id"], p["chosen_id"], p["rejected_id"]): p["margin"] for p in json.loads(r["pairs"])
+        }
+        recorded_labels = {(x["tree_id"], x["edge_id"]): (x["label"], x["value"]) for x in json.loads(r["labels"])}
+        recorded_steps = {
+            (x["tree_id"], x["leaf_id"]): (x["edge_ids"], x["step_labels"]) for x in json.loads(r["step_paths"])
+        }
+        for key in recorded_pairs.keys() | pairs.keys():
+            a, b = recorded_pairs.get(key), pairs.get(key)
+            if a is None or b is None or differs(a, b):
+                result.differences.append(f"supervision_selected {r['seq']} pair {key}: recorded {a}, derived {b}")
+        for key in recorded_labels.keys() | labels.keys():
+            a, b = recorded_labels.get(key), labels.get(key)
+            if a is None or b is None or a[0] != b[0] or differs(a[1], b[1]):
+                result.differences.append(f"supervision_selected {r['seq']} label {key}: recorded {a}, derived {b}")
+        for key in recorded_steps.keys() | steps.keys():
+            a, b = recorded_steps.get(key), steps.get(key)
+            if a is None or b is None or list(a[0]) != b[0] or list(a[1]) != b[1]:
+                result.differences.append(f"supervision_selected {r['seq']} steps {key}: recorded {a}, derived {b}")
 
 
 def staged(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
