@@ -129,6 +129,25 @@ def test_a_changed_stored_file_is_dropped_and_built_again(hand, damage, capsys):
     assert "dropped" in capsys.readouterr().err
 
 
+def test_verify_lists_the_transcripts_and_names_a_damaged_segment_changing_nothing(hand):
+    from click.testing import CliRunner
+
+    from cli import cli
+
+    files = Transcripts(Derived(hand)).files("hand")
+    place = files[0].parent
+    (found,) = [s for s in Derived(hand).inspect("hand") if s.path == place]
+    assert found.current and not found.problems and found.files == len(files) + 1
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    files[0].write_bytes(bytes(data))
+    r = CliRunner().invoke(cli, ["--data", str(hand), "verify", "hand"])
+    assert r.exit_code == 0, r.output  # the log is sound; derived state is only ever dropped and built again
+    damaged = [line for line in r.stdout.splitlines() if line.strip().startswith("DAMAGED")]
+    assert len(damaged) == 1 and str(place) in damaged[0] and files[0].name in damaged[0], r.stdout
+    assert files[0].read_bytes() == bytes(data)  # verify changed nothing
+
+
 def test_a_search_of_failed_calls_finds_the_calls_tool_calls_says_failed(hand):
     """The tool-error filter keeps the calls ``tool_calls`` says failed (the knowledge filter joins the same way)."""
     from engine.catalog import Catalog

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.derived.files import Damaged, Outdated, check_named, is_tmp, load_json
 from engine.derived.keys import SOURCE_CACHE, STATE_FILE, VERSION
+from engine.derived.transcripts import DIRECTORY, INDEX, code_key
 from ingest.errors import LogError
 
 if TYPE_CHECKING:
@@ -44,7 +45,36 @@ def inspect(derived: Derived, run_id: str) -> list[StoredState]:
             found.append(StoredState(cache, None, False, [str(why)], 1))
         for path in sorted(p for p in run.glob("*/*") if p.is_dir() and not is_tmp(p.name)):
             found.append(_inspect_one(derived.digest, run_id, path, now))
+        if (run / DIRECTORY).is_dir():
+            found.append(_inspect_transcripts(run_id, run / DIRECTORY, now))
     return found
+
+
+def _inspect_transcripts(run_id: str, place: Path, now: dict[str, Any] | None) -> StoredState:
+    """The run's searchable transcripts (engine.derived.transcripts): its index and every segment it names."""
+    identity = f"{run_id}/{DIRECTORY}"
+    try:
+        held = load_json(place / INDEX, identity)
+    except Outdated:
+        return StoredState(place, None, False, [], 0, "by an earlier version")
+    except Damaged as why:
+        return StoredState(place, None, False, [str(why)], 0)
+    if held is None:
+        return StoredState(place, None, False, [f"no {INDEX}"], 0)
+    if held.get("code") != code_key():
+        return StoredState(place, None, False, [], 0, "by other code")
+    problems = []
+    try:
+        segments = [place / name for name, _first, _last in held["segments"]]
+    except (KeyError, TypeError, ValueError):
+        return StoredState(place, None, False, [f"{INDEX} does not name its segments"], 1)
+    for file in segments:
+        try:
+            check_named(file, identity)
+        except (Damaged, FileNotFoundError) as why:
+            problems.append(str(why) if isinstance(why, Damaged) else f"{file.name} is missing")
+    current = now is not None and (held.get("entries"), held.get("last_sha")) == (now["entries"], now["last_sha"])
+    return StoredState(place, None, current, problems, len(segments) + 1)
 
 
 def _inspect_one(digest: str, run_id: str, path: Path, now: dict[str, Any] | None) -> StoredState:

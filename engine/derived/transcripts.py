@@ -101,7 +101,7 @@ order by p.seq, p.idx, p.kind, p.call_id
 """
 
 
-def _code() -> str:
+def code_key() -> str:
     """What the rows are made by (this module's source): rows made by other code are built again."""
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
@@ -111,7 +111,7 @@ class Transcripts:
 
     def __init__(self, derived: Derived) -> None:
         self.derived = derived
-        self.code = _code()
+        self.code = code_key()
         self._lock = threading.Lock()  # one builder of a run's segments at a time in this process
         self._verified: dict[Path, tuple] = {}  # segment -> its stat when its digest was checked
         self.built = 0  # segments written by this instance (a test counts them)

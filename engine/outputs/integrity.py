@@ -64,7 +64,8 @@ def _derived_lines(run_id: str, derived: list[Any]) -> list[str]:
     damaged = [d for d in derived if d.problems]
     current = sum(d.current for d in derived)
     other = sum(d.other is not None for d in derived)
-    head = f"derived state of run {run_id}: {len(derived)} stored ({current} of the log as it is now"
+    searchable = ", serve's search text among them" if any(d.path.name == "transcripts" for d in derived) else ""
+    head = f"derived state of run {run_id}: {len(derived)} stored{searchable} ({current} of the log as it is now"
     head += (
         f", {other} derived by an earlier version or other views: never read, removed by the next read)"
         if other
