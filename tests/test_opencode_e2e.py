@@ -635,7 +635,8 @@ def test_a_run_refused_after_its_opencode_store_was_made_leaves_nothing_of_it(tm
     python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'coral'\" >&2\nexit 1\n")
     python.chmod(0o755)
     config = tmp_path / "run.toml"
-    config.write_text(f'[backend_options]\ncoral_python = "{python}"\n')
+    outside = tmp_path / "elsewhere" / "worktrees"  # the run's worktrees outside its directory: made, then removed
+    config.write_text(f'[backend_options]\ncoral_python = "{python}"\nworktree_root = "{outside}"\n')
     model = FakeModel(script).start()
     data = tmp_path / "data"
     try:
@@ -645,6 +646,7 @@ def test_a_run_refused_after_its_opencode_store_was_made_leaves_nothing_of_it(tm
     assert r.exit_code == 1, r.output
     assert "cannot import CORAL's grader daemon" in r.stderr and "Traceback" not in r.output
     assert not (data / "runs" / "refused").exists(), sorted((data / "runs").rglob("*"))[:10]
+    assert not outside.exists() and (tmp_path / "elsewhere").is_dir()  # only what the run made
     # The same refusal of a run whose directory exists (as a resume's does) leaves it as it was.
     from engine.config import RunConfig
     from engine.teachers.opencode import OpenCodeTeacher

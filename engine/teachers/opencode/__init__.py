@@ -96,12 +96,12 @@ class OpenCodeTeacher:
             check_endpoint(
                 self.opts.endpoint, self.opts.model.split("/", 1)[1], api_key(self.opts), self.opts.turn_timeout_s
             )
-        fresh = not Path(run_dir).exists()
+        made = [p for p in dict.fromkeys([Path(run_dir), Path(self.opts.worktree_root or run_dir)]) if not p.exists()]
         try:
             self._open(run_dir, node)
         except BaseException:
-            if fresh:  # refused before the run began: nothing of it stays (a resume's or a node's is left)
-                shutil.rmtree(run_dir, ignore_errors=True)
+            for path in made:  # refused before the run began: nothing it made stays (a resume's or a node's is left)
+                shutil.rmtree(path, ignore_errors=True)
             raise
 
     def _open(self, run_dir: Path, node: str | None) -> None:
