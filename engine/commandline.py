@@ -101,6 +101,8 @@ class Group(click.Group):
                 raise click.UsageError(
                     f"{as_utf8(err.object)!r} cannot be a path: it is not text the file system can encode"
                 ) from err
+            if isinstance(err, ValueError) and "null byte" in str(err):  # os.stat of a path holding NUL (a caller's)
+                raise click.UsageError("a path cannot hold a NUL byte (\\x00)") from err
             if isinstance(err, OSError) and err.errno != errno.EPIPE:  # EPIPE: click exits quietly
                 raise click.ClickException(os_problem(err)) from err  # a full disk, a quota
             raise

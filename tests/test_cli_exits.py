@@ -310,6 +310,14 @@ def test_a_path_no_file_system_can_encode_is_a_usage_error(runs, tmp_path):
         assert r.exit_code == 2 and "cannot be a path" in r.output, (args, r.output)
 
 
+def test_a_path_holding_a_nul_byte_is_a_usage_error(runs):
+    """A NUL byte (a Python caller's string; no command line holds one) made click's path check
+    raise ValueError from os.stat (the fuzzing found it: ``explore '\\x00' rounds``)."""
+    for args in (["explore", "\x00", "rounds"], ["export", "rounds", "--out", "o\x00"]):
+        r = CliRunner().invoke(cli, ["--data", str(runs), *args])
+        assert r.exit_code == 2 and "NUL byte" in r.output and r.exception.__class__ is SystemExit, (args, r.output)
+
+
 def test_the_teacher_mcts_command_is_the_command_line_after_the_install():
     """`pip install -e .` installs `teacher-mcts` (beside the running Python in a venv)."""
     import shutil
