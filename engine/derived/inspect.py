@@ -53,49 +53,49 @@ def inspect(derived: Derived, run_id: str) -> list[StoredState]:
 def _inspect_transcripts(run_id: str, place: Path, now: dict[str, Any] | None) -> StoredState:
     """The run's searchable transcripts (engine.derived.transcripts): its index and every segment it names."""
     identity = f"{run_id}/{DIRECTORY}"
-    try:
-        held = load_json(place / INDEX, identity)
-    except Outdated:
-        return StoredState(place, None, False, [], 0, "by an earlier version")
-    except Damaged as why:
-        return StoredState(place, None, False, [str(why)], 0)
-    if held is None:
-        return StoredState(place, None, False, [f"no {INDEX}"], 0)
+    held = _document(place, INDEX, identity)
+    if isinstance(held, StoredState):
+        return held
     if held.get("code") != code_key():
         return StoredState(place, None, False, [], 0, "by other code")
-    problems = []
     try:
         segments = [place / name for name, _first, _last in held["segments"]]
     except (KeyError, TypeError, ValueError):
         return StoredState(place, None, False, [f"{INDEX} does not name its segments"], 1)
-    for file in segments:
-        try:
-            check_named(file, identity)
-        except (Damaged, FileNotFoundError) as why:
-            problems.append(str(why) if isinstance(why, Damaged) else f"{file.name} is missing")
     current = now is not None and (held.get("entries"), held.get("last_sha")) == (now["entries"], now["last_sha"])
-    return StoredState(place, None, current, problems, len(segments) + 1)
+    return StoredState(place, None, current, _problems(segments, identity), len(segments) + 1)
 
 
 def _inspect_one(digest: str, run_id: str, path: Path, now: dict[str, Any] | None) -> StoredState:
     relative = f"{run_id}/{path.parent.name}/{path.name}"
-    try:
-        held = load_json(path / STATE_FILE, relative)
-    except Outdated:
-        return StoredState(path, None, False, [], 0, "by an earlier version")
-    except Damaged as why:
-        return StoredState(path, None, False, [str(why)], 0)
-    if held is None:
-        return StoredState(path, None, False, [f"no {STATE_FILE}"], 0)
+    held = _document(path, STATE_FILE, relative)
+    if isinstance(held, StoredState):
+        return held
     if held.get("format") != VERSION or held.get("digest") != digest:
         return StoredState(path, held.get("variables"), False, [], 0, "by other views or code")
-    problems = []
     files = [path / "tables" / name for name in (held.get("tables") or {}).values()]
     files += sorted((path / "views").glob("*.parquet"))
+    current = now is not None and held.get("source") == now
+    return StoredState(path, held.get("variables"), current, _problems(files, relative), len(files) + 1)
+
+
+def _document(place: Path, name: str, identity: str) -> dict[str, Any] | StoredState:
+    """The checked document ``name`` in ``place``, or what ``verify`` says of ``place`` when it is not whole."""
+    try:
+        held = load_json(place / name, identity)
+    except Outdated:
+        return StoredState(place, None, False, [], 0, "by an earlier version")
+    except Damaged as why:
+        return StoredState(place, None, False, [str(why)], 0)
+    return StoredState(place, None, False, [f"no {name}"], 0) if held is None else held
+
+
+def _problems(files: list[Path], identity: str) -> list[str]:
+    """Each file that does not hold the bytes its name records, or is missing, and why."""
+    problems = []
     for file in files:
         try:
-            check_named(file, relative)
+            check_named(file, identity)
         except (Damaged, FileNotFoundError) as why:
             problems.append(str(why) if isinstance(why, Damaged) else f"{file.name} is missing")
-    current = now is not None and held.get("source") == now
-    return StoredState(path, held.get("variables"), current, problems, len(files) + 1)
+    return problems
