@@ -20,10 +20,13 @@ COMMIT = re.compile(r"[0-9a-f]{7,64}")  # a git object name, as the backend reco
 MAX_CHARS = 200_000  # of a diff shown (the rest is cut, and said so)
 
 
+# A repository a log names may come with a data directory from elsewhere: its config must run nothing
+# here (a textconv or external diff driver, an fsmonitor hook would run as the reader).
+SAFE = ("-c", "core.quotepath=off", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
+
+
 def _git(repo: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["git", "-C", repo, "-c", "core.quotepath=off", *args], capture_output=True, text=True, errors="replace"
-    )
+    return subprocess.run(["git", "-C", repo, *SAFE, *args], capture_output=True, text=True, errors="replace")
 
 
 def _code(state: Any) -> tuple[str, str] | None:
@@ -79,8 +82,8 @@ def _diff(repo: str, before: str, after: str) -> dict[str, Any]:
     for commit in (before, after):
         if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
             return {"why": f"commit {commit[:12]} is not in {repo} (removed, or not on this machine)"}
-    stat = _git(repo, "diff", "--numstat", "--no-renames", before, after)
-    patch = _git(repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", before, after)
+    stat = _git(repo, "diff", "--numstat", "--no-renames", "--no-ext-diff", "--no-textconv", before, after)
+    patch = _git(repo, "diff", "--no-color", "--no-renames", "--no-ext-diff", "--no-textconv", before, after)
     if stat.returncode != 0 or patch.returncode != 0:
         return {"why": f"git diff failed in {repo}: {(stat.stderr or patch.stderr).strip()[:300]}"}
     files = []
