@@ -60,6 +60,8 @@ from ingest.errors import InputError, LogError
 from ingest.paths import run_dir
 from ingest.text import sql_text
 
+Runs = str | tuple[str, ...] | None  # a query over every run's rows (None), one run's, or several runs'
+
 if TYPE_CHECKING:
     import polars as pl
 
@@ -191,8 +193,8 @@ class Collection:
                 )
                 raise InputError(msg)
 
-    def _view_files(self, names: set[str], run_id: str | None = None) -> dict[str, tuple[str, ...]]:
-        """The files of the rows of each view the query names, of every run (or of one run), in run order.
+    def _view_files(self, names: set[str], only: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
+        """The files of the rows of each view the query names, of every run (or of the runs ``only``), in run order.
 
         Each file was checked against its digest when first read, and is again whenever it
         is no longer the file checked (its size, times or inode changed): a damaged one is
@@ -202,9 +204,10 @@ class Collection:
         if not named:
             return {}
         held = self.states(bool(set(named) & self._at_decisions), tuple(named))
-        if run_id is not None and run_id not in held:
-            raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(held)})")
-        wanted = [run_id] if run_id is not None else list(held)
+        for run_id in only or ():
+            if run_id not in held:
+                raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(held)})")
+        wanted = list(only) if only is not None else list(held)
         stale = [r for r in wanted if any(not self._checked_file(held[r], v) for v in named)]
 
         def one(run: str) -> LogError | None:
@@ -257,39 +260,41 @@ class Collection:
         """Held while the collection's shared state changes (runs read, views bound), never while a query runs."""
         return self._binding_lock
 
-    def _pin(self, cursor: duckdb.DuckDBPyConnection, names: set[str], run_id: str | None) -> dict[str, tuple]:
+    def _pin(
+        self, cursor: duckdb.DuckDBPyConnection, names: set[str], only: tuple[str, ...] | None
+    ) -> dict[str, tuple]:
         """Bind the views ``names`` for ``cursor``'s query; the files each view reads.
 
         Every run's: the collection's union views, bound again when their files change, and
         ``cursor``'s transaction started on them, so its query reads these bindings whatever
         another query binds meanwhile (DuckDB's catalog is read as of a transaction's start).
-        One run's: views of the cursor's own (temporary, shadowing the union views) over
-        that run's files, which no other query sees.
+        Some runs' (``only``): views of the cursor's own (temporary, shadowing the union
+        views) over those runs' files, which no other query sees.
         """
         with self.binding_lock:
-            files = self._view_files(names, run_id)
+            files = self._view_files(names, only)
             for name, listed in files.items():
                 scan = "select * from read_parquet([" + ", ".join(sql_text(f) for f in listed) + "])"
-                if run_id is not None:
+                if only is not None:
                     cursor.execute(f'create or replace temp view "{name}" as {scan}')
                 elif self._bound.get(name) != listed:
                     self.con.execute(f'create or replace view main."{name}" as {scan}')
                     self._bound[name] = listed
-            if run_id is None:
+            if only is None:
                 cursor.begin()
                 cursor.execute("select count(*) from duckdb_views()").fetchall()  # the transaction's snapshot
             return files
 
-    def _rebind(self, cursor: duckdb.DuckDBPyConnection, names: set[str], run_id: str | None) -> dict[str, tuple]:
+    def _rebind(
+        self, cursor: duckdb.DuckDBPyConnection, names: set[str], only: tuple[str, ...] | None
+    ) -> dict[str, tuple]:
         """The runs read again and ``names`` bound anew on ``cursor`` (a stored state replaced while bound)."""
         with self.binding_lock:
             self.refresh()
-            return self._pin(cursor, names, run_id)
+            return self._pin(cursor, names, only)
 
     @contextlib.contextmanager
-    def _run(
-        self, query: str | CheckedQuery, run_id: str | None = None, cancel: Cancel | None = None
-    ) -> Iterator[Result]:
+    def _run(self, query: str | CheckedQuery, run_id: Runs = None, cancel: Cancel | None = None) -> Iterator[Result]:
         """One read-only query (checked here unless it was) on a cursor of its own, within the limits;
         RefusedQueryError or QueryError otherwise.
 
@@ -305,15 +310,16 @@ class Collection:
             with expired.watching(cursor), cancel.watching(cursor) if cancel else contextlib.nullcontext():
                 checked = check_query(query, cursor)
                 names = set(checked.relations)
-                files = self._pin(cursor, names, run_id)
+                only = (run_id,) if isinstance(run_id, str) else None if run_id is None else tuple(run_id)
+                files = self._pin(cursor, names, only)
                 timer.start()
                 yield Result(
                     cursor,
                     checked.text,
                     limits=self.limits,
                     files=files,
-                    rebind=lambda: self._rebind(cursor, names, run_id),
-                    in_transaction=run_id is None,
+                    rebind=lambda: self._rebind(cursor, names, only),
+                    in_transaction=only is None,
                     expired=expired,
                     cancel=cancel,
                 )
@@ -338,13 +344,14 @@ class Collection:
                 timer.join()
             cursor.close()
 
-    def result(self, query: str | CheckedQuery, run_id: str | None = None, cancel: Cancel | None = None):
+    def result(self, query: str | CheckedQuery, run_id: Runs = None, cancel: Cancel | None = None):
         """A context manager: the :class:`Result` of a read-only query, its rows fetched in batches within its
         limits (its time limit ends with the block); ``cancel``: stops it from another thread."""
         return self._run(query, run_id, cancel)
 
-    def query(self, query: str, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Rows of a read-only query, as dicts; ``run_id``: over that run's rows alone (reads only its files)."""
+    def query(self, query: str, run_id: Runs = None) -> list[dict[str, Any]]:
+        """Rows of a read-only query, as dicts; ``run_id``: over that run's rows alone (reads only its files), or
+        a tuple of runs: over theirs."""
         with self._run(query, run_id) as result:
             columns = result.columns
             return [dict(zip(columns, row, strict=True)) for batch in result.batches() for row in batch]

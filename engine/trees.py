@@ -14,6 +14,15 @@ from typing import Any
 
 Row = dict[str, Any]
 
+# The columns the drawings read (the report's SVG and its tips, replay's lines): a collection's
+# trees are read in one query a view, and the other columns would be read and held for nothing.
+COLUMNS = {
+    "nodes": "node_id, parent_id, depth, score, tok, leaf_reason",
+    "edges": "edge_id, parent_id, child_id, verdict, tok, soft, outcome, cleanliness, knowledge, "
+    "regression_stability, tool_calls, tool_errors",
+    "turns": "edge_id, turn, skipped, score, eval_status, knowledge_actions, steps",
+}
+
 
 @dataclass
 class TreeRows:
@@ -46,23 +55,34 @@ class TreeRows:
         return out
 
 
-def tree_rows(query: Callable[[str], list[Row]], where: str) -> dict[str, TreeRows]:
-    """The rows of every tree whose rows match ``where`` (an SQL condition on the views' columns), by tree id.
+def trees_by_run(query: Callable[[str], list[Row]], where: str) -> dict[str, dict[str, TreeRows]]:
+    """The rows of every tree of a collection whose rows match ``where`` (an SQL condition on the views'
+    columns), by run id and tree id: one query a view reads the trees of many runs."""
+    return _trees(query, where, "run_id, ")  # type: ignore[return-value]
 
-    ``query`` runs a read-only query: a run's catalog, or a collection of runs (then
-    ``where`` names the run). A tree without nodes is absent.
-    """
-    trees: dict[str, TreeRows] = defaultdict(TreeRows)
-    for n in query(f"select * from nodes where {where} order by tree_id, node_key(node_id)"):
-        trees[n["tree_id"]].nodes.append(n)
+
+def tree_rows(query: Callable[[str], list[Row]], where: str) -> dict[str, TreeRows]:
+    """The rows of every tree of a run's catalog (whose rows name no run) that match ``where``, by tree id."""
+    return _trees(query, where, "").get(None, {})
+
+
+def _trees(query: Callable[[str], list[Row]], where: str, run: str) -> dict[str | None, dict[str, TreeRows]]:
+    """By run (``run``: the run's column, or "" for a catalog's rows, keyed None) and tree. A tree without
+    nodes is absent."""
+    runs: dict[str | None, dict[str, TreeRows]] = defaultdict(lambda: defaultdict(TreeRows))
+    nodes = f"select {run}tree_id, {COLUMNS['nodes']} from nodes where {where} order by tree_id, node_key(node_id)"
+    for n in query(nodes):
+        runs[n.get("run_id")][n["tree_id"]].nodes.append(n)
     for name, order in (("edges", "started_seq"), ("turns", "edge_id, turn")):
-        for r in query(f"select * from {name} where {where} order by tree_id, {order}"):
-            if r["tree_id"] in trees:
+        for r in query(f"select {run}tree_id, {COLUMNS[name]} from {name} where {where} order by tree_id, {order}"):
+            trees = runs.get(r.get("run_id"))
+            if trees is not None and r["tree_id"] in trees:
                 getattr(trees[r["tree_id"]], name).append(r)
-    for s in query(f"select tree_id, node_ids from top_paths where {where}"):
-        if s["tree_id"] in trees:
+    for s in query(f"select {run}tree_id, node_ids from top_paths where {where}"):
+        trees = runs.get(s.get("run_id"))
+        if trees is not None and s["tree_id"] in trees:
             trees[s["tree_id"]].on_path |= set(s["node_ids"])
-    return dict(trees)
+    return {run: dict(trees) for run, trees in runs.items()}
 
 
 def tree_lines(rows: TreeRows) -> list[str]:

@@ -100,3 +100,25 @@ def test_report_errors_are_clean(runs, tmp_path):
     r = CliRunner().invoke(cli, ["--data", str(data), "report", "rounds", "--out", str(nowhere)])
     assert r.exit_code == 1 and r.stderr.startswith(f"Error: {nowhere}: cannot write the report")
     assert not nowhere.parent.exists()
+
+
+def test_runs_read_together_draw_the_report_of_runs_read_one_by_one(runs, tmp_path, monkeypatch):
+    """The report reads each view once for a batch of runs; each run's rows are its own whatever the batch."""
+    import engine.report
+
+    data = tmp_path / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+    written = {}
+    for batch in (1, engine.report.BATCH_RUNS):
+        monkeypatch.setattr(engine.report, "BATCH_RUNS", batch)
+        out = tmp_path / f"report-{batch}.html"
+        r = CliRunner().invoke(cli, ["--data", str(data), "report", "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        written[batch] = out.read_text()
+    one_by_one, together = written.values()
+    assert together == one_by_one
+    for run in ("rounds", "async"):  # each section draws its own run's trees
+        section = together.split(f'data-run="{run}"')[1].split("</section>")[0]
+        drawn = {t.split('"')[0] for t in section.split('data-tree="')[1:]}
+        assert drawn == set(expected(data, run)["nodes"])
