@@ -114,7 +114,7 @@ class EventLog:
                 fh.close()
         if not tables:
             schema = SCHEMA if columns is None else pa.schema([SCHEMA.field(c) for c in columns])
-            return schema.empty_table()
+            return pa.Table.from_batches([], schema)  # (Schema.empty_table() imports pandas)
         return pa.concat_tables(tables, promote_options="default")
 
     def scan_kind(
