@@ -44,6 +44,7 @@ import duckdb
 from engine.catalog.definitions import load_graph, read_macros
 from engine.catalog.queries import CheckedQuery, QueryError, RefusedQueryError, check_query, first_line
 from engine.derived import AT_DECISIONS, NOW, State
+from engine.derived.combined import combined_dirs, combined_file
 from engine.derived.live import kept_state
 from engine.results import (
     CANCELLED,
@@ -113,6 +114,7 @@ class Collection:
         con.execute(macros)  # node_key, pct, ...: for queries over the union views too
         readable = [f"{(run_dir(self.data_dir, run_id) / 'log').resolve()}/" for run_id in self.run_ids]
         readable += [f"{d.resolve()}/" for run_id in self.run_ids for d in self.derived.allowed_dirs(run_id)]
+        readable += [f"{d.resolve()}/" for d in combined_dirs(self.derived)]  # (a view's rows of every run)
         con.execute("set allowed_directories = ?", [readable])
         con.execute("set enable_external_access = false")
         con.execute(f"set memory_limit = '{self.limits.memory}B'")
@@ -194,7 +196,8 @@ class Collection:
                 raise InputError(msg)
 
     def _view_files(self, names: set[str], only: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
-        """The files of the rows of each view the query names, of every run (or of the runs ``only``), in run order.
+        """The files of the rows of each view the query names, of every run (or of the runs ``only``), in run order;
+        every run's of a still collection: one file of them all (:mod:`engine.derived.combined`).
 
         Each file was checked against its digest when first read, and is again whenever it
         is no longer the file checked (its size, times or inode changed): a damaged one is
@@ -232,7 +235,13 @@ class Collection:
         for run, err in failed:
             self._leave_out(run, err)
             wanted.remove(run)
-        return {name: tuple(str(self._files[(held[run].dir, name)]) for run in wanted) for name in named}
+        files = {name: tuple(str(self._files[(held[run].dir, name)]) for run in wanted) for name in named}
+        if only is None and len(wanted) > 1:  # every run's rows: one file, once the runs are still
+            for name, listed in files.items():
+                whole = combined_file(self.derived, name, list(listed))
+                if whole is not None:
+                    files[name] = (whole,)
+        return files
 
     def _checked_file(self, state: State, view: str) -> bool:
         path = self._files.get((state.dir, view))

@@ -437,3 +437,54 @@ def test_a_state_caught_up_across_a_cut_answers_as_one_derived_fresh_there(finis
     earlier = data.draw(st.integers(40, events.num_rows - 1), label="earlier cut")
     later = data.draw(st.integers(earlier + 1, events.num_rows), label="later cut")
     _caught_up_equals_fresh(events, tmp_path_factory, earlier, later)
+
+
+@pytest.mark.slow
+def test_a_still_collection_reads_a_view_of_every_run_from_one_checked_file(data, monkeypatch, capsys):
+    """engine/derived/combined.py: while the runs' files are new (a live collection) each query reads
+    them; once they are still, one file of each small view's rows of every run, read instead, equal
+    to them, checked as every stored file; a run that grew names another; a refused write is no error."""
+    import duckdb
+
+    import engine.derived.combined as combined
+
+    monkeypatch.setattr(combined, "STILL_SECONDS", 3600.0)
+    live = answers(data)
+    made = data / "derived" / combined.COMBINED
+    assert not made.exists()  # files just written: not still
+    monkeypatch.setattr(combined, "STILL_SECONDS", 0.0)
+    monkeypatch.setattr(combined, "SMALL_FILE", 0)  # no file is that small: none is made
+    assert answers(data) == live and not made.exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(combined, "STILL_SECONDS", 0.0)
+    assert answers(data) == live
+    files = {p.parent.parent.name: p for p in made.glob("*/*/*.parquet")}
+    assert set(files) == {"trees", "paths", "coverage", "events", "audit_node_selected"}  # the views read
+    runs = open_runs(data)
+    for view, path in files.items():  # each holds exactly the runs' own rows of the view
+        per_run = [str(f) for f in sorted((data / "derived").glob(f"*/*/*/views/{view}-*.parquet"))]
+        each = duckdb.sql(f"select * from read_parquet({per_run}) order by all").fetchall()
+        assert duckdb.sql(f"select * from read_parquet('{path}') order by all").fetchall() == each
+        assert runs._view_files({view})[view] == (str(path),)  # and is the file a query reads
+        assert len(runs._view_files({view}, ("rounds",))[view]) == 1  # (a run's query: its own file)
+    # damaged: dropped with a note, made again, the same answers
+    raw = bytearray(files["coverage"].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    files["coverage"].write_bytes(bytes(raw))
+    capsys.readouterr()
+    assert answers(data) == live
+    assert f"{files['coverage']} dropped (" in capsys.readouterr().err and files["coverage"].exists()
+    # a run that grew: its rows from another file, the one before kept beside it
+    with LogWriter.open(data, "async") as writer:
+        writer.append([RunResumed(note="appended")])
+    grown = answers(data)
+    events = grown[QUERIES[3]]
+    assert [r["n"] for r in events] == [r["n"] + (r["run_id"] == "async") for r in live[QUERIES[3]]]
+    assert len(list((made / "events").iterdir())) == 2
+    fresh = data.parent / "fresh"
+    shutil.copytree(data, fresh, ignore=shutil.ignore_patterns("derived"))
+    assert answers(fresh) == grown  # as derived from the log alone
+    # derived/ refusing the write: the runs' files are read, and no error
+    shutil.rmtree(made)
+    made.write_text("not a directory")
+    assert answers(data) == grown
