@@ -466,7 +466,8 @@ def test_a_still_collection_reads_a_view_of_every_run_from_one_checked_file(data
         each = duckdb.sql(f"select * from read_parquet({per_run}) order by all").fetchall()
         assert duckdb.sql(f"select * from read_parquet('{path}') order by all").fetchall() == each
         assert runs._view_files({view})[view] == (str(path),)  # and is the file a query reads
-        assert len(runs._view_files({view}, ("rounds",))[view]) == 1  # (a run's query: its own file)
+        own = runs._view_files({view}, ("rounds",))[view]  # a run's query: its own file
+        assert len(own) == 1 and "/rounds/" in own[0] and own != (str(path),)
     # damaged: dropped with a note, made again, the same answers
     raw = bytearray(files["coverage"].read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -481,6 +482,10 @@ def test_a_still_collection_reads_a_view_of_every_run_from_one_checked_file(data
     events = grown[QUERIES[3]]
     assert [r["n"] for r in events] == [r["n"] + (r["run_id"] == "async") for r in live[QUERIES[3]]]
     assert len(list((made / "events").iterdir())) == 2
+    # another collection (the runs named in another order: other files, another key) keeps its
+    # own file beside the two of every run's, none replaced
+    assert open_runs(data, ["rounds", "async"]).query(QUERIES[0]) == grown[QUERIES[0]]
+    assert len(list((made / "trees").iterdir())) == 3
     fresh = data.parent / "fresh"
     shutil.copytree(data, fresh, ignore=shutil.ignore_patterns("derived"))
     assert answers(fresh) == grown  # as derived from the log alone

@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 
 COMBINED = "_collection"  # <derived>/_collection/<view>/<key>/
 STILL_SECONDS = 60.0  # a view's per-run files all older than this: its runs are still
-KEPT = 2  # the newest files a view keeps (a reader of the one replaced may still be reading it)
+# The newest files a view keeps: collections of other runs (every run, a campaign's, those named)
+# each keep theirs rather than replacing each other's at every read; a reader of one replaced may
+# still be reading it.
+KEPT = 8
 # A view whose per-run files average more than this is read from them: its queries spend their
 # time reading rows, not opening files, and a copy would double what derived/ holds of it (the
 # events' rows: ~0.75 MB a run of 100k events).
@@ -75,7 +78,10 @@ def combined_file(derived: Derived, view: str, files: list[str]) -> str | None:
         return None
     finally:
         cursor.close()
-    derived._check(path, relative)
+    try:
+        derived._check(path, relative)
+    except (Damaged, FileNotFoundError):  # (not what was just written: the per-run files serve)
+        return None
     _keep_newest(directory.parent)
     return str(path)
 
