@@ -59,9 +59,7 @@ RUN_PERMISSIONS = [{"permission": p, "pattern": "*", "action": "deny"} for p in 
 REQUEST_TIMEOUT_S = 120.0
 QUIET_S = 5.0  # a session idle this long after its prompt was stored, with no answer, ended without one
 START_S = 120.0  # from ``opencode serve``'s start to its listening (about 2 s here)
-# A server carrying turns that answers nothing this long is killed (its turns end as backend
-# errors): a server here spun two threads in madvise for 20 minutes at 2 GB, its API silent.
-STALL_S = 180.0
+STALL_S = 180.0  # a server with turns silent this long is killed (one spun in madvise for 20 min at 2 GB)
 WATCH_S = 5.0  # how often the watchdog asks
 
 
@@ -203,6 +201,9 @@ class Server:
             if self.active == 0 or self._answers():
                 answered = time.monotonic()
             elif time.monotonic() - answered > STALL_S:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # died, not silent: its exit is the reason
+                    self.proc.wait(timeout=1.0)
+                    return
                 self.stalled = f"opencode serve answered nothing for {STALL_S:g} s and was killed (its log: {self.log})"
                 self.stop()
                 self._wake_all()
