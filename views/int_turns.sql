@@ -1,5 +1,5 @@
 -- One row per finished rollout turn: eval score, tool-call counts, steps, context tokens.
--- grain: run_id, tree_id, edge_id, turn
+-- grain: tree_id, edge_id, turn
 -- sources: stg_turn_finished, stg_eval_finished, stg_step_finished, tool_calls
 -- materialized: table
 --
@@ -10,7 +10,6 @@
 -- from the endpoint's usage). A request the model never answered is no step.
 with calls as (
     select
-        run_id,
         tree_id,
         edge_id,
         turn,
@@ -23,7 +22,6 @@ with calls as (
 
 steps as (
     select
-        run_id,
         tree_id,
         edge_id,
         turn,
@@ -33,7 +31,6 @@ steps as (
 )
 
 select
-    f.run_id,
     f.tree_id,
     f.edge_id,
     f.turn,
@@ -50,6 +47,6 @@ select
     f.outcome,
     f.state
 from stg_turn_finished as f
-left join stg_eval_finished as e using (run_id, tree_id, edge_id, turn)
-left join calls as c using (run_id, tree_id, edge_id, turn)
-left join steps as s using (run_id, tree_id, edge_id, turn)
+left join stg_eval_finished as e using (tree_id, edge_id, turn)
+left join calls as c using (tree_id, edge_id, turn)
+left join steps as s using (tree_id, edge_id, turn)

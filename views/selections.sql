@@ -1,8 +1,7 @@
 -- One row per recorded selection decision: the node a free slot expanded (public, ALGORITHM §7).
--- grain: run_id, seq
+-- grain: seq
 -- sources: stg_node_selected
 select
-    run_id,
     seq,
     watermark,
     tree_id,

@@ -1,8 +1,7 @@
 -- BlockGranted facts: the blocks of valid edges a campaign granted each tree of this run.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_block_granted
 select
-    run_id,
     seq,
     tree_id,
     edges,

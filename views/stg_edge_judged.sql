@@ -1,8 +1,7 @@
 -- EdgeJudged decisions: the recorded verdict of each finished edge attempt.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_edge_judged
 select
-    run_id,
     seq,
     recorded_at,
     watermark,

@@ -1,8 +1,7 @@
 -- EdgeStarted facts: every edge attempt launched.
--- grain: run_id, edge_id
+-- grain: edge_id
 -- sources: log_edge_started
 select
-    run_id,
     seq,
     recorded_at,
     tree_id,

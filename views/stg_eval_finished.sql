@@ -1,8 +1,7 @@
 -- EvalFinished facts: the coral eval result of each turn (score null when no number).
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_eval_finished
 select
-    run_id,
     seq,
     tree_id,
     edge_id,

@@ -1,8 +1,7 @@
 -- GraderChecked facts: the task's grader graded a root's own code before the first turn.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_grader_checked
 select
-    run_id,
     seq,
     recorded_at,
     tree_id,

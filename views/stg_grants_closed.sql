@@ -1,8 +1,7 @@
 -- GrantsClosed facts: the campaign grants this run nothing more.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_grants_closed
 select
-    run_id,
     seq,
     reason
 from log_grants_closed

@@ -1,8 +1,7 @@
 -- MessageWritten facts: text and reasoning parts (their text stays in the Parquet log).
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_message_written
 select
-    run_id,
     seq,
     tree_id,
     edge_id,

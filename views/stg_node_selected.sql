@@ -1,8 +1,7 @@
 -- NodeSelected decisions: the node chosen for each free slot, with its scores.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_node_selected
 select
-    run_id,
     seq,
     watermark,
     tree_id,

@@ -1,8 +1,7 @@
 -- PathsSelected decisions: recorded Top-k path selections.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_paths_selected
 select
-    run_id,
     seq,
     watermark,
     selection_id,

@@ -1,8 +1,7 @@
 -- RootAdded facts: the root snapshot of every tree.
--- grain: run_id, tree_id
+-- grain: tree_id
 -- sources: log_root_added
 select
-    run_id,
     seq,
     tree_id,
     task,

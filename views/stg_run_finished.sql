@@ -1,8 +1,7 @@
 -- RunFinished facts: a run ended normally.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_run_finished
 select
-    run_id,
     seq,
     recorded_at,
     outcome

@@ -1,8 +1,7 @@
 -- RunResumed facts: a run was continued from its log.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_run_resumed
 select
-    run_id,
     seq,
     recorded_at,
     note

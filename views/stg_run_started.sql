@@ -1,8 +1,7 @@
 -- RunStarted facts: the command and the whole recorded configuration of the run.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_run_started
 select
-    run_id,
     seq,
     recorded_at,
     command,

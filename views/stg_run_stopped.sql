@@ -1,8 +1,7 @@
 -- RunStopped decisions: the run stopped before its trees were done, and why.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_run_stopped
 select
-    run_id,
     seq,
     watermark,
     reason,

@@ -1,8 +1,7 @@
 -- SnapshotSeen facts: one row per entry of a scanned all_snapshots/ dir or CORAL run.
--- grain: run_id, task, snapshot
+-- grain: task, snapshot
 -- sources: log_snapshot_seen
 select
-    run_id,
     seq,
     task,
     snapshot,

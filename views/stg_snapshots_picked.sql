@@ -1,8 +1,7 @@
 -- SnapshotsPicked decisions: the roots chosen for a task .
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_snapshots_picked
 select
-    run_id,
     seq,
     watermark,
     task,

@@ -1,8 +1,7 @@
 -- SpoolEntryDropped facts: a spooled turn that was not taken (another run's, stale or damaged).
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_spool_entry_dropped
 select
-    run_id,
     seq,
     recorded_at,
     tree_id,

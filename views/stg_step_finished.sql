@@ -1,8 +1,7 @@
 -- StepFinished facts: one row per assistant step (model call) of a turn.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_step_finished
 select
-    run_id,
     seq,
     tree_id,
     edge_id,

@@ -1,8 +1,7 @@
 -- StreamLineSkipped facts: Teacher stream lines that could not be used.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_stream_line_skipped
 select
-    run_id,
     seq,
     tree_id,
     edge_id,

@@ -1,8 +1,7 @@
 -- SupervisionSelected decisions: recorded preference pairs, unpaired labels and step labels.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_supervision_selected
 select
-    run_id,
     seq,
     watermark,
     selection_id,

@@ -1,8 +1,7 @@
 -- ToolCalled facts: one row per tool call of a rollout turn.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_tool_called
 select
-    run_id,
     seq,
     tree_id,
     edge_id,

@@ -1,8 +1,7 @@
 -- TreeStopped decisions: the recorded stop of each tree.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_tree_stopped
 select
-    run_id,
     seq,
     watermark,
     tree_id,

@@ -1,8 +1,7 @@
 -- TurnFinished facts: one per finished rollout turn, with context tokens and checkpoint.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_turn_finished
 select
-    run_id,
     seq,
     recorded_at,
     tree_id,

@@ -1,8 +1,7 @@
 -- TurnSkipped decisions: turn 2 not run because the edge could no longer be kept.
--- grain: run_id, seq
+-- grain: seq
 -- sources: log_turn_skipped
 select
-    run_id,
     seq,
     watermark,
     tree_id,
