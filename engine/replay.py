@@ -106,10 +106,10 @@ def _replay(log: EventLog, catalog: Catalog, start: float) -> ReplayResult:
     differences = [
         Difference(**row)
         for name in sorted(v for v in catalog.views if v.startswith("audit_"))
-        for row in catalog.query(f"select * from {name}")
+        for row in catalog.query(f"select * exclude (run_id) from {name}")
     ]
     differences.sort(key=lambda d: (d.seq is None, d.seq or 0, d.kind, d.subject))
-    trees = catalog.query("select * from trees order by tree_id")
+    trees = catalog.query("select * exclude (run_id) from trees order by tree_id")  # (the result's run)
     kinds = ", ".join(f"'{k}'" for k in sorted(DECISION_KINDS))
     count = catalog.query(f"select count(*) as n from events where kind in ({kinds})")[0]["n"]
     marks.append(time.perf_counter())

@@ -13,7 +13,7 @@ from engine.catalog.definitions import VIEWS_DIR
 
 VIEWS = read_views()
 CAMPAIGN = read_views(VIEWS_DIR / "campaign")  # the campaign log's views (engine.campaign)
-# whole-run summaries: one row even when empty
+# whole-run summaries: one row a run, even a run that has only started
 ONE_ROW_VIEWS = {
     "campaign_spend",
     "run_progress",
@@ -37,9 +37,21 @@ def test_view_builds_on_an_empty_log_and_has_a_header(empty, name):
     assert view.summary and not view.summary.startswith("grain")
     assert view.grain, f"{name}: no grain"
     rows = empty.query(f"select * from {name}")
-    assert rows == [] or name in ONE_ROW_VIEWS | CONSTANT_VIEWS
+    assert rows == [] or name in CONSTANT_VIEWS  # (no run: no row)
     columns = [d[0] for d in empty.con.execute(f"select * from {name} limit 0").description]
     assert set(view.grain) <= set(columns), f"{name}: grain {view.grain} not in its columns"
+
+
+@pytest.fixture(scope="module")
+def started():
+    from conftest import catalog_of
+
+    return catalog_of([])
+
+
+@pytest.mark.parametrize("name", sorted(ONE_ROW_VIEWS))
+def test_a_summary_has_one_row_for_a_run_that_has_only_started(started, name):
+    assert [r["run_id"] for r in started.query(f"select * from {name}")] == ["test-run"]
 
 
 @pytest.mark.parametrize("name", sorted(VIEWS))
@@ -244,12 +256,54 @@ def test_an_edge_starting_makes_only_the_as_of_tables_stale(sim_log):
     assert live.stale() == {}
     tree = live.query("select tree_id from stg_root_added order by 1 limit 1")[0]["tree_id"]
     started = EdgeStarted(tree_id=tree, edge_id=f"{tree}/e9-1", parent_id=tree, slot=9, attempt=1)
-    live.insert(to_arrow([started], "g", log.tail_seq() + 1, datetime.now(UTC)))
+    live.insert(to_arrow([started], log.run_id, log.tail_seq() + 1, datetime.now(UTC)))
     assert live.stale() == {"int_nodes__asof": [tree], "int_trees__asof": [tree]}
     edge = live.query("select * from edges where edge_id = ?", [started.edge_id])[0]
     assert edge["verdict"] is None and edge["s1"] is None and edge["layer"] == 1
     tree_row = live.query("select in_flight from int_trees__asof where tree_id = ? and is_now", [tree])
     assert tree_row[0]["in_flight"] >= 1
+
+
+@pytest.fixture(scope="module")
+def two_runs(runs):
+    """One catalog holding both small sim runs (the same tree, node and edge ids, the same seqs),
+    evaluated at every decision, and each run's own catalog."""
+    from engine.replay import at_decisions
+    from ingest.log import EventLog
+
+    both = Catalog.empty()
+    for run in ("rounds", "async"):
+        both.load(EventLog(runs, run))
+    alone = {run: at_decisions(Catalog.for_log(EventLog(runs, run))) for run in ("rounds", "async")}
+    return at_decisions(both), alone
+
+
+def test_the_two_runs_share_their_ids(two_runs):
+    both, _ = two_runs
+    shared = both.query(
+        "select count(*) as n from (select tree_id, node_id from nodes where run_id = 'rounds' "
+        "intersect select tree_id, node_id from nodes where run_id = 'async')"
+    )
+    assert shared[0]["n"] >= 8  # (so the next test would see rows of one run meet the other's)
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_every_view_is_keyed_by_run_first(empty, name):
+    columns = [d[0] for d in empty.con.execute(f"select * from {name} limit 0").description]
+    if name in CONSTANT_VIEWS:
+        assert "run_id" not in columns
+    else:
+        assert VIEWS[name].grain[0] == "run_id", f"{name}: grain {VIEWS[name].grain} does not start with run_id"
+        assert columns[0] == "run_id", f"{name}: its first column is {columns[0]}"
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_a_catalog_of_two_runs_gives_each_run_the_rows_of_its_own_catalog(two_runs, name):
+    both, alone = two_runs
+    for run, catalog in alone.items():
+        want = catalog.query(f"select * from {name}")
+        got = both.query(f"select * from {name} where run_id = ?", [run]) if name not in CONSTANT_VIEWS else None
+        assert comparable(got if got is not None else both.query(f"select * from {name}")) == comparable(want)
 
 
 @pytest.mark.parametrize("name", sorted(VIEWS))

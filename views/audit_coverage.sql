@@ -1,5 +1,5 @@
 -- Coverage figures that cannot be right: a selected path not ranked, quota picks beyond a quota, N_eff above N (empty when healthy).
--- grain: kind, seq, subject, problem
+-- grain: run_id, kind, seq, subject, problem
 -- sources: paths, snapshot_stages, coverage, learnability
 --
 -- Replay and `audit` read every audit_* view. N_eff can never exceed N (each path
@@ -7,6 +7,7 @@
 -- than its quota (fills are counted apart); the learnability share lies in [0, 1].
 with problems as (
     select
+        run_id,
         tree_id,
         tree_id || ':' || leaf_id as subject,
         'selected path not ranked' as problem,
@@ -16,6 +17,7 @@ with problems as (
     where selected and not ranked
     union all
     select
+        run_id,
         null,
         task || ':' || stage,
         'quota picks beyond the quota',
@@ -25,6 +27,7 @@ with problems as (
     where picked_quota > quota
     union all
     select
+        run_id,
         null,
         stratum || ':' || stratum_key,
         case when n_eff < 0 then 'N_eff below 0' else 'N_eff above N' end,
@@ -34,6 +37,7 @@ with problems as (
     where n_eff > selected_paths + 1e-9 or n_eff < -1e-9
     union all
     select
+        run_id,
         tree_id,
         tree_id,
         'learnability share outside [0, 1]',
@@ -44,6 +48,7 @@ with problems as (
 )
 
 select
+    run_id,
     cast(null as bigint) as seq,
     'coverage' as kind,
     tree_id,

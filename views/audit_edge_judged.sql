@@ -1,5 +1,5 @@
 -- Recorded edge verdicts the facts do not imply, and finished edges never judged (empty when healthy).
--- grain: kind, seq, subject, problem
+-- grain: run_id, kind, seq, subject, problem
 -- sources: stg_edge_judged, int_edges__judged, int_run__finished
 --
 -- Replay reads every audit_* view. A verdict must equal the derived one, name the
@@ -11,12 +11,13 @@
 with recorded as (
     select
         *,
-        count(*) over (partition by tree_id, edge_id) as times
+        count(*) over (partition by run_id, tree_id, edge_id) as times
     from stg_edge_judged
 ),
 
 checked as (
     select
+        r.run_id,
         r.seq,
         r.tree_id,
         r.edge_id as subject,
@@ -30,11 +31,12 @@ checked as (
         r.verdict || coalesce(' -> ' || r.child_id, '') as recorded,
         coalesce(d.verdict, 'not complete') || coalesce(' -> ' || d.child_id, '') as derived
     from recorded as r
-    left join int_edges__judged as d using (tree_id, edge_id)
+    left join int_edges__judged as d using (run_id, tree_id, edge_id)
 ),
 
 missing as (
     select
+        d.run_id,
         d.completed_seq as seq,
         d.tree_id,
         d.edge_id as subject,
@@ -42,18 +44,21 @@ missing as (
         null as recorded,
         d.verdict || coalesce(' -> ' || d.child_id, '') as derived
     from int_edges__judged as d
-    anti join stg_edge_judged as r using (tree_id, edge_id)
+    anti join stg_edge_judged as r using (run_id, tree_id, edge_id)
     where
         d.verdict is not null
         and (
-            (select finished from int_run__finished)
-            or exists (select 1 from stg_edge_judged as later where later.seq > d.completed_seq)
+            (select f.finished from int_run__finished as f where f.run_id = d.run_id)
+            or exists (
+                select 1 from stg_edge_judged as later
+                where later.run_id = d.run_id and later.seq > d.completed_seq
+            )
         )
 )
 
-select seq, 'edge_judged' as kind, tree_id, subject, problem, recorded, derived
+select run_id, seq, 'edge_judged' as kind, tree_id, subject, problem, recorded, derived
 from checked
 where problem is not null
 union all
-select seq, 'edge_judged' as kind, tree_id, subject, problem, recorded, derived
+select run_id, seq, 'edge_judged' as kind, tree_id, subject, problem, recorded, derived
 from missing

@@ -1,5 +1,5 @@
 -- Recorded selections that the log prefix they saw does not imply (empty when healthy).
--- grain: kind, seq, subject, problem
+-- grain: run_id, kind, seq, subject, problem
 -- sources: stg_node_selected, int_next_work
 --
 -- Needs `set variable asof_points = 'decisions'` (replay sets it): each decision is
@@ -7,6 +7,7 @@
 -- of the same node with the same Select, Q and T (within 1e-9).
 with checked as (
     select
+        r.run_id,
         r.seq,
         r.tree_id,
         r.node_id as subject,
@@ -28,9 +29,10 @@ with checked as (
             'nothing'
         ) as derived
     from stg_node_selected as r
-    left join int_next_work as w on r.tree_id = w.tree_id and r.watermark = w.asof_seq and w.pick = 1
+    left join int_next_work as w
+        on r.run_id = w.run_id and r.tree_id = w.tree_id and r.watermark = w.asof_seq and w.pick = 1
 )
 
-select seq, 'node_selected' as kind, tree_id, subject, problem, recorded, derived
+select run_id, seq, 'node_selected' as kind, tree_id, subject, problem, recorded, derived
 from checked
 where problem is not null

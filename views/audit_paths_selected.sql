@@ -1,5 +1,5 @@
 -- Recorded path selections that the log prefix they saw does not imply (empty when healthy).
--- grain: kind, seq, subject, problem
+-- grain: run_id, kind, seq, subject, problem
 -- sources: stg_paths_selected, int_paths__selected
 --
 -- Needs `set variable asof_points = 'decisions'` (replay sets it): each recorded
@@ -8,6 +8,7 @@
 -- 1e-9; equal values never differ, infinities included).
 with recorded_lists as (
     select
+        run_id,
         seq,
         from_json(
             paths,
@@ -19,6 +20,7 @@ with recorded_lists as (
 recorded as (
     -- unnest in the select list: a lateral unnest of from_json parsed the list per element
     select
+        run_id,
         seq,
         unnest(recorded_paths, recursive := true)
     from recorded_lists
@@ -26,6 +28,7 @@ recorded as (
 
 derived as (
     select
+        run_id,
         selection_seq as seq,
         tree_id,
         leaf_id,
@@ -37,6 +40,7 @@ derived as (
 
 compared as (
     select
+        coalesce(r.run_id, d.run_id) as run_id,
         coalesce(r.seq, d.seq) as seq,
         coalesce(r.tree_id, d.tree_id) as tree_id,
         coalesce(r.tree_id, d.tree_id) || ':' || coalesce(r.leaf_id, d.leaf_id) as subject,
@@ -52,9 +56,10 @@ compared as (
             then format('rank={}, path_score={}', d.rank, d.path_score)
         end as derived
     from recorded as r
-    full outer join derived as d on r.seq = d.seq and r.tree_id = d.tree_id and r.leaf_id = d.leaf_id
+    full outer join derived as d
+        on r.run_id = d.run_id and r.seq = d.seq and r.tree_id = d.tree_id and r.leaf_id = d.leaf_id
 )
 
-select seq, 'paths_selected' as kind, tree_id, subject, problem, recorded, derived
+select run_id, seq, 'paths_selected' as kind, tree_id, subject, problem, recorded, derived
 from compared
 where problem is not null

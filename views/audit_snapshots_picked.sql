@@ -1,5 +1,5 @@
 -- Recorded snapshot picks that the snapshot facts they saw do not imply (empty when healthy).
--- grain: kind, seq, subject, problem
+-- grain: run_id, kind, seq, subject, problem
 -- sources: stg_snapshots_picked, int_snapshots__staged, int_snapshots__picked
 --
 -- Needs `set variable asof_points = 'decisions'` (replay sets it): each recorded
@@ -7,6 +7,7 @@
 -- of its task must have the recorded stage, gain (within 1e-9), pick and reason.
 with recorded_lists as (
     select
+        run_id,
         seq,
         task,
         from_json(
@@ -20,6 +21,7 @@ with recorded_lists as (
 recorded as (
     -- unnest in the select list: a lateral unnest of from_json parsed the list per element
     select
+        run_id,
         seq,
         task,
         unnest(candidates, recursive := true)
@@ -28,6 +30,7 @@ recorded as (
 
 derived as (
     select
+        r.run_id,
         r.seq,
         s.task,
         s.snapshot,
@@ -36,13 +39,15 @@ derived as (
         p.snapshot is not null as selected,
         p.selection_reason as reason
     from stg_snapshots_picked as r
-    inner join int_snapshots__staged as s on r.task = s.task and r.watermark = s.asof_seq
+    inner join int_snapshots__staged as s
+        on r.run_id = s.run_id and r.task = s.task and r.watermark = s.asof_seq
     left join int_snapshots__picked as p
-        on s.task = p.task and s.asof_seq = p.asof_seq and s.snapshot = p.snapshot
+        on s.run_id = p.run_id and s.task = p.task and s.asof_seq = p.asof_seq and s.snapshot = p.snapshot
 ),
 
 compared as (
     select
+        coalesce(r.run_id, d.run_id) as run_id,
         coalesce(r.seq, d.seq) as seq,
         coalesce(r.snapshot, d.snapshot) as subject,
         case
@@ -62,9 +67,10 @@ compared as (
             then format('stage={}, gain={}, selected={}, reason={}', d.stage, d.gain, d.selected, d.reason)
         end as derived
     from recorded as r
-    full outer join derived as d on r.seq = d.seq and r.snapshot = d.snapshot
+    full outer join derived as d on r.run_id = d.run_id and r.seq = d.seq and r.snapshot = d.snapshot
 )
 
-select seq, 'snapshots_picked' as kind, cast(null as varchar) as tree_id, subject, problem, recorded, derived
+select
+    run_id, seq, 'snapshots_picked' as kind, cast(null as varchar) as tree_id, subject, problem, recorded, derived
 from compared
 where problem is not null

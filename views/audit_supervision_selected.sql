@@ -1,5 +1,5 @@
 -- Recorded supervision selections that the log prefix they saw does not imply (empty when healthy).
--- grain: kind, seq, subject, problem
+-- grain: run_id, kind, seq, subject, problem
 -- sources: stg_supervision_selected, int_pairs__recorded, int_labels__recorded, int_steps__recorded, int_pairs, int_attempts__valued, int_step_paths
 --
 -- Needs `set variable asof_points = 'decisions'` (replay sets it): each recorded
@@ -9,19 +9,19 @@
 with recorded_pairs as (
     select p.*
     from int_pairs__recorded as p
-    inner join stg_supervision_selected as s on p.selection_seq = s.seq
+    inner join stg_supervision_selected as s on p.run_id = s.run_id and p.selection_seq = s.seq
 ),
 
 recorded_labels as (
     select l.*
     from int_labels__recorded as l
-    inner join stg_supervision_selected as s on l.selection_seq = s.seq
+    inner join stg_supervision_selected as s on l.run_id = s.run_id and l.selection_seq = s.seq
 ),
 
 recorded_steps as (
     select p.*
     from int_steps__recorded as p
-    inner join stg_supervision_selected as s on p.selection_seq = s.seq
+    inner join stg_supervision_selected as s on p.run_id = s.run_id and p.selection_seq = s.seq
 ),
 
 derived_pairs as (
@@ -38,6 +38,7 @@ derived_steps as (
 
 pairs as (
     select
+        coalesce(r.run_id, d.run_id) as run_id,
         coalesce(r.selection_seq, d.selection_seq) as seq,
         coalesce(r.tree_id, d.tree_id) as tree_id,
         coalesce(r.chosen_id, d.chosen_id) || ' > ' || coalesce(r.rejected_id, d.rejected_id) as subject,
@@ -51,7 +52,8 @@ pairs as (
     from recorded_pairs as r
     full outer join derived_pairs as d
         on
-            r.selection_seq = d.selection_seq
+            r.run_id = d.run_id
+            and r.selection_seq = d.selection_seq
             and r.tree_id = d.tree_id
             and r.node_id = d.node_id
             and r.chosen_id = d.chosen_id
@@ -60,6 +62,7 @@ pairs as (
 
 labels as (
     select
+        coalesce(r.run_id, d.run_id) as run_id,
         coalesce(r.selection_seq, d.selection_seq) as seq,
         coalesce(r.tree_id, d.tree_id) as tree_id,
         coalesce(r.edge_id, d.edge_id) as subject,
@@ -72,11 +75,16 @@ labels as (
         case when d.edge_id is not null then format('label={}, value={}', d.label, d.value) end as derived
     from recorded_labels as r
     full outer join derived_labels as d
-        on r.selection_seq = d.selection_seq and r.tree_id = d.tree_id and r.edge_id = d.edge_id
+        on
+            r.run_id = d.run_id
+            and r.selection_seq = d.selection_seq
+            and r.tree_id = d.tree_id
+            and r.edge_id = d.edge_id
 ),
 
 steps as (
     select
+        coalesce(r.run_id, d.run_id) as run_id,
         coalesce(r.selection_seq, d.selection_seq) as seq,
         coalesce(r.tree_id, d.tree_id) as tree_id,
         coalesce(r.tree_id, d.tree_id) || ':' || coalesce(r.leaf_id, d.leaf_id) as subject,
@@ -89,10 +97,14 @@ steps as (
         case when d.leaf_id is not null then format('edges={}, labels={}', d.edge_ids, d.step_labels) end as derived
     from recorded_steps as r
     full outer join derived_steps as d
-        on r.selection_seq = d.selection_seq and r.tree_id = d.tree_id and r.leaf_id = d.leaf_id
+        on
+            r.run_id = d.run_id
+            and r.selection_seq = d.selection_seq
+            and r.tree_id = d.tree_id
+            and r.leaf_id = d.leaf_id
 )
 
-select seq, 'supervision_selected' as kind, tree_id, subject, problem, recorded, derived
+select run_id, seq, 'supervision_selected' as kind, tree_id, subject, problem, recorded, derived
 from (
     select * from pairs
     union all

@@ -1,5 +1,5 @@
 -- Per tree of a campaign's run: the expected gain in lineage-aware N_eff per token of its next block (coverage policy).
--- grain: tree_id
+-- grain: run_id, tree_id
 -- sources: trees, coverage, learnability, cost_roots, stg_block_granted, run_config
 --
 -- What a campaign's coverage policy ranks trees by (docs/CAMPAIGNS.md; the choice is
@@ -20,6 +20,7 @@
 -- the gains are null in a run whose trees are not granted (run_config.granted).
 with cfg as (
     select
+        run_id,
         top_k,
         max_depth,
         grant_block_edges as b,
@@ -28,13 +29,14 @@ with cfg as (
 ),
 
 granted as (
-    select tree_id, sum(edges) as granted_edges
+    select run_id, tree_id, sum(edges) as granted_edges
     from stg_block_granted
     group by all
 ),
 
 per_tree as (
     select
+        t.run_id,
         t.tree_id,
         t.task,
         coalesce(t.stage, 'none') as stage,
@@ -45,24 +47,37 @@ per_tree as (
         coalesce(r.n_eff, 0.0) as n_eff,
         l.band
     from trees as t
-    left join granted as g using (tree_id)
-    left join cost_roots as c using (tree_id)
-    left join learnability as l using (tree_id)
-    left join coverage as r on r.stratum = 'root' and r.stratum_key = t.tree_id
+    left join granted as g on g.run_id = t.run_id and g.tree_id = t.tree_id
+    left join cost_roots as c on c.run_id = t.run_id and c.tree_id = t.tree_id
+    left join learnability as l on l.run_id = t.run_id and l.tree_id = t.tree_id
+    left join coverage as r on r.run_id = t.run_id and r.stratum = 'root' and r.stratum_key = t.tree_id
 ),
 
-priors as (
+run_priors as (
     select
+        p.run_id,
         (coalesce(sum(p.n_eff order by p.tree_id), 0.0) + 1.0)
         / (coalesce(sum(p.kept_edges), 0) + any_value(cfg.max_depth)) as rate,
         sum(p.tokens) / greatest(sum(p.kept_edges), 1) as tokens_per_edge
     from per_tree as p
-    cross join cfg
+    inner join cfg on cfg.run_id = p.run_id
     where p.granted_edges > 0
+    group by p.run_id
+),
+
+priors as (
+    -- one row a run: null rate and tokens_per_edge
+    -- when no tree was granted yet (any_value and sum over no rows are null)
+    select
+        cfg.run_id,
+        rp.rate,
+        rp.tokens_per_edge
+    from cfg
+    left join run_priors as rp on rp.run_id = cfg.run_id
 ),
 
 stages as (
-    select stage, sum(n_eff order by tree_id) as stage_n_eff
+    select run_id, stage, sum(n_eff order by tree_id) as stage_n_eff
     from per_tree
     group by all
 ),
@@ -78,12 +93,13 @@ estimated as (
         (p.tokens + pr.tokens_per_edge * cfg.b) / (p.kept_edges + cfg.b) as tokens_per_edge,
         cfg.b as block_edges
     from per_tree as p
-    cross join cfg
-    cross join priors as pr
-    inner join stages as s using (stage)
+    inner join cfg on cfg.run_id = p.run_id
+    inner join priors as pr on pr.run_id = p.run_id
+    inner join stages as s on s.run_id = p.run_id and s.stage = p.stage
 )
 
 select
+    run_id,
     tree_id,
     task,
     stage,

@@ -1,5 +1,5 @@
 -- Per root: what exploring it cost - tokens by kind, model calls, turns, wall time, the backend's cost.
--- grain: tree_id
+-- grain: run_id, tree_id
 -- sources: trees, int_turns__costs
 --
 -- Every turn of the tree counts, those of pruned and retried attempts included.
@@ -8,6 +8,7 @@
 -- training sample from this root cost to make; null without a selected path).
 with costs as (
     select
+        run_id,
         tree_id,
         count(*) as turns,
         sum(steps) as steps,
@@ -26,6 +27,7 @@ with costs as (
 )
 
 select
+    t.run_id,
     t.tree_id,
     t.task,
     t.stage,
@@ -46,4 +48,4 @@ select
         then c.tokens / t.selected
     end as tokens_per_selected_path
 from trees as t
-left join costs as c using (tree_id)
+left join costs as c using (run_id, tree_id)

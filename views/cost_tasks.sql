@@ -1,7 +1,8 @@
 -- Per task: what exploring its roots cost, and the tokens each selected path took to make.
--- grain: task
+-- grain: run_id, task
 -- sources: cost_roots
 select
+    run_id,
     coalesce(task, 'none') as task,
     count(*) as roots,
     sum(turns) as turns,

@@ -1,5 +1,5 @@
 -- Per stratum of the run: roots, candidate, ranked and selected paths, edges by verdict, N_eff and quota fill (ALGORITHM §5).
--- grain: stratum, stratum_key
+-- grain: run_id, stratum, stratum_key
 -- sources: coverage_strata, trees, paths, edges, int_paths__edges, snapshot_stages
 --
 -- Strata: those of coverage_strata (all, task, stage, depth, lineage, root). N = selected paths
@@ -12,6 +12,7 @@
 -- mean_path_score: the mean PathScore of the stratum's selected paths.
 with tree_keys as (
     select
+        run_id,
         tree_id,
         coalesce(task, 'none') as task,
         coalesce(stage, 'none') as stage,
@@ -23,6 +24,7 @@ with tree_keys as (
 tree_strata as (
     -- every stratum but depth is a set of trees (depth strata are of paths and edges)
     select
+        k.run_id,
         s.stratum,
         case s.stratum
             when 'all' then 'all'
@@ -39,25 +41,26 @@ tree_strata as (
 ),
 
 path_strata as (
-    select s.stratum, s.stratum_key, p.tree_id, p.leaf_id, p.ranked, p.selected, p.path_score
+    select s.run_id, s.stratum, s.stratum_key, p.tree_id, p.leaf_id, p.ranked, p.selected, p.path_score
     from tree_strata as s
-    inner join paths as p on s.tree_id = p.tree_id
+    inner join paths as p on s.run_id = p.run_id and s.tree_id = p.tree_id
     union all
-    select 'depth', cast(depth as varchar), tree_id, leaf_id, ranked, selected, path_score
+    select run_id, 'depth', cast(depth as varchar), tree_id, leaf_id, ranked, selected, path_score
     from paths
 ),
 
 edge_strata as (
-    select s.stratum, s.stratum_key, e.verdict
+    select s.run_id, s.stratum, s.stratum_key, e.verdict
     from tree_strata as s
-    inner join edges as e on s.tree_id = e.tree_id
+    inner join edges as e on s.run_id = e.run_id and s.tree_id = e.tree_id
     union all
-    select 'depth', cast(layer as varchar), verdict
+    select run_id, 'depth', cast(layer as varchar), verdict
     from edges
 ),
 
 pairs as (
     select
+        s.run_id,
         s.stratum,
         s.stratum_key,
         e.tree_id,
@@ -65,23 +68,26 @@ pairs as (
         e.edge_id,
         e.path_length
     from path_strata as s
-    inner join int_paths__edges as e on s.tree_id = e.tree_id and s.leaf_id = e.leaf_id
+    inner join int_paths__edges as e
+        on s.run_id = e.run_id and s.tree_id = e.tree_id and s.leaf_id = e.leaf_id
     where s.selected
 ),
 
 shares as (
     select
+        run_id,
         stratum,
         stratum_key,
         tree_id,
         leaf_id,
         edge_id,
-        1.0 / (count(*) over (partition by stratum, stratum_key, tree_id, edge_id) * path_length) as share
+        1.0 / (count(*) over (partition by run_id, stratum, stratum_key, tree_id, edge_id) * path_length) as share
     from pairs
 ),
 
 path_counts as (
     select
+        run_id,
         stratum,
         stratum_key,
         count(distinct tree_id) as roots,
@@ -95,6 +101,7 @@ path_counts as (
 
 edge_counts as (
     select
+        run_id,
         stratum,
         stratum_key,
         count(*) filter (where verdict in ('kept', 'kept_exempt')) as kept_edges,
@@ -106,27 +113,28 @@ edge_counts as (
 ),
 
 root_counts as (
-    select stratum, stratum_key, count(*) as roots
+    select run_id, stratum, stratum_key, count(*) as roots
     from tree_strata
     group by all
 ),
 
 neff as (
     -- added in a fixed order, so that the same log always gives the same digits
-    select stratum, stratum_key, sum(share order by tree_id, leaf_id, edge_id) as n_eff
+    select run_id, stratum, stratum_key, sum(share order by tree_id, leaf_id, edge_id) as n_eff
     from shares
     group by all
 ),
 
 keys as (
-    select stratum, stratum_key from path_counts
+    select run_id, stratum, stratum_key from path_counts
     union
-    select stratum, stratum_key from edge_counts
+    select run_id, stratum, stratum_key from edge_counts
     union
-    select stratum, stratum_key from root_counts
+    select run_id, stratum, stratum_key from root_counts
 )
 
 select
+    k.run_id,
     k.stratum,
     k.stratum_key,
     coalesce(r.roots, p.roots, 0) as roots,
@@ -143,9 +151,9 @@ select
     q.quota,
     case when q.quota > 0 then coalesce(r.roots, 0) / q.quota end as quota_fill
 from keys as k
-left join root_counts as r on k.stratum = r.stratum and k.stratum_key = r.stratum_key
-left join path_counts as p on k.stratum = p.stratum and k.stratum_key = p.stratum_key
-left join edge_counts as e on k.stratum = e.stratum and k.stratum_key = e.stratum_key
-left join neff as n on k.stratum = n.stratum and k.stratum_key = n.stratum_key
-left join (select stage, sum(quota) as quota from snapshot_stages group by all) as q
-    on k.stratum = 'stage' and k.stratum_key = q.stage
+left join root_counts as r on k.run_id = r.run_id and k.stratum = r.stratum and k.stratum_key = r.stratum_key
+left join path_counts as p on k.run_id = p.run_id and k.stratum = p.stratum and k.stratum_key = p.stratum_key
+left join edge_counts as e on k.run_id = e.run_id and k.stratum = e.stratum and k.stratum_key = e.stratum_key
+left join neff as n on k.run_id = n.run_id and k.stratum = n.stratum and k.stratum_key = n.stratum_key
+left join (select run_id, stage, sum(quota) as quota from snapshot_stages group by all) as q
+    on k.run_id = q.run_id and k.stratum = 'stage' and k.stratum_key = q.stage

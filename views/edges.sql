@@ -1,10 +1,11 @@
 -- One row per edge attempt with every derived field and its verdict (public, ALGORITHM §7).
--- grain: tree_id, edge_id
+-- grain: run_id, tree_id, edge_id
 -- sources: int_edges__started
 --
 -- Scores are raw. verdict and child_id are null while the edge is in flight;
 -- child_id is null unless the edge was kept (kept or kept_exempt).
 select
+    run_id,
     tree_id,
     edge_id,
     parent_id,

@@ -1,5 +1,5 @@
 -- Every event of the run (light columns) up to the watermark variable, for ad-hoc SQL.
--- grain: seq
+-- grain: run_id, seq
 -- sources: event_log
 --
 -- `set variable watermark = n` makes every view in the catalog see the log prefix

@@ -1,5 +1,5 @@
 -- Per rule, every finished edge attempt with its value and label under that rule (ALGORITHM §3).
--- grain: selection_seq, tree_id, edge_id
+-- grain: run_id, selection_seq, tree_id, edge_id
 -- sources: int_supervision_rules, int_edges__started, stg_root_added, int_turns, stg_conversation_recorded
 --
 -- An attempt is finished once it has a verdict (kept, kept_exempt, pruned or retry);
@@ -10,23 +10,26 @@
 -- threshold. node_id is the node the attempt started from (its parent); recorded: every
 -- turn it ran recorded the conversation its model received (what an export renders).
 with conversations as (
-    select distinct tree_id, edge_id, turn
+    select distinct run_id, tree_id, edge_id, turn
     from stg_conversation_recorded
 ),
 
 turns as (
     select
+        t.run_id,
         t.tree_id,
         t.edge_id,
         count(*) as turns,
         count(c.turn) as recorded_turns
     from int_turns as t
-    left join conversations as c on t.tree_id = c.tree_id and t.edge_id = c.edge_id and t.turn = c.turn
+    left join conversations as c
+        on t.run_id = c.run_id and t.tree_id = c.tree_id and t.edge_id = c.edge_id and t.turn = c.turn
     group by all
 ),
 
 valued as (
     select
+        r.run_id,
         r.selection_seq,
         e.tree_id,
         e.edge_id,
@@ -57,9 +60,12 @@ valued as (
         coalesce(t.turns, 0) > 0 and t.recorded_turns = t.turns as recorded
     from int_supervision_rules as r
     inner join int_edges__started as e
-        on e.verdict is not null and e.completed_seq <= coalesce(r.asof_seq, 9223372036854775807)
-    inner join stg_root_added as root on e.tree_id = root.tree_id
-    left join turns as t on e.tree_id = t.tree_id and e.edge_id = t.edge_id
+        on
+            e.run_id = r.run_id
+            and e.verdict is not null
+            and e.completed_seq <= coalesce(r.asof_seq, 9223372036854775807)
+    inner join stg_root_added as root on e.run_id = root.run_id and e.tree_id = root.tree_id
+    left join turns as t on e.run_id = t.run_id and e.tree_id = t.tree_id and e.edge_id = t.edge_id
 )
 
 select

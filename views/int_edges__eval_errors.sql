@@ -1,5 +1,5 @@
 -- Per judged edge, in verdict order: the streak of edges whose evals all failed with one error that it ends.
--- grain: edge_id
+-- grain: run_id, edge_id
 -- sources: stg_edge_judged, int_edges__evals, stg_run_stopped
 --
 -- streak is the number of edges up to this one, in verdict order, each of which
@@ -10,6 +10,7 @@
 -- stop's message.
 with timeline as (
     select
+        j.run_id,
         j.seq,
         j.tree_id,
         j.edge_id,
@@ -18,9 +19,10 @@ with timeline as (
         e.error,
         false as is_stop
     from stg_edge_judged as j
-    inner join int_edges__evals as e using (tree_id, edge_id)
+    inner join int_edges__evals as e using (run_id, tree_id, edge_id)
     union all
     select
+        run_id,
         seq,
         null as tree_id,
         null as edge_id,
@@ -34,7 +36,7 @@ with timeline as (
 eras as (
     select
         *,
-        sum(case when is_stop then 1 else 0 end) over (order by seq) as era
+        sum(case when is_stop then 1 else 0 end) over (partition by run_id order by seq) as era
     from timeline
 ),
 
@@ -48,25 +50,26 @@ starts as (
         end as starts_island
     from eras
     where not is_stop
-    window w as (order by seq)
+    window w as (partition by run_id order by seq)
 ),
 
 islands as (
     select
         *,
-        sum(starts_island) over (order by seq) as island
+        sum(starts_island) over (partition by run_id order by seq) as island
     from starts
 ),
 
 streaks as (
     select
+        run_id,
         seq as judged_seq,
         tree_id,
         edge_id,
         failed,
         error_key,
         error,
-        case when failed then row_number() over (partition by island order by seq) else 0 end as streak
+        case when failed then row_number() over (partition by run_id, island order by seq) else 0 end as streak
     from islands
 )
 

@@ -1,5 +1,5 @@
 -- Per edge attempt with a finished turn: whether every eval of it failed with one error, and which.
--- grain: tree_id, edge_id
+-- grain: run_id, tree_id, edge_id
 -- sources: stg_eval_finished
 -- materialized: table
 --
@@ -11,6 +11,7 @@
 -- eval's message as recorded.
 with evals as (
     select
+        run_id,
         tree_id,
         edge_id,
         seq,
@@ -21,6 +22,7 @@ with evals as (
 )
 
 select
+    run_id,
     tree_id,
     edge_id,
     bool_and(failed) and count(distinct error_key) = 1 as failed,

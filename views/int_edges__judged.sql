@@ -1,5 +1,5 @@
 -- One row per edge attempt: its two turns, raw metrics, verdict and child id (ALGORITHM §2).
--- grain: tree_id, edge_id
+-- grain: run_id, tree_id, edge_id
 -- sources: int_turns, run_config
 -- materialized: table
 --
@@ -19,6 +19,7 @@
 -- score nothing (backend_error_scores 'ignored'; 'counted' in runs recorded before it).
 with first_turns as (
     select
+        run_id,
         tree_id,
         edge_id,
         edge_parts(edge_id) as id
@@ -28,6 +29,7 @@ with first_turns as (
 
 started as (
     select
+        run_id,
         tree_id,
         edge_id,
         id.parent_id,
@@ -43,11 +45,12 @@ counted as (
                 as score
         )
     from int_turns as t
-    cross join run_config as c
+    inner join run_config as c on t.run_id = c.run_id
 ),
 
 joined as (
     select
+        s.run_id,
         s.tree_id,
         s.edge_id,
         s.parent_id,
@@ -71,9 +74,9 @@ joined as (
         c.sign,
         c.tool_error_prune
     from started as s
-    cross join run_config as c
-    left join counted as t1 on s.tree_id = t1.tree_id and s.edge_id = t1.edge_id and t1.turn = 1
-    left join counted as t2 on s.tree_id = t2.tree_id and s.edge_id = t2.edge_id and t2.turn = 2
+    inner join run_config as c on s.run_id = c.run_id
+    left join counted as t1 on s.run_id = t1.run_id and s.tree_id = t1.tree_id and s.edge_id = t1.edge_id and t1.turn = 1
+    left join counted as t2 on s.run_id = t2.run_id and s.tree_id = t2.tree_id and s.edge_id = t2.edge_id and t2.turn = 2
 ),
 
 flagged as (
@@ -115,7 +118,7 @@ select
     case
         when verdict in ('kept', 'kept_exempt')
             then parent_id || '.' || row_number() over (
-                partition by tree_id, parent_id, verdict in ('kept', 'kept_exempt')
+                partition by run_id, tree_id, parent_id, verdict in ('kept', 'kept_exempt')
                 order by completed_seq
             )
     end as child_id

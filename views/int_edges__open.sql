@@ -1,5 +1,5 @@
 -- One row per edge attempt started and not judged yet, with what it needs next (ALGORITHM §2).
--- grain: tree_id, edge_id
+-- grain: run_id, tree_id, edge_id
 -- sources: stg_edge_started, stg_edge_judged, stg_turn_skipped, int_edges__judged, int_nodes__created
 --
 -- next_step: turn_1 (turn 1 has not finished); skip_turn_2 (turn 1 returned no
@@ -11,11 +11,12 @@
 with open_edges as (
     select *
     from stg_edge_started
-    anti join stg_edge_judged using (tree_id, edge_id)
+    anti join stg_edge_judged using (run_id, tree_id, edge_id)
 ),
 
 skips as (
     select distinct
+        run_id,
         tree_id,
         edge_id
     from stg_turn_skipped
@@ -23,6 +24,7 @@ skips as (
 
 final as (
     select
+        o.run_id,
         o.tree_id,
         o.edge_id,
         o.parent_id,
@@ -44,9 +46,9 @@ final as (
         e.child_id,
         e.end_state
     from open_edges as o
-    left join int_edges__judged as e on o.tree_id = e.tree_id and o.edge_id = e.edge_id
-    left join skips as k on o.tree_id = k.tree_id and o.edge_id = k.edge_id
-    left join int_nodes__created as p on o.tree_id = p.tree_id and o.parent_id = p.node_id
+    left join int_edges__judged as e on o.run_id = e.run_id and o.tree_id = e.tree_id and o.edge_id = e.edge_id
+    left join skips as k on o.run_id = k.run_id and o.tree_id = k.tree_id and o.edge_id = k.edge_id
+    left join int_nodes__created as p on o.run_id = p.run_id and o.tree_id = p.tree_id and o.parent_id = p.node_id
 )
 
 select * from final

@@ -1,5 +1,5 @@
 -- One row per edge attempt with the soft verifier and its parts (ALGORITHM §2).
--- grain: tree_id, edge_id
+-- grain: run_id, tree_id, edge_id
 -- sources: int_edges__judged, int_nodes__lineage, run_config
 -- materialized: table
 --
@@ -30,7 +30,7 @@ measured as (
             end
         ) / 2.0 as regressed_rate
     from edges as e
-    left join parents as p on e.tree_id = p.tree_id and e.parent_id = p.node_id
+    left join parents as p on e.run_id = p.run_id and e.tree_id = p.tree_id and e.parent_id = p.node_id
 ),
 
 final as (
@@ -53,7 +53,7 @@ final as (
         end as knowledge,
         1.0 - m.regressed_rate as regression_stability
     from measured as m
-    cross join run_config as c
+    inner join run_config as c on m.run_id = c.run_id
 )
 
 select
@@ -63,4 +63,4 @@ select
     + c.w_knowledge * f.knowledge
     + c.w_regression * f.regression_stability as soft
 from final as f
-cross join run_config as c
+inner join run_config as c on f.run_id = c.run_id

@@ -1,5 +1,5 @@
 -- Each check of the grader before the first turn, with its outcome: passed, no score or score differs.
--- grain: seq
+-- grain: run_id, seq
 -- sources: stg_grader_checked, run_config
 --
 -- The grader graded a root's own code unchanged (GraderChecked); it passes when it
@@ -7,6 +7,7 @@
 -- root: |score - recorded| <= absolute + relative * |recorded|
 -- (backend_options.grader_check_tolerance). problem says what failed, for the stop.
 select
+    g.run_id,
     g.seq,
     g.tree_id,
     g.commit_hash,
@@ -32,4 +33,4 @@ select
             || c.grader_check_absolute || ' + ' || c.grader_check_relative || ' x |recorded|)'
     end as problem
 from stg_grader_checked as g
-cross join run_config as c
+inner join run_config as c on g.run_id = c.run_id

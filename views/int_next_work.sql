@@ -1,5 +1,5 @@
 -- Per tree and evaluation point: the edge starts due, in order (ALGORITHM §2).
--- grain: tree_id, asof_seq, pick
+-- grain: run_id, tree_id, asof_seq, pick
 -- sources: int_trees__asof, int_nodes__asof, int_edges__started, int_edges__scored, int_nodes__created, run_config
 --
 -- Nothing once the tree's stop condition holds. Otherwise, in this order (pick 1
@@ -21,16 +21,18 @@ with trees as (
 
 root_slots as (
     select
+        t.run_id,
         t.tree_id,
         t.asof_seq,
         s.slot
     from trees as t
-    cross join run_config as cfg
+    inner join run_config as cfg on t.run_id = cfg.run_id
     cross join range(1, cfg.root_children + 1) as s (slot)
 ),
 
 fanout as (
     select
+        r.run_id,
         r.tree_id,
         r.asof_seq,
         'fanout' as kind,
@@ -43,7 +45,8 @@ fanout as (
         select 1
         from int_edges__started as e
         where
-            e.tree_id = r.tree_id
+            e.run_id = r.run_id
+            and e.tree_id = r.tree_id
             and e.layer = 1
             and e.slot = r.slot
             and e.started_seq <= r.asof_seq
@@ -52,6 +55,7 @@ fanout as (
 
 retries as (
     select
+        t.run_id,
         t.tree_id,
         t.asof_seq,
         'retry' as kind,
@@ -62,7 +66,8 @@ retries as (
     from trees as t
     inner join int_edges__scored as e
         on
-            t.tree_id = e.tree_id
+            t.run_id = e.run_id
+            and t.tree_id = e.tree_id
             and e.layer = 1
             and e.verdict = 'retry'
             and e.completed_seq <= t.asof_seq
@@ -70,7 +75,8 @@ retries as (
         select 1
         from int_edges__started as n
         where
-            n.tree_id = e.tree_id
+            n.run_id = e.run_id
+            and n.tree_id = e.tree_id
             and n.layer = 1
             and n.slot = e.slot
             and n.attempt = e.attempt + 1
@@ -80,6 +86,7 @@ retries as (
 
 selected as (
     select
+        n.run_id,
         n.tree_id,
         n.asof_seq,
         'select' as kind,
@@ -91,11 +98,11 @@ selected as (
         n.q,
         n.t
     from int_nodes__asof as n
-    semi join trees as t using (tree_id, asof_seq)
+    semi join trees as t using (run_id, tree_id, asof_seq)
     where n.is_active
     qualify
         row_number() over (
-            partition by n.tree_id, n.asof_seq
+            partition by n.run_id, n.tree_id, n.asof_seq
             order by round(n.select_score, 12) desc, node_key(n.node_id)
         ) = 1
 ),
@@ -110,6 +117,7 @@ candidates as (
 
 final as (
     select
+        c.run_id,
         c.tree_id,
         c.asof_seq,
         c.kind,
@@ -121,11 +129,11 @@ final as (
         c.q,
         c.t,
         p.state as parent_state,
-        row_number() over (partition by c.tree_id, c.asof_seq order by c.priority) as pick,
+        row_number() over (partition by c.run_id, c.tree_id, c.asof_seq order by c.priority) as pick,
         t.budget_room
     from candidates as c
-    inner join trees as t using (tree_id, asof_seq)
-    left join int_nodes__created as p on c.tree_id = p.tree_id and c.parent_id = p.node_id
+    inner join trees as t using (run_id, tree_id, asof_seq)
+    left join int_nodes__created as p on c.run_id = p.run_id and c.tree_id = p.tree_id and c.parent_id = p.node_id
 )
 
 select * exclude (budget_room) from final

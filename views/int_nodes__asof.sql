@@ -1,5 +1,5 @@
 -- Per evaluation point and node present then: children, failures, in-flight, leaf, ranks, Q, T, Select.
--- grain: tree_id, asof_seq, node_id
+-- grain: run_id, tree_id, asof_seq, node_id
 -- sources: int_points, int_nodes__scored, int_edges__started, run_config
 -- materialized: table
 --
@@ -17,16 +17,18 @@
 -- active candidates; q = w1*score_rank + w2*best_rank + w3*process; select = q + alpha*t.
 with present as (
     select
+        n.run_id,
         p.asof_seq,
         p.is_now,
         p.for_paths,
-        n.* exclude (state, last_turn_score_o, ref_o, start_o)
+        n.* exclude (run_id, state, last_turn_score_o, ref_o, start_o)
     from int_points as p
-    inner join int_nodes__scored as n on p.tree_id = n.tree_id and n.created_seq <= p.asof_seq
+    inner join int_nodes__scored as n on p.run_id = n.run_id and p.tree_id = n.tree_id and n.created_seq <= p.asof_seq
 ),
 
 edge_counts as (
     select
+        p.run_id,
         p.tree_id,
         p.asof_seq,
         e.parent_id as node_id,
@@ -36,12 +38,13 @@ edge_counts as (
         count(*) filter (where e.completed_seq is null or e.completed_seq > p.asof_seq)
             as in_flight
     from int_points as p
-    inner join int_edges__started as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
+    inner join int_edges__started as e on p.run_id = e.run_id and p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
     group by all
 ),
 
 child_counts as (
     select
+        run_id,
         tree_id,
         asof_seq,
         parent_id as node_id,
@@ -78,9 +81,9 @@ stated as (
         cfg.w_process,
         cfg.alpha
     from present as n
-    cross join run_config as cfg
-    left join child_counts as c using (tree_id, asof_seq, node_id)
-    left join edge_counts as e using (tree_id, asof_seq, node_id)
+    inner join run_config as cfg using (run_id)
+    left join child_counts as c using (run_id, tree_id, asof_seq, node_id)
+    left join edge_counts as e using (run_id, tree_id, asof_seq, node_id)
 ),
 
 counts as (
@@ -88,6 +91,7 @@ counts as (
     -- all present nodes (best_rank), those with a score (score_rank), the active
     -- candidates (t; a smaller -tok is a larger tok).
     select
+        a.run_id,
         a.tree_id,
         a.asof_seq,
         a.node_id,
@@ -101,7 +105,7 @@ counts as (
         count(*) filter (where b.is_active and b.tok = a.tok) as tok_equal,
         count(*) filter (where b.is_active) as tok_total
     from stated as a
-    inner join stated as b using (tree_id, asof_seq)
+    inner join stated as b using (run_id, tree_id, asof_seq)
     group by all
 ),
 
@@ -119,7 +123,7 @@ ranked as (
         s.w_process,
         s.alpha
     from stated as s
-    inner join counts as c using (tree_id, asof_seq, node_id)
+    inner join counts as c using (run_id, tree_id, asof_seq, node_id)
 ),
 
 scored as (

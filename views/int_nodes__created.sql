@@ -1,5 +1,5 @@
 -- One row per tree node: the root of each tree and the child of every kept edge (static facts).
--- grain: tree_id, node_id
+-- grain: run_id, tree_id, node_id
 -- sources: stg_root_added, int_edges__judged, run_config
 -- materialized: table
 --
@@ -9,6 +9,7 @@
 -- created_seq is the seq from which the node exists (root added, edge complete).
 with roots as (
     select
+        r.run_id,
         r.tree_id,
         r.tree_id as node_id,
         cast(null as varchar) as parent_id,
@@ -21,12 +22,13 @@ with roots as (
         oriented(r.score, c.direction) as last_turn_score_o,
         cast(null as varchar) as state
     from stg_root_added as r
-    cross join run_config as c
-    qualify row_number() over (partition by r.tree_id order by r.seq) = 1
+    inner join run_config as c on r.run_id = c.run_id
+    qualify row_number() over (partition by r.run_id, r.tree_id order by r.seq) = 1
 ),
 
 children as (
     select
+        run_id,
         tree_id,
         child_id as node_id,
         parent_id,

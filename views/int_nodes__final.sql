@@ -1,5 +1,5 @@
 -- Per evaluation point and node: the leaf reason including 'stopped' for a finished tree (ALGORITHM §2).
--- grain: tree_id, asof_seq, node_id
+-- grain: run_id, tree_id, asof_seq, node_id
 -- sources: int_nodes__asof, int_trees__asof
 --
 -- Once a tree has stopped and nothing is in flight, every childless non-root node
@@ -12,4 +12,4 @@ select
     ) as leaf_reason,
     t.is_done as tree_done
 from int_nodes__asof as n
-inner join int_trees__asof as t using (tree_id, asof_seq)
+inner join int_trees__asof as t using (run_id, tree_id, asof_seq)

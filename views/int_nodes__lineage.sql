@@ -1,5 +1,5 @@
 -- Per node, what it inherits from its ancestors: ref score, turn start score, path best (ALGORITHM §2).
--- grain: tree_id, node_id
+-- grain: run_id, tree_id, node_id
 -- sources: int_nodes__created
 -- materialized: table
 --
@@ -13,6 +13,7 @@ with nodes as (
 
 pairs as (
     select
+        n.run_id,
         n.tree_id,
         n.node_id,
         a.depth as ancestor_depth,
@@ -21,12 +22,14 @@ pairs as (
     from nodes as n
     inner join nodes as a
         on
-            n.tree_id = a.tree_id
+            n.run_id = a.run_id
+            and n.tree_id = a.tree_id
             and (n.node_id = a.node_id or starts_with(n.node_id, a.node_id || '.'))
 ),
 
 final as (
     select
+        run_id,
         tree_id,
         node_id,
         arg_max(ancestor_score_o, ancestor_depth) filter (where ancestor_score_o is not null)

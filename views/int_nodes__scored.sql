@@ -1,5 +1,5 @@
 -- One row per node with its static selection inputs: lineage scores and process (ALGORITHM §2).
--- grain: tree_id, node_id
+-- grain: run_id, tree_id, node_id
 -- sources: int_nodes__created, int_nodes__lineage, int_edges__scored
 -- materialized: table
 --
@@ -22,13 +22,14 @@ final as (
                 select avg(e.soft order by e.completed_seq)
                 from int_edges__scored as e
                 where
-                    e.tree_id = n.tree_id
+                    e.run_id = n.run_id
+                    and e.tree_id = n.tree_id
                     and (n.node_id = e.child_id or starts_with(n.node_id, e.child_id || '.'))
             ),
             0.0
         ) as process
     from nodes as n
-    inner join int_nodes__lineage as l using (tree_id, node_id)
+    inner join int_nodes__lineage as l using (run_id, tree_id, node_id)
 )
 
 select * from final

@@ -1,5 +1,5 @@
 -- Per rule, every preference pair: two finished attempts from one node whose values differ by the margin (ALGORITHM §3).
--- grain: selection_seq, tree_id, node_id, chosen_id, rejected_id
+-- grain: run_id, selection_seq, tree_id, node_id, chosen_id, rejected_id
 -- sources: int_attempts__valued, int_supervision_rules
 --
 -- Attempts from the same node started from the same conversation. chosen has the
@@ -7,6 +7,7 @@
 -- (both rounded to 12 decimals, so a difference equal to the margin pairs, and equal
 -- values never do: min_margin > 0). margin is that difference.
 select
+    c.run_id,
     c.selection_seq,
     c.tree_id,
     c.node_id,
@@ -29,6 +30,6 @@ select
     c.recorded and r.recorded as recorded
 from int_attempts__valued as c
 inner join int_attempts__valued as r
-    on c.selection_seq = r.selection_seq and c.tree_id = r.tree_id and c.node_id = r.node_id
-inner join int_supervision_rules as rule on c.selection_seq = rule.selection_seq
+    on c.run_id = r.run_id and c.selection_seq = r.selection_seq and c.tree_id = r.tree_id and c.node_id = r.node_id
+inner join int_supervision_rules as rule on c.run_id = rule.run_id and c.selection_seq = rule.selection_seq
 where c.value > r.value and round(c.value - r.value, 12) >= round(rule.min_margin, 12)

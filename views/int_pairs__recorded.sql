@@ -1,10 +1,11 @@
 -- One row per pair of every recorded supervision selection, as recorded (ALGORITHM §3).
--- grain: selection_id, tree_id, node_id, chosen_id, rejected_id
+-- grain: run_id, selection_id, tree_id, node_id, chosen_id, rejected_id
 -- sources: stg_supervision_selected
 --
 -- A selection id recorded twice keeps its latest record.
 with lists as (
     select
+        run_id,
         seq,
         selection_id,
         from_json(
@@ -13,10 +14,11 @@ with lists as (
                "margin": "DOUBLE", "task": "VARCHAR", "stage": "VARCHAR"}]'
         ) as recorded
     from stg_supervision_selected
-    qualify row_number() over (partition by selection_id order by seq desc) = 1
+    qualify row_number() over (partition by run_id, selection_id order by seq desc) = 1
 )
 
 select
+    run_id,
     seq as selection_seq,
     selection_id,
     unnest(recorded, recursive := true)

@@ -1,5 +1,5 @@
 -- One row per recorded path and node on it, and per turn of the edge that made the node: what export walks.
--- grain: selection_id, tree_id, leaf_id, depth, turn
+-- grain: run_id, selection_id, tree_id, leaf_id, depth, turn
 -- sources: int_paths__recorded, int_nodes__created, nodes, int_turns, stg_conversation_recorded
 --
 -- Root to leaf: the root (depth 0, turn 0, no edge), then each node's creating edge's
@@ -9,6 +9,7 @@
 -- Node score and tok are as of now; the turn columns are the turns view's.
 with path_nodes as (
     select
+        p.run_id,
         p.selection_id,
         p.tree_id,
         p.leaf_id,
@@ -18,6 +19,7 @@ with path_nodes as (
 
 conversations as (
     select
+        run_id,
         tree_id,
         edge_id,
         turn,
@@ -29,6 +31,7 @@ conversations as (
 
 walked as (
     select
+        pn.run_id,
         pn.selection_id,
         pn.tree_id,
         pn.leaf_id,
@@ -49,10 +52,10 @@ walked as (
         coalesce(v.conversations, 0) > 0 as has_conversation,
         v.recorder
     from path_nodes as pn
-    inner join int_nodes__created as c using (tree_id, node_id)
-    inner join nodes as n using (tree_id, node_id)
-    left join int_turns as t on t.tree_id = c.tree_id and t.edge_id = c.edge_id
-    left join conversations as v on v.tree_id = t.tree_id and v.edge_id = t.edge_id and v.turn = t.turn
+    inner join int_nodes__created as c using (run_id, tree_id, node_id)
+    inner join nodes as n using (run_id, tree_id, node_id)
+    left join int_turns as t on t.run_id = c.run_id and t.tree_id = c.tree_id and t.edge_id = c.edge_id
+    left join conversations as v on v.run_id = t.run_id and v.tree_id = t.tree_id and v.edge_id = t.edge_id and v.turn = t.turn
 )
 
 select * from walked

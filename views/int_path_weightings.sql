@@ -1,5 +1,5 @@
 -- The PathScore weightings paths are scored with: the current one, and in replay each recorded selection's.
--- grain: selection_seq
+-- grain: run_id, selection_seq
 -- sources: stg_paths_selected, run_config
 --
 -- selection_seq 0 is the current weighting, scored at the now points: the run
@@ -11,6 +11,7 @@
 -- PathScore; set, the paths are picked greedily (int_paths__greedy).
 with current_weights as (
     select
+        run_id,
         0 as selection_seq,
         cast(null as bigint) as asof_seq,
         coalesce(getvariable('path_w_max'), w_path_max) as w_max,
@@ -24,6 +25,7 @@ with current_weights as (
 
 recorded as (
     select
+        run_id,
         seq as selection_seq,
         watermark as asof_seq,
         cast(json_extract(weights, '$.max') as double) as w_max,

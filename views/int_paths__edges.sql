@@ -1,11 +1,12 @@
 -- Per candidate path and edge on it (root to leaf): the edge that created each node of the path.
--- grain: tree_id, leaf_id, depth
+-- grain: run_id, tree_id, leaf_id, depth
 -- sources: paths, nodes
 --
 -- The paths of now under the current weighting (the paths view). path_length is
 -- the number of edges on the path (the leaf's depth): L_p of ALGORITHM §5.
 with path_nodes as (
     select
+        p.run_id,
         p.tree_id,
         p.leaf_id,
         p.selected,
@@ -15,6 +16,7 @@ with path_nodes as (
 )
 
 select
+    pn.run_id,
     pn.tree_id,
     pn.leaf_id,
     n.depth,
@@ -23,5 +25,5 @@ select
     pn.path_length,
     pn.selected
 from path_nodes as pn
-inner join nodes as n on pn.tree_id = n.tree_id and pn.node_id = n.node_id
+inner join nodes as n on pn.run_id = n.run_id and pn.tree_id = n.tree_id and pn.node_id = n.node_id
 where n.depth > 0

@@ -1,5 +1,5 @@
 -- Per weighting with a diversity lambda: the paths picked greedily by PathScore + lambda * the N_eff each adds (ALGORITHM §3, §5).
--- grain: selection_seq, tree_id, asof_seq, leaf_id
+-- grain: run_id, selection_seq, tree_id, asof_seq, leaf_id
 -- sources: int_paths__scored, int_nodes__created
 --
 -- Per root, up to top_k steps: among the ranked paths not picked yet, pick the one
@@ -10,6 +10,7 @@
 -- the plain Top-k by PathScore (a check of the greedy step).
 with recursive candidates as (
     select
+        run_id,
         selection_seq,
         tree_id,
         asof_seq,
@@ -24,6 +25,7 @@ with recursive candidates as (
 
 path_edges as (
     select
+        c.run_id,
         c.selection_seq,
         c.tree_id,
         c.asof_seq,
@@ -31,11 +33,12 @@ path_edges as (
         n.edge_id,
         len(c.node_ids) - 1 as path_length
     from (select *, unnest(node_ids[2:]) as node_id from candidates) as c
-    inner join int_nodes__created as n on c.tree_id = n.tree_id and c.node_id = n.node_id
+    inner join int_nodes__created as n on c.run_id = n.run_id and c.tree_id = n.tree_id and c.node_id = n.node_id
 ),
 
-greedy (selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain) as (
+greedy (run_id, selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain) as (
     select distinct
+        run_id,
         selection_seq,
         tree_id,
         asof_seq,
@@ -46,9 +49,10 @@ greedy (selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain) as
         cast(0.0 as double)
     from candidates
     union all
-    select selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain
+    select run_id, selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain
     from (
         select
+            g.run_id,
             g.selection_seq,
             g.tree_id,
             g.asof_seq,
@@ -58,13 +62,14 @@ greedy (selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain) as
             x.n_eff,
             x.n_eff - g.n_eff as gain,
             row_number() over (
-                partition by g.selection_seq, g.tree_id, g.asof_seq
+                partition by g.run_id, g.selection_seq, g.tree_id, g.asof_seq
                 order by round(c.path_score + c.diversity * (x.n_eff - g.n_eff), 12) desc, node_key(c.leaf_id)
             ) as choice
         from greedy as g
         inner join candidates as c
             on
-                g.selection_seq = c.selection_seq
+                g.run_id = c.run_id
+                and g.selection_seq = c.selection_seq
                 and g.tree_id = c.tree_id
                 and g.asof_seq = c.asof_seq
                 and g.pick < c.top_k
@@ -76,10 +81,11 @@ greedy (selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain) as
                     e.leaf_id,
                     e.edge_id,
                     e.path_length,
-                    count(*) over (partition by e.edge_id) as m
+                    count(*) over (partition by e.run_id, e.edge_id) as m
                 from path_edges as e
                 where
-                    e.selection_seq = g.selection_seq
+                    e.run_id = g.run_id
+                    and e.selection_seq = g.selection_seq
                     and e.tree_id = g.tree_id
                     and e.asof_seq = g.asof_seq
                     and (list_contains(g.picked, e.leaf_id) or e.leaf_id = c.leaf_id)
@@ -89,6 +95,6 @@ greedy (selection_seq, tree_id, asof_seq, pick, picked, leaf_id, n_eff, gain) as
     where choice = 1
 )
 
-select selection_seq, tree_id, asof_seq, leaf_id, pick, n_eff, gain
+select run_id, selection_seq, tree_id, asof_seq, leaf_id, pick, n_eff, gain
 from greedy
 where pick > 0

@@ -1,5 +1,5 @@
 -- Per candidate root-to-leaf path and point: its nodes, the four metrics of ALGORITHM §3 and their ranks.
--- grain: tree_id, asof_seq, leaf_id
+-- grain: run_id, tree_id, asof_seq, leaf_id
 -- sources: int_nodes__final, int_nodes__created, int_edges__scored, run_config
 -- materialized: table
 --
@@ -14,18 +14,19 @@
 with nodes as (
     select n.*, c.edge_id as creating_edge_id
     from int_nodes__final as n
-    inner join int_nodes__created as c using (tree_id, node_id)
+    inner join int_nodes__created as c using (run_id, tree_id, node_id)
     where n.for_paths
 ),
 
 leaves as (
-    select tree_id, asof_seq, is_now, node_id as leaf_id, depth, leaf_reason
+    select run_id, tree_id, asof_seq, is_now, node_id as leaf_id, depth, leaf_reason
     from nodes
     where depth > 0 and leaf_reason is not null
 ),
 
 steps as (
     select
+        l.run_id,
         l.tree_id,
         l.asof_seq,
         l.leaf_id,
@@ -37,14 +38,17 @@ steps as (
     from leaves as l
     inner join nodes as n
         on
-            l.tree_id = n.tree_id
+            l.run_id = n.run_id
+            and l.tree_id = n.tree_id
             and l.asof_seq = n.asof_seq
             and (l.leaf_id = n.node_id or starts_with(l.leaf_id, n.node_id || '.'))
-    left join int_edges__scored as e on n.tree_id = e.tree_id and n.creating_edge_id = e.edge_id
+    left join int_edges__scored as e
+        on n.run_id = e.run_id and n.tree_id = e.tree_id and n.creating_edge_id = e.edge_id
 ),
 
 measured as (
     select
+        s.run_id,
         s.tree_id,
         s.asof_seq,
         s.leaf_id,
@@ -60,13 +64,14 @@ measured as (
         max(s.score_o) filter (where s.depth > 0) as max_score_o,
         any_value(c.sign) as sign
     from steps as s
-    inner join leaves as l using (tree_id, asof_seq, leaf_id)
-    cross join run_config as c
-    group by s.tree_id, s.asof_seq, s.leaf_id, l.is_now, l.depth, l.leaf_reason
+    inner join leaves as l using (run_id, tree_id, asof_seq, leaf_id)
+    inner join run_config as c using (run_id)
+    group by s.run_id, s.tree_id, s.asof_seq, s.leaf_id, l.is_now, l.depth, l.leaf_reason
 ),
 
 counts as (
     select
+        a.run_id,
         a.tree_id,
         a.asof_seq,
         a.leaf_id,
@@ -76,7 +81,8 @@ counts as (
         count(*) filter (where b.max_score_o = a.max_score_o) as max_equal,
         count(*) as total
     from measured as a
-    inner join measured as b on a.tree_id = b.tree_id and a.asof_seq = b.asof_seq and b.ranked
+    inner join measured as b
+        on a.run_id = b.run_id and a.tree_id = b.tree_id and a.asof_seq = b.asof_seq and b.ranked
     where a.ranked
     group by all
 )
@@ -86,4 +92,4 @@ select
     pct(c.avg_less, c.avg_equal, c.total) as avg_score_rank,
     pct(c.max_less, c.max_equal, c.total) as max_score_rank
 from measured as m
-left join counts as c using (tree_id, asof_seq, leaf_id)
+left join counts as c using (run_id, tree_id, asof_seq, leaf_id)

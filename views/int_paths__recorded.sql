@@ -1,11 +1,12 @@
 -- One row per path of every recorded selection: its nodes and the fields recorded with it (ALGORITHM §3).
--- grain: selection_id, tree_id, leaf_id
+-- grain: run_id, selection_id, tree_id, leaf_id
 -- sources: stg_paths_selected
 --
 -- The paths a PathsSelected decision holds, as recorded (the training set of that
 -- selection); a selection id recorded twice keeps its latest record.
 with recorded_lists as (
     select
+        run_id,
         seq,
         selection_id,
         from_json(
@@ -17,12 +18,13 @@ with recorded_lists as (
                "snapshot": "VARCHAR"}]'
         ) as recorded_paths
     from stg_paths_selected
-    qualify row_number() over (partition by selection_id order by seq desc) = 1
+    qualify row_number() over (partition by run_id, selection_id order by seq desc) = 1
 ),
 
 recorded as (
     -- unnest in the select list: a lateral unnest of from_json parsed the list per element
     select
+        run_id,
         seq as selection_seq,
         selection_id,
         unnest(recorded_paths, recursive := true)

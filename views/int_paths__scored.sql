@@ -1,5 +1,5 @@
 -- Per weighting, candidate path and point: PathScore and its rank among the root's ranked paths (ALGORITHM §3).
--- grain: selection_seq, tree_id, asof_seq, leaf_id
+-- grain: run_id, selection_seq, tree_id, asof_seq, leaf_id
 -- sources: int_paths__measured, int_path_weightings
 --
 -- The current weighting (selection_seq 0) scores the paths of now; a recorded
@@ -17,10 +17,12 @@ weightings as (
 ),
 
 paired as (
-    select w.* exclude (asof_seq), m.*
+    select w.* exclude (asof_seq), m.* exclude (run_id)
     from measured as m
     inner join weightings as w
-        on (w.selection_seq = 0 and m.is_now) or (w.selection_seq > 0 and m.asof_seq = w.asof_seq)
+        on
+            m.run_id = w.run_id
+            and ((w.selection_seq = 0 and m.is_now) or (w.selection_seq > 0 and m.asof_seq = w.asof_seq))
 ),
 
 weighted as (
@@ -36,7 +38,7 @@ ranked as (
         *,
         case
             when ranked then row_number() over (
-                partition by selection_seq, tree_id, asof_seq, ranked
+                partition by run_id, selection_seq, tree_id, asof_seq, ranked
                 order by round(path_score, 12) desc, node_key(leaf_id)
             )
         end as rank

@@ -1,5 +1,5 @@
 -- Per weighting, candidate path and point: whether the path is selected, and its rank in the selection (ALGORITHM §3).
--- grain: selection_seq, tree_id, asof_seq, leaf_id
+-- grain: run_id, selection_seq, tree_id, asof_seq, leaf_id
 -- sources: int_paths__scored, int_paths__greedy
 --
 -- Without a diversity lambda: the Top-k by PathScore (rank <= top_k). With one: the
@@ -14,7 +14,8 @@ select
 from int_paths__scored as s
 left join int_paths__greedy as g
     on
-        s.selection_seq = g.selection_seq
+        s.run_id = g.run_id
+        and s.selection_seq = g.selection_seq
         and s.tree_id = g.tree_id
         and s.asof_seq = g.asof_seq
         and s.leaf_id = g.leaf_id

@@ -1,9 +1,10 @@
--- Whether the run finished: its log holds a RunFinished (one row).
--- grain: run_key
--- sources: stg_run_finished
+-- Whether the run finished: its log holds a RunFinished (one row a run).
+-- grain: run_id
+-- sources: stg_run_finished, run_config
 --
 -- The one definition the progress views, the audits and the engine read. A run
 -- stopped (RunStopped) or interrupted has not finished; its resume may finish it.
 select
-    1 as run_key,
-    exists (select 1 from stg_run_finished) as finished
+    cfg.run_id,
+    exists (select 1 from stg_run_finished as f where f.run_id = cfg.run_id) as finished
+from run_config as cfg

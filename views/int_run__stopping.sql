@@ -1,5 +1,5 @@
 -- The stop of the whole run that is due now and not recorded yet (no row when none is).
--- grain: reason
+-- grain: run_id, reason
 -- sources: int_grader_checks, int_edges__eval_errors, stg_run_stopped, run_config
 --
 -- grader_check: the newest check of the grader before the first turn did not pass.
@@ -10,19 +10,18 @@
 with last_check as (
     select *
     from int_grader_checks
-    order by seq desc
-    limit 1
+    qualify row_number() over (partition by run_id order by seq desc) = 1
 ),
 
 last_edge as (
     select *
     from int_edges__eval_errors
-    order by judged_seq desc
-    limit 1
+    qualify row_number() over (partition by run_id order by judged_seq desc) = 1
 ),
 
 due as (
     select
+        c.run_id,
         'grader_check' as reason,
         c.problem as error,
         c.seq as since_seq
@@ -30,17 +29,19 @@ due as (
     where c.outcome <> 'passed'
     union all
     select
+        e.run_id,
         'eval_errors' as reason,
         e.stop_error as error,
         e.judged_seq as since_seq
     from last_edge as e
-    cross join run_config as r
+    inner join run_config as r on e.run_id = r.run_id
     where e.streak >= r.eval_error_limit
 )
 
 select
+    d.run_id,
     d.reason,
     d.error,
     d.since_seq
 from due as d
-where not exists (select 1 from stg_run_stopped as s where s.seq > d.since_seq)
+where not exists (select 1 from stg_run_stopped as s where s.run_id = d.run_id and s.seq > d.since_seq)

@@ -1,5 +1,5 @@
 -- The root quota of each stage for R = num_roots roots (ALGORITHM §1.7), and the fill order.
--- grain: stage
+-- grain: run_id, stage
 -- sources: run_config
 --
 -- early = floor(R/6 + 0.5) = (R+3)//6, middle = floor(R/2 + 0.5) = (R+1)//2,
@@ -12,6 +12,7 @@ with stages as (
 
 final as (
     select
+        c.run_id,
         s.stage,
         s.stage_order,
         s.fill_order,
@@ -21,7 +22,7 @@ final as (
             else c.r - (c.r + 3) // 6 - (c.r + 1) // 2
         end as bigint) as quota
     from stages as s
-    cross join (select cast(num_roots as hugeint) as r from run_config) as c
+    cross join (select run_id, cast(num_roots as hugeint) as r from run_config) as c
 )
 
 select * from final

@@ -1,5 +1,5 @@
 -- Candidate snapshots with score_for_stage, centred smoothing, gain and stage (ALGORITHM §1.3-1.6).
--- grain: task, asof_seq, snapshot
+-- grain: run_id, task, asof_seq, snapshot
 -- sources: int_snapshots__points, stg_snapshot_seen, run_config
 -- materialized: table
 --
@@ -10,21 +10,25 @@
 -- floor(0.10N+0.5) = (N+5)//10, floor(0.50N+0.5) = (N+1)//2.
 with candidates as (
     select
+        p.run_id,
         p.asof_seq,
         p.is_now,
-        s.*,
+        s.* exclude (run_id),
         oriented(s.score, c.direction) as oriented_score
     from int_snapshots__points as p
-    inner join stg_snapshot_seen as s on p.task = s.task and s.seq <= p.asof_seq
-    cross join run_config as c
+    inner join stg_snapshot_seen as s
+        on p.run_id = s.run_id and p.task = s.task and s.seq <= p.asof_seq
+    inner join run_config as c on p.run_id = c.run_id
     where s.skip_reason is null
 ),
 
 ordered as (
     select
         *,
-        row_number() over (partition by task, asof_seq order by global_index, snapshot) - 1 as i,
-        count(*) over (partition by task, asof_seq) as n
+        row_number() over (
+            partition by run_id, task, asof_seq order by global_index, snapshot
+        ) - 1 as i,
+        count(*) over (partition by run_id, task, asof_seq) as n
     from candidates
 ),
 
@@ -34,10 +38,10 @@ filled as (
         coalesce(
             oriented_score,
             last_value(oriented_score ignore nulls) over (
-                partition by task, asof_seq order by i rows between unbounded preceding and 1 preceding
+                partition by run_id, task, asof_seq order by i rows between unbounded preceding and 1 preceding
             ),
             first_value(oriented_score ignore nulls) over (
-                partition by task, asof_seq order by i rows between 1 following and unbounded following
+                partition by run_id, task, asof_seq order by i rows between 1 following and unbounded following
             )
         ) as score_for_stage
     from ordered
@@ -47,19 +51,20 @@ smoothed as (
     select
         *,
         avg(score_for_stage) over (
-            partition by task, asof_seq order by i rows between 2 preceding and 2 following
+            partition by run_id, task, asof_seq order by i rows between 2 preceding and 2 following
         ) as smooth
     from filled
 ),
 
 levels as (
     select
+        run_id,
         task,
         asof_seq,
         avg(smooth) filter (where i < greatest(1, (n + 19) // 20)) as s0,
         avg(smooth) filter (where i >= n - greatest(1, (n + 4) // 5)) as s_inf
     from smoothed
-    group by task, asof_seq
+    group by run_id, task, asof_seq
 ),
 
 gained as (
@@ -73,7 +78,7 @@ gained as (
                 then least(1.0, greatest(0.0, (s.smooth - l.s0) / (l.s_inf - l.s0)))
         end as gain
     from smoothed as s
-    inner join levels as l on s.task = l.task and s.asof_seq = l.asof_seq
+    inner join levels as l on s.run_id = l.run_id and s.task = l.task and s.asof_seq = l.asof_seq
 ),
 
 final as (

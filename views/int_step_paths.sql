@@ -1,5 +1,5 @@
 -- Per rule, every root-to-leaf path of kept edges with each edge's value and label (ALGORITHM §3).
--- grain: selection_seq, tree_id, leaf_id
+-- grain: run_id, selection_seq, tree_id, leaf_id
 -- sources: int_attempts__valued
 --
 -- The leaves are the nodes a kept edge created that no kept edge leaves, at the rule's
@@ -13,13 +13,18 @@ with kept as (
 ),
 
 leaves as (
-    select k.selection_seq, k.tree_id, k.child_id as leaf_id, k.task, k.stage
+    select k.run_id, k.selection_seq, k.tree_id, k.child_id as leaf_id, k.task, k.stage
     from kept as k
     anti join kept as below
-        on k.selection_seq = below.selection_seq and k.tree_id = below.tree_id and below.node_id = k.child_id
+        on
+            k.run_id = below.run_id
+            and k.selection_seq = below.selection_seq
+            and k.tree_id = below.tree_id
+            and below.node_id = k.child_id
 )
 
 select
+    l.run_id,
     l.selection_seq,
     l.tree_id,
     l.leaf_id,
@@ -33,7 +38,8 @@ select
 from leaves as l
 inner join kept as k
     on
-        l.selection_seq = k.selection_seq
+        l.run_id = k.run_id
+        and l.selection_seq = k.selection_seq
         and l.tree_id = k.tree_id
         and (l.leaf_id = k.child_id or starts_with(l.leaf_id, k.child_id || '.'))
-group by l.selection_seq, l.tree_id, l.leaf_id
+group by l.run_id, l.selection_seq, l.tree_id, l.leaf_id

@@ -1,10 +1,11 @@
 -- One row per step path of every recorded supervision selection, as recorded (ALGORITHM §3).
--- grain: selection_id, tree_id, leaf_id
+-- grain: run_id, selection_id, tree_id, leaf_id
 -- sources: stg_supervision_selected
 --
 -- A selection id recorded twice keeps its latest record.
 with lists as (
     select
+        run_id,
         seq,
         selection_id,
         from_json(
@@ -13,11 +14,12 @@ with lists as (
                "step_labels": "BOOLEAN[]", "task": "VARCHAR", "stage": "VARCHAR"}]'
         ) as recorded
     from stg_supervision_selected
-    qualify row_number() over (partition by selection_id order by seq desc) = 1
+    qualify row_number() over (partition by run_id, selection_id order by seq desc) = 1
 ),
 
 items as (
     select
+        run_id,
         seq,
         selection_id,
         unnest(recorded) as item
@@ -25,6 +27,7 @@ items as (
 )
 
 select
+    run_id,
     seq as selection_seq,
     selection_id,
     item.tree_id,

@@ -1,5 +1,5 @@
 -- The rules attempts are valued by: the current one, and in replay each recorded supervision selection's.
--- grain: selection_seq
+-- grain: run_id, selection_seq
 -- sources: stg_supervision_selected, run_config
 --
 -- selection_seq 0 is the current rule, over the whole prefix (asof_seq null): the run
@@ -9,6 +9,7 @@
 -- every recorded SupervisionSelected decision adds its own rule at its watermark.
 with current_rule as (
     select
+        run_id,
         0 as selection_seq,
         cast(null as bigint) as asof_seq,
         coalesce(getvariable('supervision_rule'), supervision_rule) as rule,
@@ -19,6 +20,7 @@ with current_rule as (
 
 recorded as (
     select
+        run_id,
         seq as selection_seq,
         watermark as asof_seq,
         rule,

@@ -1,5 +1,5 @@
 -- Per tree and evaluation point: kept edges, good leaves, in-flight and pending work, stop (ALGORITHM §2).
--- grain: tree_id, asof_seq
+-- grain: run_id, tree_id, asof_seq
 -- sources: int_points, int_nodes__asof, int_edges__started, run_config, stg_block_granted, stg_grants_closed
 -- materialized: table
 --
@@ -17,6 +17,7 @@
 -- max_edges, before exhausted); room is never given back, so this too is monotone.
 with node_stats as (
     select
+        run_id,
         tree_id,
         asof_seq,
         count(*) filter (where depth > 0) as kept_edges,
@@ -29,6 +30,7 @@ with node_stats as (
 
 edge_stats as (
     select
+        p.run_id,
         p.tree_id,
         p.asof_seq,
         count(*) filter (where e.completed_seq is null or e.completed_seq > p.asof_seq)
@@ -39,26 +41,30 @@ edge_stats as (
         ) as retries_owed,
         count(*) filter (where e.layer = 1 and e.attempt >= 2) as retries_started
     from int_points as p
-    inner join int_edges__started as e on p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
+    inner join int_edges__started as e
+        on p.run_id = e.run_id and p.tree_id = e.tree_id and e.started_seq <= p.asof_seq
     group by all
 ),
 
 grants as (
     select
+        p.run_id,
         p.tree_id,
         p.asof_seq,
         sum(g.edges) as granted_edges
     from int_points as p
-    inner join stg_block_granted as g on p.tree_id = g.tree_id and g.seq <= p.asof_seq
+    inner join stg_block_granted as g
+        on p.run_id = g.run_id and p.tree_id = g.tree_id and g.seq <= p.asof_seq
     group by all
 ),
 
 closed as (
-    select min(seq) as closed_seq from stg_grants_closed
+    select run_id, min(seq) as closed_seq from stg_grants_closed group by run_id
 ),
 
 counted as (
     select
+        p.run_id,
         p.tree_id,
         p.asof_seq,
         p.is_now,
@@ -78,11 +84,11 @@ counted as (
         cfg.target_good_leaves,
         cfg.max_valid_edges
     from int_points as p
-    cross join run_config as cfg
-    cross join closed as c
-    left join node_stats as ns using (tree_id, asof_seq)
-    left join edge_stats as es using (tree_id, asof_seq)
-    left join grants as g using (tree_id, asof_seq)
+    inner join run_config as cfg using (run_id)
+    left join closed as c using (run_id)
+    left join node_stats as ns using (run_id, tree_id, asof_seq)
+    left join edge_stats as es using (run_id, tree_id, asof_seq)
+    left join grants as g using (run_id, tree_id, asof_seq)
 ),
 
 stopped as (

@@ -1,5 +1,5 @@
 -- One row per tree, as of now: stop, edges by verdict, leaves by reason, best score (ALGORITHM §2).
--- grain: tree_id
+-- grain: run_id, tree_id
 -- sources: stg_root_added, int_trees__stopped, int_trees__asof, int_nodes__final, int_edges__started, run_config
 --
 -- The trees view without its path counts (run_progress reads this, every second
@@ -14,7 +14,7 @@
 with roots as (
     select *
     from stg_root_added
-    qualify row_number() over (partition by tree_id order by seq) = 1
+    qualify row_number() over (partition by run_id, tree_id order by seq) = 1
 ),
 
 now_state as (
@@ -23,6 +23,7 @@ now_state as (
 
 leaves as (
     select
+        run_id,
         tree_id,
         count(*) filter (where leaf_reason is not null) as leaves,
         count(*) as nodes,
@@ -37,6 +38,7 @@ leaves as (
 
 verdicts as (
     select
+        run_id,
         tree_id,
         count(*) filter (where verdict = 'kept_exempt') as kept_exempt_edges,
         count(*) filter (where verdict = 'pruned') as pruned_edges,
@@ -47,6 +49,7 @@ verdicts as (
 )
 
 select
+    r.run_id,
     r.tree_id,
     r.task,
     r.snapshot,
@@ -73,8 +76,8 @@ select
     r.selection_reason,
     s.stopped_seq
 from roots as r
-cross join run_config as c
-left join int_trees__stopped as s using (tree_id)
-left join now_state as n using (tree_id)
-left join leaves as l using (tree_id)
-left join verdicts as v using (tree_id)
+inner join run_config as c using (run_id)
+left join int_trees__stopped as s using (run_id, tree_id)
+left join now_state as n using (run_id, tree_id)
+left join leaves as l using (run_id, tree_id)
+left join verdicts as v using (run_id, tree_id)

@@ -1,5 +1,5 @@
 -- One row per finished rollout turn: eval score, tool-call counts, steps, context tokens.
--- grain: tree_id, edge_id, turn
+-- grain: run_id, tree_id, edge_id, turn
 -- sources: stg_turn_finished, stg_eval_finished, stg_step_finished, tool_calls
 -- materialized: table
 --
@@ -10,6 +10,7 @@
 -- from the endpoint's usage). A request the model never answered is no step.
 with calls as (
     select
+        run_id,
         tree_id,
         edge_id,
         turn,
@@ -22,6 +23,7 @@ with calls as (
 
 steps as (
     select
+        run_id,
         tree_id,
         edge_id,
         turn,
@@ -31,6 +33,7 @@ steps as (
 )
 
 select
+    f.run_id,
     f.tree_id,
     f.edge_id,
     f.turn,
@@ -47,6 +50,6 @@ select
     f.outcome,
     f.state
 from stg_turn_finished as f
-left join stg_eval_finished as e using (tree_id, edge_id, turn)
-left join calls as c using (tree_id, edge_id, turn)
-left join steps as s using (tree_id, edge_id, turn)
+left join stg_eval_finished as e using (run_id, tree_id, edge_id, turn)
+left join calls as c using (run_id, tree_id, edge_id, turn)
+left join steps as s using (run_id, tree_id, edge_id, turn)

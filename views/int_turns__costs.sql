@@ -1,5 +1,5 @@
 -- Per finished turn: its tokens by kind and in all, model calls, the backend's cost, wall time and phases.
--- grain: tree_id, edge_id, turn
+-- grain: run_id, tree_id, edge_id, turn
 -- sources: stg_turn_finished, stg_step_finished
 --
 -- Tokens are summed over the turn's steps as the backend reported them (OpenCode:
@@ -10,6 +10,7 @@
 -- decision.
 with steps as (
     select
+        run_id,
         tree_id,
         edge_id,
         turn,
@@ -24,6 +25,7 @@ with steps as (
 )
 
 select
+    f.run_id,
     f.tree_id,
     f.edge_id,
     f.turn,
@@ -42,4 +44,4 @@ select
     f.recorded_at as finished_at,
     f.seq as finished_seq
 from stg_turn_finished as f
-left join steps as s using (tree_id, edge_id, turn)
+left join steps as s using (run_id, tree_id, edge_id, turn)

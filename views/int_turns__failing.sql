@@ -1,6 +1,6 @@
--- The trailing run of turns that ended with a backend error (one row; streak 0 when the last turn did not).
--- grain: run_key
--- sources: stg_turn_finished
+-- The trailing run of turns that ended with a backend error (one row a run; streak 0 when the last turn did not).
+-- grain: run_id
+-- sources: run_config, stg_turn_finished
 --
 -- A backend error is a turn whose Teacher process failed (outcome 'error': the
 -- endpoint unreachable, a bad model, a path OpenCode cannot use), not a turn whose
@@ -9,14 +9,18 @@
 -- back publishing while it is above 0 (so a stopped run's failed turns run again
 -- on --resume). last_error is the newest error message.
 with last_good as (
-    select coalesce(max(seq), 0) as seq
-    from stg_turn_finished
-    where outcome <> 'error'
+    select
+        c.run_id,
+        coalesce(max(f.seq), 0) as seq
+    from run_config as c
+    left join stg_turn_finished as f on f.run_id = c.run_id and f.outcome <> 'error'
+    group by c.run_id
 )
 
 select
-    1 as run_key,
+    g.run_id,
     count(f.seq) as streak,
     arg_max(f.error, f.seq) as last_error
 from last_good as g
-left join stg_turn_finished as f on f.seq > g.seq and f.outcome = 'error'
+left join stg_turn_finished as f on f.run_id = g.run_id and f.seq > g.seq and f.outcome = 'error'
+group by g.run_id

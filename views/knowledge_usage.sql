@@ -1,5 +1,5 @@
 -- Knowledge actions by area and access, per edge, tree, stage and task (ALGORITHM §4).
--- grain: dimension, key, area, access
+-- grain: run_id, dimension, key, area, access
 -- sources: tool_calls, trees
 --
 -- area and access are the tool_calls view's knowledge_area and knowledge_access.
@@ -7,6 +7,7 @@
 -- distinct edge attempts with one.
 with actions as (
     select
+        c.run_id,
         c.tree_id,
         c.edge_id,
         c.knowledge_area as area,
@@ -14,7 +15,7 @@ with actions as (
         coalesce(t.stage, 'none') as stage,
         coalesce(t.task, 'none') as task
     from tool_calls as c
-    left join trees as t using (tree_id)
+    left join trees as t using (run_id, tree_id)
     where c.is_knowledge
 ),
 
@@ -31,6 +32,7 @@ keyed as (
 )
 
 select
+    run_id,
     dimension,
     key,
     area,
@@ -38,4 +40,4 @@ select
     count(*) as actions,
     count(distinct edge_id) as edges
 from keyed
-group by dimension, key, area, access
+group by run_id, dimension, key, area, access

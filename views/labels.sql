@@ -1,5 +1,5 @@
 -- One row per finished edge attempt with its value and label under the current rule (public, ALGORITHM §3, §7).
--- grain: tree_id, edge_id
+-- grain: run_id, tree_id, edge_id
 -- sources: int_attempts__valued
 --
 -- Every finished attempt is labelled, pruned and retried ones and those whose eval

@@ -1,5 +1,5 @@
 -- Per root: the share of its kept edges that improved, and whether it lies outside the learnability band (ALGORITHM §5).
--- grain: tree_id
+-- grain: run_id, tree_id
 -- sources: trees, edges
 --
 -- Kept edges: verdict kept or kept_exempt; a kept edge whose improved is null (no
@@ -8,6 +8,7 @@
 -- a root without kept edges. flagged: band is never or always.
 with counts as (
     select
+        run_id,
         tree_id,
         count(*) filter (where verdict in ('kept', 'kept_exempt')) as kept_edges,
         count(*) filter (where verdict in ('kept', 'kept_exempt') and improved) as improved_edges
@@ -17,6 +18,7 @@ with counts as (
 
 shared as (
     select
+        t.run_id,
         t.tree_id,
         t.task,
         t.stage,
@@ -25,7 +27,7 @@ shared as (
         coalesce(c.improved_edges, 0) as improved_edges,
         case when c.kept_edges > 0 then c.improved_edges / c.kept_edges end as improved_share
     from trees as t
-    left join counts as c using (tree_id)
+    left join counts as c using (run_id, tree_id)
 )
 
 select

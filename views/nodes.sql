@@ -1,10 +1,11 @@
 -- One row per node of every tree, as of now: depth, score, tok, ranks, Q and leaf reason (public, ALGORITHM §7).
--- grain: tree_id, node_id
+-- grain: run_id, tree_id, node_id
 -- sources: int_nodes__final, run_config
 --
 -- score is raw (null under the layer-1/2 exemptions); leaf_reason is null unless
 -- the node is a leaf; t and select are set for active candidates only.
 select
+    n.run_id,
     n.tree_id,
     n.node_id,
     n.parent_id,
@@ -26,5 +27,5 @@ select
     n.edge_id,
     n.created_seq
 from int_nodes__final as n
-cross join run_config as c
+inner join run_config as c on n.run_id = c.run_id
 where n.is_now

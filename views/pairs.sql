@@ -1,5 +1,5 @@
 -- One row per preference pair under the current rule: chosen and rejected attempts from one node (public, ALGORITHM §3, §7).
--- grain: tree_id, node_id, chosen_id, rejected_id
+-- grain: run_id, tree_id, node_id, chosen_id, rejected_id
 -- sources: int_pairs
 --
 -- The rule is the run config's [supervision] (or the supervision_* variables): see

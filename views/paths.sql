@@ -1,5 +1,5 @@
 -- One row per candidate root-to-leaf path with its ranks, PathScore and Top-k rank (public, ALGORITHM §3, §7).
--- grain: tree_id, leaf_id
+-- grain: run_id, tree_id, leaf_id
 -- sources: int_paths__selected, stg_root_added
 -- materialized: table
 --
@@ -11,6 +11,7 @@
 -- raw score, and the raw score of the best node); rank orders the ranked paths of
 -- a root by path_score (ties: smallest leaf id); selected = rank <= top_k.
 select
+    p.run_id,
     p.tree_id,
     p.leaf_id,
     p.node_ids,
@@ -30,5 +31,5 @@ select
     p.depth,
     p.leaf_reason
 from int_paths__selected as p
-inner join stg_root_added as root using (tree_id)
+inner join stg_root_added as root using (run_id, tree_id)
 where p.selection_seq = 0

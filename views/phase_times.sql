@@ -1,5 +1,5 @@
 -- Where a run's turn time goes: p50, p95 and share of each phase, over all turns and per node (public).
--- grain: node, phase
+-- grain: run_id, node, phase
 -- sources: turn_phases
 --
 -- One row per phase (wall, startup, model, tools, eval, other: phase_order 1-6) for
@@ -9,6 +9,7 @@
 -- turns wait on process starts, not on the model (see docs/REAL_RUNS.md).
 with phases as (
     select
+        t.run_id,
         t.node,
         p.phase,
         p.phase_order,
@@ -28,13 +29,14 @@ with phases as (
 ),
 
 everywhere as (
-    select '*' as node, phase, phase_order, seconds, wall_seconds from phases
+    select run_id, '*' as node, phase, phase_order, seconds, wall_seconds from phases
     union all
-    select node, phase, phase_order, seconds, wall_seconds from phases
-    where (select count(distinct node) from phases) > 1
+    select run_id, node, phase, phase_order, seconds, wall_seconds from phases as x
+    where (select count(distinct node) from phases as y where y.run_id = x.run_id) > 1
 )
 
 select
+    run_id,
     node,
     phase,
     phase_order,
@@ -44,4 +46,4 @@ select
     round(sum(seconds order by seconds), 3) as total_seconds,
     round(sum(seconds order by seconds) / nullif(sum(wall_seconds order by wall_seconds), 0), 4) as share
 from everywhere
-group by node, phase, phase_order
+group by run_id, node, phase, phase_order

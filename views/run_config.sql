@@ -1,10 +1,10 @@
 -- The run's configuration as typed columns, read from its first RunStarted event.
--- grain: run_key
+-- grain: run_id
 -- sources: stg_run_started
 -- materialized: table
 -- variables: knowledge_path_regex = path_regex, knowledge_command_regex = command_regex
 --
--- Every parameter and weight of ALGORITHM §1-§4; views cross join this single row.
+-- Every parameter and weight of ALGORITHM §1-§4, one row a run; views join it on run_id.
 -- eval_error_limit and the grader check's tolerance are null in runs recorded before
 -- them (no such stop is then due); backend_error_scores is 'counted' in those (a backend
 -- error's evals scored its edge then). granted: the run's trees grow only as far as a
@@ -18,13 +18,12 @@
 with first_start as (
     select *
     from stg_run_started
-    order by seq
-    limit 1
+    qualify row_number() over (partition by run_id order by seq) = 1
 ),
 
 final as (
     select
-        1 as run_key,
+        run_id,
         command,
         task,
         direction,

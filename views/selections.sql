@@ -1,7 +1,8 @@
 -- One row per recorded selection decision: the node a free slot expanded (public, ALGORITHM §7).
--- grain: seq
+-- grain: run_id, seq
 -- sources: stg_node_selected
 select
+    run_id,
     seq,
     watermark,
     tree_id,

@@ -1,5 +1,5 @@
 -- Every snapshot folder seen, with its stage, pick and reason (public, ALGORITHM §7).
--- grain: task, snapshot
+-- grain: run_id, task, snapshot
 -- sources: stg_snapshot_seen, int_snapshots__staged, int_snapshots__picked
 --
 -- score is raw; score_for_stage, smooth and gain are oriented. gain is null in
@@ -18,11 +18,12 @@ staged as (
 picked as (
     select p.*
     from int_snapshots__picked as p
-    semi join staged as s using (task, asof_seq)
+    semi join staged as s using (run_id, task, asof_seq)
 ),
 
 final as (
     select
+        seen.run_id,
         seen.task,
         seen.snapshot,
         seen.global_index,
@@ -47,8 +48,8 @@ final as (
         seen.shared_state_hash,
         staged.i as candidate_index
     from seen
-    left join staged on seen.task = staged.task and seen.snapshot = staged.snapshot
-    left join picked on seen.task = picked.task and seen.snapshot = picked.snapshot
+    left join staged on seen.run_id = staged.run_id and seen.task = staged.task and seen.snapshot = staged.snapshot
+    left join picked on seen.run_id = picked.run_id and seen.task = picked.task and seen.snapshot = picked.snapshot
 )
 
 select * from final

@@ -1,5 +1,5 @@
 -- One row per root-to-leaf path of kept edges with each edge's label under the current rule (public, ALGORITHM §3, §7).
--- grain: tree_id, leaf_id
+-- grain: run_id, tree_id, leaf_id
 -- sources: int_step_paths
 --
 -- edge_ids, step_values and step_labels are root to leaf (see int_step_paths): the

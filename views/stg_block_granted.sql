@@ -1,7 +1,8 @@
 -- BlockGranted facts: the blocks of valid edges a campaign granted each tree of this run.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_block_granted
 select
+    run_id,
     seq,
     tree_id,
     edges,

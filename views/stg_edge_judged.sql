@@ -1,7 +1,8 @@
 -- EdgeJudged decisions: the recorded verdict of each finished edge attempt.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_edge_judged
 select
+    run_id,
     seq,
     recorded_at,
     watermark,

@@ -1,7 +1,8 @@
 -- EdgeStarted facts: every edge attempt launched.
--- grain: edge_id
+-- grain: run_id, edge_id
 -- sources: log_edge_started
 select
+    run_id,
     seq,
     recorded_at,
     tree_id,

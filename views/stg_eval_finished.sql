@@ -1,7 +1,8 @@
 -- EvalFinished facts: the coral eval result of each turn (score null when no number).
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_eval_finished
 select
+    run_id,
     seq,
     tree_id,
     edge_id,

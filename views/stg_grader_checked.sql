@@ -1,7 +1,8 @@
 -- GraderChecked facts: the task's grader graded a root's own code before the first turn.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_grader_checked
 select
+    run_id,
     seq,
     recorded_at,
     tree_id,

@@ -1,7 +1,8 @@
 -- GrantsClosed facts: the campaign grants this run nothing more.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_grants_closed
 select
+    run_id,
     seq,
     reason
 from log_grants_closed

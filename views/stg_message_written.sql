@@ -1,7 +1,8 @@
 -- MessageWritten facts: text and reasoning parts (their text stays in the Parquet log).
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_message_written
 select
+    run_id,
     seq,
     tree_id,
     edge_id,

@@ -1,7 +1,8 @@
 -- NodeSelected decisions: the node chosen for each free slot, with its scores.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_node_selected
 select
+    run_id,
     seq,
     watermark,
     tree_id,

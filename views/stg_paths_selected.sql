@@ -1,7 +1,8 @@
 -- PathsSelected decisions: recorded Top-k path selections.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_paths_selected
 select
+    run_id,
     seq,
     watermark,
     selection_id,

@@ -1,7 +1,8 @@
 -- RootAdded facts: the root snapshot of every tree.
--- grain: tree_id
+-- grain: run_id, tree_id
 -- sources: log_root_added
 select
+    run_id,
     seq,
     tree_id,
     task,

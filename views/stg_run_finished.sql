@@ -1,7 +1,8 @@
 -- RunFinished facts: a run ended normally.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_run_finished
 select
+    run_id,
     seq,
     recorded_at,
     outcome

@@ -1,7 +1,8 @@
 -- RunResumed facts: a run was continued from its log.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_run_resumed
 select
+    run_id,
     seq,
     recorded_at,
     note

@@ -1,7 +1,8 @@
 -- RunStarted facts: the command and the whole recorded configuration of the run.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_run_started
 select
+    run_id,
     seq,
     recorded_at,
     command,

@@ -1,7 +1,8 @@
 -- RunStopped decisions: the run stopped before its trees were done, and why.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_run_stopped
 select
+    run_id,
     seq,
     watermark,
     reason,

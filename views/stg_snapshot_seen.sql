@@ -1,7 +1,8 @@
 -- SnapshotSeen facts: one row per entry of a scanned all_snapshots/ dir or CORAL run.
--- grain: task, snapshot
+-- grain: run_id, task, snapshot
 -- sources: log_snapshot_seen
 select
+    run_id,
     seq,
     task,
     snapshot,

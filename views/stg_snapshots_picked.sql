@@ -1,7 +1,8 @@
 -- SnapshotsPicked decisions: the roots chosen for a task .
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_snapshots_picked
 select
+    run_id,
     seq,
     watermark,
     task,

@@ -1,7 +1,8 @@
 -- SpoolEntryDropped facts: a spooled turn that was not taken (another run's, stale or damaged).
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_spool_entry_dropped
 select
+    run_id,
     seq,
     recorded_at,
     tree_id,

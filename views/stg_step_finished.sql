@@ -1,7 +1,8 @@
 -- StepFinished facts: one row per assistant step (model call) of a turn.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_step_finished
 select
+    run_id,
     seq,
     tree_id,
     edge_id,

@@ -1,7 +1,8 @@
 -- StreamLineSkipped facts: Teacher stream lines that could not be used.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_stream_line_skipped
 select
+    run_id,
     seq,
     tree_id,
     edge_id,

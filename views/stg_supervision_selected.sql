@@ -1,7 +1,8 @@
 -- SupervisionSelected decisions: recorded preference pairs, unpaired labels and step labels.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_supervision_selected
 select
+    run_id,
     seq,
     watermark,
     selection_id,

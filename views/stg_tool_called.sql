@@ -1,7 +1,8 @@
 -- ToolCalled facts: one row per tool call of a rollout turn.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_tool_called
 select
+    run_id,
     seq,
     tree_id,
     edge_id,

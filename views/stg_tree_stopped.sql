@@ -1,7 +1,8 @@
 -- TreeStopped decisions: the recorded stop of each tree.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_tree_stopped
 select
+    run_id,
     seq,
     watermark,
     tree_id,

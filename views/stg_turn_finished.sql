@@ -1,7 +1,8 @@
 -- TurnFinished facts: one per finished rollout turn, with context tokens and checkpoint.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_turn_finished
 select
+    run_id,
     seq,
     recorded_at,
     tree_id,

@@ -1,7 +1,8 @@
 -- TurnSkipped decisions: turn 2 not run because the edge could no longer be kept.
--- grain: seq
+-- grain: run_id, seq
 -- sources: log_turn_skipped
 select
+    run_id,
     seq,
     watermark,
     tree_id,

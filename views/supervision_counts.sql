@@ -1,5 +1,5 @@
 -- Per recorded supervision selection, task and stage: its pairs, their fork points and N_eff, labels and step paths (ALGORITHM §5).
--- grain: selection_id, task, stage
+-- grain: run_id, selection_id, task, stage
 -- sources: int_pairs__recorded, int_labels__recorded, int_steps__recorded
 --
 -- Pairs from one node share their prompt, and the rule orders that node's attempts
@@ -9,22 +9,23 @@
 -- with a pair); pair_n_eff_ratio = pair_n_eff / pairs. The counts add up over
 -- strata (a node belongs to one tree, so to one task and stage).
 with involved as (
-    select selection_id, task, stage, tree_id, node_id, chosen_id as edge_id
+    select run_id, selection_id, task, stage, tree_id, node_id, chosen_id as edge_id
     from int_pairs__recorded
     union
-    select selection_id, task, stage, tree_id, node_id, rejected_id as edge_id
+    select run_id, selection_id, task, stage, tree_id, node_id, rejected_id as edge_id
     from int_pairs__recorded
 ),
 
 forks as (
     select
+        run_id,
         selection_id,
         task,
         stage,
         count(*) as fork_points,
         sum(attempts - 1) as pair_n_eff
     from (
-        select selection_id, task, stage, tree_id, node_id, count(*) as attempts
+        select run_id, selection_id, task, stage, tree_id, node_id, count(*) as attempts
         from involved
         group by all
     )
@@ -32,13 +33,14 @@ forks as (
 ),
 
 pair_counts as (
-    select selection_id, task, stage, count(*) as pairs
+    select run_id, selection_id, task, stage, count(*) as pairs
     from int_pairs__recorded
     group by all
 ),
 
 label_counts as (
     select
+        run_id,
         selection_id,
         task,
         stage,
@@ -50,20 +52,21 @@ label_counts as (
 ),
 
 step_counts as (
-    select selection_id, task, stage, count(*) as step_paths, sum(len(edge_ids)) as steps
+    select run_id, selection_id, task, stage, count(*) as step_paths, sum(len(edge_ids)) as steps
     from int_steps__recorded
     group by all
 ),
 
 strata as (
-    select selection_id, task, stage from label_counts
+    select run_id, selection_id, task, stage from label_counts
     union
-    select selection_id, task, stage from pair_counts
+    select run_id, selection_id, task, stage from pair_counts
     union
-    select selection_id, task, stage from step_counts
+    select run_id, selection_id, task, stage from step_counts
 )
 
 select
+    s.run_id,
     s.selection_id,
     s.task,
     s.stage,
@@ -78,11 +81,11 @@ select
     coalesce(st.steps, 0) as steps
 from strata as s
 left join pair_counts as p
-    on s.selection_id = p.selection_id and s.task is not distinct from p.task and s.stage is not distinct from p.stage
+    on s.run_id = p.run_id and s.selection_id = p.selection_id and s.task is not distinct from p.task and s.stage is not distinct from p.stage
 left join forks as f
-    on s.selection_id = f.selection_id and s.task is not distinct from f.task and s.stage is not distinct from f.stage
+    on s.run_id = f.run_id and s.selection_id = f.selection_id and s.task is not distinct from f.task and s.stage is not distinct from f.stage
 left join label_counts as l
-    on s.selection_id = l.selection_id and s.task is not distinct from l.task and s.stage is not distinct from l.stage
+    on s.run_id = l.run_id and s.selection_id = l.selection_id and s.task is not distinct from l.task and s.stage is not distinct from l.stage
 left join step_counts as st
-    on s.selection_id = st.selection_id and s.task is not distinct from st.task
+    on s.run_id = st.run_id and s.selection_id = st.selection_id and s.task is not distinct from st.task
     and s.stage is not distinct from st.stage

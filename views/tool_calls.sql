@@ -1,5 +1,5 @@
 -- One row per tool call, classified as a knowledge action or not, with its area and access (public, ALGORITHM §4, §7).
--- grain: seq
+-- grain: run_id, seq
 -- sources: stg_tool_called, run_config
 --
 -- A call is a knowledge action when its tool is in knowledge_tools (e.g. `skill`), a
@@ -17,6 +17,7 @@ with calls as (
 
 classified as (
     select
+        calls.run_id,
         calls.tree_id,
         calls.edge_id,
         calls.turn,
@@ -33,11 +34,12 @@ classified as (
         coalesce(regexp_matches(calls.target, getvariable('knowledge_command_regex')), false) as runs_coral,
         calls.seq
     from calls
-    cross join run_config as c
+    inner join run_config as c on c.run_id = calls.run_id
 ),
 
 final as (
     select
+        run_id,
         tree_id,
         edge_id,
         turn,

@@ -1,5 +1,5 @@
 -- The error messages of failed tool calls, grouped by their normalized form, most frequent first.
--- grain: message
+-- grain: run_id, message
 -- sources: tool_calls
 --
 -- message: the error with paths, hex ids, numbers and quoted text replaced by
@@ -7,6 +7,7 @@
 -- the tools that failed with it; example: one message as it was (the first in the log).
 with failed as (
     select
+        run_id,
         normalized_message(coalesce(error, 'error without a message')) as message,
         tool,
         error,
@@ -16,10 +17,11 @@ with failed as (
 )
 
 select
+    run_id,
     message,
     count(*) as errors,
-    count(*) / sum(count(*)) over () as share,
+    count(*) / sum(count(*)) over (partition by run_id) as share,
     list(distinct tool order by tool) as tools,
     arg_min(error, seq) as example
 from failed
-group by message
+group by run_id, message

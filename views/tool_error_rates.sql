@@ -1,5 +1,5 @@
 -- Tool-error rate per tool, tree, stage, task, turn and step of the turn (ALGORITHM §2, §5).
--- grain: dimension, key
+-- grain: run_id, dimension, key
 -- sources: tool_calls, trees
 --
 -- A call failed when OpenCode reported an error or the tool does not exist (see the
@@ -7,6 +7,7 @@
 -- model call within the turn); error_rate = errors / calls.
 with calls as (
     select
+        c.run_id,
         c.tool,
         c.tree_id,
         coalesce(t.stage, 'none') as stage,
@@ -15,24 +16,25 @@ with calls as (
         cast(c.step as varchar) as step,
         c.status = 'error' as failed
     from tool_calls as c
-    left join trees as t using (tree_id)
+    left join trees as t using (run_id, tree_id)
 ),
 
 keyed as (
-    select 'tool' as dimension, tool as key, failed from calls
+    select run_id, 'tool' as dimension, tool as key, failed from calls
     union all
-    select 'tree', tree_id, failed from calls
+    select run_id, 'tree', tree_id, failed from calls
     union all
-    select 'stage', stage, failed from calls
+    select run_id, 'stage', stage, failed from calls
     union all
-    select 'task', task, failed from calls
+    select run_id, 'task', task, failed from calls
     union all
-    select 'turn', turn, failed from calls
+    select run_id, 'turn', turn, failed from calls
     union all
-    select 'step', step, failed from calls
+    select run_id, 'step', step, failed from calls
 )
 
 select
+    run_id,
     dimension,
     key,
     count(*) as calls,

@@ -1,5 +1,5 @@
 -- One row per tree (root), as of now: stop reason, kept edges, leaves, best score, paths (public, ALGORITHM §7).
--- grain: tree_id
+-- grain: run_id, tree_id
 -- sources: int_trees__summarized, paths
 --
 -- The columns of int_trees__summarized (see there: kept_edges includes the
@@ -9,6 +9,7 @@
 -- top_path_score is the best PathScore.
 with path_counts as (
     select
+        run_id,
         tree_id,
         count(*) as paths,
         count(*) filter (where ranked) as ranked,
@@ -25,4 +26,4 @@ select
     coalesce(p.selected, 0) as selected,
     p.top_path_score
 from int_trees__summarized as t
-left join path_counts as p using (tree_id)
+left join path_counts as p using (run_id, tree_id)

@@ -1,5 +1,5 @@
 -- Where each finished turn's time went: start-up, the model, its tools (the eval among them), the rest (public).
--- grain: tree_id, edge_id, turn
+-- grain: run_id, tree_id, edge_id, turn
 -- sources: stg_turn_finished
 --
 -- As the backend measured them (TurnFinished; null where it cannot tell: the
@@ -11,6 +11,7 @@
 -- wall_seconds (the grader after the eval, the turn's end). node is where the turn
 -- ran ('local' off a cluster). Wall-clock: for reports, never for a decision.
 select
+    run_id,
     tree_id,
     edge_id,
     turn,

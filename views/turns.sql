@@ -1,11 +1,12 @@
 -- One row per rollout turn, run or skipped (public, ALGORITHM §7).
--- grain: tree_id, edge_id, turn
+-- grain: run_id, tree_id, edge_id, turn
 -- sources: int_turns, int_edges__judged
 --
 -- A skipped turn 2 (turn 1 had no score and the edge could not be kept) has
 -- skipped = true and nulls elsewhere.
 with ran as (
     select
+        run_id,
         tree_id,
         edge_id,
         turn,
@@ -25,6 +26,7 @@ with ran as (
 
 skipped as (
     select
+        run_id,
         tree_id,
         edge_id,
         2 as turn,

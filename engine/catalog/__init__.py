@@ -179,7 +179,7 @@ class Catalog:
         from engine.catalog.tables import KIND_COLUMNS
 
         self._apply_incoming()
-        tail = self.log.tail_seq()
+        tail = self.log.tail_seq(log.run_id)
         arrivals = self.log.load(log, self.variables.scoped, after=tail, upto=upto)
         if not arrivals:
             return

@@ -3,7 +3,7 @@
 Each file holds one bare ``select`` whose name is the file's stem, after a header::
 
     -- One row per node: depth, score, Q and leaf reason (ALGORITHM §2).
-    -- grain: tree_id, node_id
+    -- grain: run_id, tree_id, node_id
     -- sources: int_nodes__asof, run_config
     -- materialized: table
     -- variables: knowledge_path_regex = path_regex
@@ -53,8 +53,8 @@ class ViewDef:
 
     @property
     def tree_scoped(self) -> bool:
-        """Whether rows belong to one tree each (refreshable tree by tree)."""
-        return bool(self.grain) and self.grain[0] == "tree_id"
+        """Whether rows belong to one tree of one run each (refreshable tree by tree)."""
+        return self.grain[:2] == ("run_id", "tree_id")
 
 
 def _split(text: str) -> tuple[str, ...]:

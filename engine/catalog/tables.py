@@ -14,7 +14,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ingest.checks import check_part
 from ingest.columns import ENVELOPE, KIND_FIELDS, LIGHT_SCHEMA
@@ -51,8 +50,8 @@ class LogTables:
                 con.execute(f"create table log_{kind} as select * from empty")
             union = "\nunion all by name\n".join(f"select * from log_{k}" for k in KIND_COLUMNS)
             con.execute(f"create view event_log as\n{union}")
-            # The largest seq held, kept up to date as events arrive (so "now" costs no scan).
-            con.execute("create table log_tail as select cast(0 as bigint) as seq")
+            # The largest seq held of each run, kept up to date as events arrive (so "now" costs no scan).
+            con.execute("create table log_tail (run_id varchar primary key, seq bigint)")
         self._incoming: list[pa.Table] = []
 
     def insert(self, table: pa.Table) -> None:
@@ -76,8 +75,17 @@ class LogTables:
         for g in groups:
             arrivals.setdefault(g["kind"], set()).add(g.get("tree_id"))
         self._insert_kinds(incoming, set(arrivals), present)
-        self.con.execute("update log_tail set seq = greatest(seq, ?)", [pc.max(incoming.column("seq")).as_py()])
+        tails = incoming.group_by("run_id", use_threads=False).aggregate([("seq", "max")]).to_pylist()
+        self._grow_tail({t["run_id"]: t["seq_max"] for t in tails})
         return arrivals
+
+    def _grow_tail(self, tails: dict[str, int], grow: bool = True) -> None:
+        """Set each run's largest seq held (``grow``: to the larger of the held and the given)."""
+        update = "greatest(log_tail.seq, excluded.seq)" if grow else "excluded.seq"
+        for run_id, seq in tails.items():
+            self.con.execute(
+                f"insert into log_tail values (?, ?) on conflict (run_id) do update set seq = {update}", [run_id, seq]
+            )
 
     def load(
         self, log: EventLog, scoped: Callable, after: int = 0, upto: int | None = None, attempts: int = 50
@@ -125,12 +133,12 @@ class LogTables:
             tree = "tree_id" if "tree_id" in present else "null"
             arrivals: Arrivals = {}
             rows: dict[str, int] = {}
-            tail = 0
-            counted = f"select kind, {tree}, count(*), max(seq) from {source} group by all"
-            for kind, tree_id, n, last in self.con.execute(counted).fetchall():
+            tails: dict[str, int] = {}
+            counted = f"select run_id, kind, {tree}, count(*), max(seq) from {source} group by all"
+            for run_id, kind, tree_id, n, last in self.con.execute(counted).fetchall():
                 arrivals.setdefault(kind, set()).add(tree_id)
                 rows[kind] = rows.get(kind, 0) + n
-                tail = max(tail, last)
+                tails[run_id] = max(tails.get(run_id, 0), last)
             # A kind holding >= 1/GROUP_SHARE of the rows has row groups of its own in a merged
             # part: its scan of the files skips the others. The other kinds are read from the
             # files once, into a temporary table, and split from there (a scan of the files
@@ -146,7 +154,7 @@ class LogTables:
                 )
                 self._insert_kinds("log_incoming", small, present)
                 self.con.execute("drop table log_incoming")
-            self.con.execute("update log_tail set seq = greatest(seq, ?)", [tail])
+            self._grow_tail(tails)
             self.con.execute("commit")
             return arrivals
         except BaseException:
@@ -223,10 +231,11 @@ class LogTables:
                     raise LogError(f"{log.log_dir}: cannot read the log: {err}") from err
                 time.sleep(0.002 * attempt)  # renamed into place or merged away since the listing: list again
                 continue
-            self.con.execute("update log_tail set seq = ?", [min(upto, parts[-1].last)])
+            self._grow_tail({log.run_id: min(upto, parts[-1].last)}, grow=False)
             return {f"log_{k}": (f"{scan} where kind = '{k}' and seq <= {int(upto)}", present) for k in KIND_COLUMNS}
         raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
 
-    def tail_seq(self) -> int:
-        """The largest seq held (0 when empty; buffered events not counted)."""
-        return self.con.execute("select seq from log_tail").fetchall()[0][0]
+    def tail_seq(self, run_id: str | None = None) -> int:
+        """The largest seq held (of ``run_id``'s events when given; 0 when none; buffered events not counted)."""
+        only = "" if run_id is None else f" where run_id = {sql_text(run_id)}"
+        return self.con.execute(f"select coalesce(max(seq), 0) from log_tail{only}").fetchall()[0][0]
