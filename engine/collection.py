@@ -43,7 +43,7 @@ import duckdb
 
 from engine.catalog.definitions import load_graph, read_macros
 from engine.catalog.queries import CheckedQuery, QueryError, RefusedQueryError, check_query, first_line
-from engine.derived import AT_DECISIONS, NOW, State
+from engine.derived import AT_DECISIONS, NOW, Source, State
 from engine.derived.combined import combined_dirs, combined_file
 from engine.derived.live import kept_state
 from engine.results import (
@@ -153,8 +153,10 @@ class Collection:
                 except LogError as err:
                     return err
 
-            # Runs whose state must be derived are derived a core each at once (DuckDB works
-            # outside the GIL); results are taken in run order.
+            # Runs with nothing stored are derived together, in one catalog (engine/derived/batch.py);
+            # what is left (a catch-up, a run the batch could not take) a core each at once (DuckDB
+            # works outside the GIL); results are taken in run order.
+            self._derive_together(variables, at_decisions)
             with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(self.run_ids)))) as pool:
                 found = list(pool.map(one, list(self.run_ids)))
             for run_id, state in zip(list(self.run_ids), found, strict=True):
@@ -175,15 +177,33 @@ class Collection:
 
     def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool, views: tuple[str, ...]) -> State:
         source = self.derived.source(run_id)
-        if not at_decisions:  # final rows are the same at either: use a current state at decisions if stored
-            held = self.derived.find(run_id, variables, source) or self.derived.find(
-                run_id, self._flavour(True), source
-            )
-            if held is None and variables == NOW:  # a live run: as of its writer's last state (engine/derived/live.py)
-                held = kept_state(self.derived, run_id, source)
-            if held is not None:
-                return held
-        return self.derived.state(run_id, variables, source, views)
+        return self._held(run_id, variables, at_decisions, source) or self.derived.state(
+            run_id, variables, source, views
+        )
+
+    def _held(self, run_id: str, variables: dict[str, Any], at_decisions: bool, source: Source) -> State | None:
+        """A stored state to read for ``variables`` other than its own (None: the run's own, found or derived)."""
+        if at_decisions:
+            return None
+        # final rows are the same at either: use a current state at decisions if stored
+        held = self.derived.find(run_id, variables, source) or self.derived.find(run_id, self._flavour(True), source)
+        if held is None and variables == NOW:  # a live run: as of its writer's last state (engine/derived/live.py)
+            held = kept_state(self.derived, run_id, source)
+        return held
+
+    def _derive_together(self, variables: dict[str, Any], at_decisions: bool) -> None:
+        """Derive in one catalog the states of the runs that have none to read (each a state of its own)."""
+        wanted = []
+        for run_id in self.run_ids:
+            try:
+                if self._held(run_id, variables, at_decisions, self.derived.source(run_id)) is None:
+                    wanted.append(run_id)
+            except LogError:
+                continue  # (left out by the run-by-run path, which says why)
+        if len(wanted) > 1:
+            from engine.derived.batch import derive_together
+
+            derive_together(self.derived, wanted, variables)
 
     def _check_defaults(self, states: dict[str, State]) -> None:
         for name in RUN_DEFAULTS:

@@ -300,7 +300,7 @@ def problems(err: ValidationError) -> str:
 
 def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:
     """The configuration the run's first event records, validated."""
-    rows = catalog.query("select config_json from run_config")
+    rows = catalog.query("select config_json from run_config where run_id = ?", [log.run_id])
     if not rows:
         raise LogError(f"{log.dir}: the log has no RunStarted event - not a run of this tool")
     recorded = {k: v for k, v in json.loads(rows[0]["config_json"]).items() if k != "source"}

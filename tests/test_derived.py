@@ -493,3 +493,49 @@ def test_a_still_collection_reads_a_view_of_every_run_from_one_checked_file(data
     shutil.rmtree(made)
     made.write_text("not a directory")
     assert answers(data) == grown
+
+
+def test_runs_derived_together_store_what_each_run_derived_alone_stores(data, tmp_path):
+    import pyarrow.parquet as pq
+
+    from engine.derived.batch import derive_together
+
+    for variables in (NOW, AT_DECISIONS):  # (each on runs with nothing stored: a state of one is the other's base)
+        alone, here = (tmp_path / f"{way}-{variables['asof_points']}" for way in ("alone", "together"))
+        for run in ("rounds", "async"):
+            copy_run(data, run, alone)
+            copy_run(data, run, here)
+        together = Derived(here)
+        assert derive_together(together, ["rounds", "async"], variables) == ["rounds", "async"]
+        assert derive_together(together, ["rounds", "async"], variables) == []  # (stored: nothing cold left)
+        for run in ("rounds", "async"):
+            mine, theirs = together.find(run, variables), Derived(alone).state(run, variables)
+            assert mine is not None and (mine.values, mine.explicit) == (theirs.values, theirs.explicit)
+            assert_whole(mine.dir)
+            for table, path in mine.table_files().items():
+                got = pq.read_table(path).to_pylist()
+                assert {r["run_id"] for r in got} <= {run}
+                want = pq.read_table(theirs.table_files()[table]).to_pylist()
+                assert sorted(map(repr, got)) == sorted(map(repr, want)), f"{run}: {table}"
+
+
+def test_runs_whose_configs_set_different_defaults_are_not_derived_together(data):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engine.derived.batch import derive_together
+    from ingest.log import run_dir
+
+    table = EventLog(data, "async").read_table()
+    rows = [dict(r, run_id="other") for r in table.to_pylist()]
+    started = next(r for r in rows if r["kind"] == "run_started")
+    config = json.loads(started["config"])
+    config["knowledge"]["path_regex"] = "notes/"
+    started["config"] = json.dumps(config)
+    out = run_dir(data, "other") / "log"
+    out.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), out / f"part-{1:012d}-{len(rows):012d}-L0.parquet")
+    derived = Derived(data)
+    assert derive_together(derived, ["rounds", "other"], NOW) == []  # one value of a variable serves a catalog
+    assert not derived.built and not (data / "derived" / "other").exists()
+    assert derive_together(derived, ["rounds", "async", "other"], NOW) == []

@@ -66,6 +66,30 @@ def test_a_reader_of_a_live_run_reads_what_its_writer_kept_and_loads_no_event(ru
 
 
 @pytest.mark.slow
+def test_a_part_readers_must_see_is_never_read_as_the_state_kept_before_it(runs, tmp_path):
+    events = EventLog(runs, "rounds").read_table().sort_by("seq")
+    n = events.num_rows
+    live = tmp_path / "live"
+    keeper = Keeper(live, "rounds", budget=1e9)
+    catalog = Catalog.empty(threads=DECISION_THREADS)
+    with LogWriter.create(live, "rounds") as writer:
+        for cut, last in ((n // 2, False), (n, True)):
+            rows = events.slice(writer.tail, cut - writer.tail)
+            writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
+            catalog.insert(rows)
+            keeper.publishing(last)  # (as the engine does before the run's last part)
+            writer.flush()
+            # a reader between the part's publication and its state: the run as published, finished at the end
+            reader = open_runs(live)
+            assert reader.query("select count(*) as n from events")[0]["n"] == cut
+            assert reader.query("select finished from run_pace")[0]["finished"] is last
+            keeper.published(catalog, force=last)
+            assert keeper.kept == 1 + last  # (each part's state kept: the first one what the last reader could read)
+    keeper.close()
+    catalog.close()
+
+
+@pytest.mark.slow
 def test_a_run_nobody_reads_keeps_one_state_at_its_end_and_its_first_reader_derives_nothing(runs, tmp_path):
     events = EventLog(runs, "rounds").read_table().sort_by("seq")
     n = events.num_rows

@@ -3,7 +3,7 @@
 -- sources: run_config, int_trees__summarized, nodes, int_turns
 --
 -- The edge counts add up the trees view's (int_trees__summarized: the trees view
--- without its paths, so this one-row view costs little to read while a run goes on);
+-- without its paths, so this view of one row a run costs little to read while a run goes on);
 -- kept_edges includes the kept_exempt_edges. tool_calls, tool_errors and
 -- knowledge_actions add up the finished turns' (int_turns).
 with tree_counts as (

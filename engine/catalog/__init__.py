@@ -291,10 +291,10 @@ class Catalog:
             return set(KIND_COLUMNS)
         return {k for k in KIND_COLUMNS if f"log_{k}" in read}
 
-    def tail_seq(self) -> int:
-        """The largest seq the catalog holds (0 when empty)."""
+    def tail_seq(self, run_id: str | None = None) -> int:
+        """The largest seq the catalog holds (of ``run_id``'s events when given; 0 when none)."""
         self._apply_incoming()
-        return self.log.tail_seq()
+        return self.log.tail_seq(run_id)
 
 
 def template_name(views_dir: Path) -> str:

@@ -14,7 +14,9 @@ It is work for readers, never for the run. Between the parts a run must publish 
 reader that found the run's record changed since its last read leaves
 ``<derived>/<run>/source.json`` newer than the writer's last state) and within
 ``budget`` of the writer's time (a state costs about the same each time: when one took
-0.1 s, the next waits 0.5 s); so a run nobody reads pays one state at its end. A state
+0.1 s, the next waits 0.5 s); so a run nobody reads pays one state at its end. Such a part's
+readers never read it as the state kept before it: the writer withdraws its mark first
+(:meth:`Keeper.publishing`), and a reader in between catches up from the log. A state
 that cannot be stored (``derived/`` read-only or full) stops the keeping with one note:
 readers then derive from the log, as for a run whose writer is gone. What is recorded
 never depends on it.
@@ -76,6 +78,12 @@ class Keeper:
             # readers may read it while the log grows, until the writer could have kept a later one
             until = time.time_ns() + int(min(cost / self.budget + cost + GRACE, MAX_LAG) * 1e9)
             self._mark({"pid": os.getpid(), "source": state.source.as_json()}, until)
+
+    def publishing(self, keep: bool) -> None:
+        """The writer is about to publish a part; ``keep``: one readers must see as it is (the run's last, a
+        campaign's round), so the last state kept is no longer read in its place (until its own is kept)."""
+        if keep:
+            self._mark(None)
 
     def _stop(self, why: str) -> None:
         self.off = True

@@ -44,16 +44,18 @@ def write_state(
     digest: str,
     *,
     views: tuple[str, ...] = (),
+    many: bool = False,
 ) -> None:
     """Write the state of a refreshed catalog into ``tmp``: its tables' rows (and the rows of ``views``), then
-    state.json, all fsynced."""
+    state.json, all fsynced. ``many``: the catalog holds other runs too, and only this run's rows are written."""
     (tmp / "tables").mkdir()
     (tmp / "views").mkdir()
     tables = {}
+    only = f"run_id = {sql_text(source.run_id)}" if many else ""
     for name in catalog.tables:
-        tables[name] = write_rows(catalog.con, tmp / "tables", name, relative).name
+        tables[name] = write_rows(catalog.con, tmp / "tables", name, relative, where=only).name
     for view in views:
-        write_rows(catalog.con, tmp / "views", view, relative, run=source.run_id)
+        write_rows(catalog.con, tmp / "views", view, relative, run=source.run_id, where=only)
     body = {
         "format": VERSION,
         "run_id": source.run_id,
@@ -73,10 +75,10 @@ def write_state(
 
 
 def write_rows(
-    con: duckdb.DuckDBPyConnection, directory: Path, name: str, relative: str, run: str | None = None
+    con: duckdb.DuckDBPyConnection, directory: Path, name: str, relative: str, run: str | None = None, where: str = ""
 ) -> Path:
-    """The rows of relation ``name`` (a table, or a view with ``run_id`` added first when ``run``) as a
-    digest-named Parquet file in ``directory``."""
+    """The rows of relation ``name`` (a table, or a view with ``run_id`` added first when ``run``; those
+    ``where`` holds, when given) as a digest-named Parquet file in ``directory``."""
     described = con.execute(f"select * from {name} limit 0").description
     names = [d[0] for d in described]
     first = f"'{run}' as run_id, " if run is not None and "run_id" not in names else ""
@@ -85,7 +87,8 @@ def write_rows(
     cols = ", ".join(
         f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"' for n, t, *_ in described
     )
-    copy = f"copy (select {first}{cols} from {name}) to {{}} (format parquet, compression zstd)"
+    rows = f"select {first}{cols} from {name}" + (f" where {where}" if where else "")
+    copy = f"copy ({rows}) to {{}} (format parquet, compression zstd)"
     return write_named(directory, name, relative, lambda tmp: con.execute(copy.format(sql_text(tmp))))
 
 

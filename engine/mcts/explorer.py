@@ -466,8 +466,10 @@ class Explorer:
         run's keeper; ``keep``: keep the derived state whatever the keeper's rules say (default: ``force``)."""
         if self._held and not force:
             return
+        keep = force if keep is None else keep
+        self.keeper.publishing(keep)
         self.writer.flush()
-        self.keeper.published(self.catalog, force=force if keep is None else keep)
+        self.keeper.published(self.catalog, force=keep)
         if self.spool is not None:
             for edge_id, turn in self._unpublished:
                 self.spool.drop(edge_id, turn)

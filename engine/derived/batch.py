@@ -1,0 +1,102 @@
+"""A collection's cold runs derived together: one catalog holding them all, refreshed once, a state written per run.
+
+Every view carries ``run_id`` first (docs/DECISIONS.md, "Every view keyed by run_id first"),
+so one catalog can hold many runs: each refresh statement is planned and bound once for
+all of them instead of once a run, which at a run's size costs about what running it does.
+Each run's state is then written from its own rows and is the state a catalog of that run
+alone derives (a test compares them file by file); it is stored, checked and read as any.
+
+Only runs with nothing to start from are taken (no state of theirs stored, none a catch-up
+could extend), and only runs whose configs give the views' variables the same defaults
+(one value serves a catalog). Anything that goes wrong here leaves the runs to the
+run-by-run path, which names a damaged run's problem as it always has.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from engine.derived.keys import flavour_key
+from ingest.errors import LogError
+
+if TYPE_CHECKING:
+    from engine.derived import Derived
+    from engine.derived.keys import Source
+
+__all__ = ["CHUNK_EVENTS", "derive_together"]
+
+# Events a catalog of runs derived together holds at most: its memory is about the runs'
+# light columns and tables (measured at ~1M events: see benchmarks/README.md), so a large
+# collection is derived a million events at a time.
+CHUNK_EVENTS = 1_000_000
+
+
+def derive_together(derived: Derived, run_ids: list[str], variables: dict[str, Any]) -> list[str]:
+    """Derive and store, in one catalog (of CHUNK_EVENTS at most), the states under ``variables`` of those of
+    ``run_ids`` that have nothing stored to read or start from; the runs stored so. A catalog needs two runs."""
+    from engine.derived.store import base_state
+    from ingest.reader import EventLog
+
+    flavour = flavour_key(derived.digest, variables)
+    cold: dict[str, Source] = {}
+    for run_id in run_ids:
+        try:
+            source = derived.source(run_id)
+            if derived.find(run_id, variables, source) is not None:
+                continue
+            log = EventLog(derived.data_dir, run_id)
+            if base_state(derived.run_dirs(run_id), log, flavour, source, derived.digest, derived.tables) is None:
+                cold[run_id] = source
+        except (LogError, OSError):
+            continue  # (the run-by-run path says what is wrong with it)
+    stored: list[str] = []
+    for chunk in _chunks(cold):
+        if len(chunk) < 2:
+            continue
+        held = derived.catalogs.new()
+        try:
+            if _load(derived, held.catalog, chunk, variables):
+                held.how = "cold"  # (from the log alone, as a run derived alone)
+                for source in chunk.values():
+                    stored.append(derived._store(held, source, variables, many=True).run_id)  # noqa: SLF001
+        except (LogError, OSError, duckdb.Error):
+            continue
+        finally:
+            held.close()
+    return stored
+
+
+def _chunks(cold: dict[str, Source]) -> list[dict[str, Source]]:
+    """The runs in catalogs of at most CHUNK_EVENTS events each (a run larger than that alone)."""
+    chunks: list[dict[str, Source]] = [{}]
+    for run_id, source in cold.items():
+        if chunks[-1] and sum(s.tail for s in chunks[-1].values()) + source.tail > CHUNK_EVENTS:
+            chunks.append({})
+        chunks[-1][run_id] = source
+    return chunks
+
+
+def _load(derived: Derived, catalog: Any, cold: dict[str, Source], variables: dict[str, Any]) -> bool:
+    """Load every run's source into ``catalog`` and refresh it under ``variables``; False when the runs
+    cannot share it."""
+    from engine.config import recorded_config
+    from engine.derived.store import set_flavour
+    from ingest.reader import EventLog
+
+    for run_id, source in cold.items():
+        log = EventLog(derived.data_dir, run_id)
+        catalog.load(log, upto=source.tail)
+        recorded_config(catalog, log)
+        if catalog.tail_seq(run_id) != source.tail:  # its parts quarantined meanwhile
+            return False
+    for view in catalog.views.values():  # one value of each variable serves the catalog
+        for column in view.defaults.values():
+            if catalog.query(f"select count(distinct {column}) as n from {view.name}")[0]["n"] > 1:
+                return False
+    set_flavour(catalog, variables)
+    catalog.refresh()
+    for run_id, source in cold.items():
+        derived.loaded[run_id] += source.tail
+    return True
