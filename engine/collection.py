@@ -156,7 +156,7 @@ class Collection:
             # Runs with nothing stored are derived together, in one catalog (engine/derived/batch.py);
             # what is left (a catch-up, a run the batch could not take) a core each at once (DuckDB
             # works outside the GIL); results are taken in run order.
-            self._derive_together(variables, at_decisions)
+            self._derive_together(variables, at_decisions, views)
             with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(self.run_ids)))) as pool:
                 found = list(pool.map(one, list(self.run_ids)))
             for run_id, state in zip(list(self.run_ids), found, strict=True):
@@ -191,8 +191,9 @@ class Collection:
             held = kept_state(self.derived, run_id, source)
         return held
 
-    def _derive_together(self, variables: dict[str, Any], at_decisions: bool) -> None:
-        """Derive in one catalog the states of the runs that have none to read (each a state of its own)."""
+    def _derive_together(self, variables: dict[str, Any], at_decisions: bool, views: tuple[str, ...]) -> None:
+        """Derive in one catalog the states of the runs that have none to read (each a state of its own, with
+        the rows of ``views``)."""
         wanted = []
         for run_id in self.run_ids:
             try:
@@ -203,7 +204,7 @@ class Collection:
         if len(wanted) > 1:
             from engine.derived.batch import derive_together
 
-            derive_together(self.derived, wanted, variables)
+            derive_together(self.derived, wanted, variables, views)
 
     def _check_defaults(self, states: dict[str, State]) -> None:
         for name in RUN_DEFAULTS:

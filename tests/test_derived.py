@@ -495,6 +495,7 @@ def test_a_still_collection_reads_a_view_of_every_run_from_one_checked_file(data
     assert answers(data) == grown
 
 
+@pytest.mark.slow
 def test_runs_derived_together_store_what_each_run_derived_alone_stores(data, tmp_path):
     import pyarrow.parquet as pq
 
@@ -506,17 +507,38 @@ def test_runs_derived_together_store_what_each_run_derived_alone_stores(data, tm
             copy_run(data, run, alone)
             copy_run(data, run, here)
         together = Derived(here)
-        assert derive_together(together, ["rounds", "async"], variables) == ["rounds", "async"]
+        views = ("trees", "top_paths", "coverage_strata")  # (the last one's rows are no run's: constants)
+        assert derive_together(together, ["rounds", "async"], variables, views) == ["rounds", "async"]
         assert derive_together(together, ["rounds", "async"], variables) == []  # (stored: nothing cold left)
         for run in ("rounds", "async"):
-            mine, theirs = together.find(run, variables), Derived(alone).state(run, variables)
+            mine, theirs = together.find(run, variables), Derived(alone).state(run, variables, views=views)
             assert mine is not None and (mine.values, mine.explicit) == (theirs.values, theirs.explicit)
             assert_whole(mine.dir)
-            for table, path in mine.table_files().items():
+            files = [(t, p, theirs.table_files()[t]) for t, p in mine.table_files().items()]
+            files += [(v, *(next((s.dir / "views").glob(f"{v}-*.parquet")) for s in (mine, theirs))) for v in views]
+            assert len(files) == len(mine.table_files()) + 3
+            for name, path, other in files:
                 got = pq.read_table(path).to_pylist()
-                assert {r["run_id"] for r in got} <= {run}
-                want = pq.read_table(theirs.table_files()[table]).to_pylist()
-                assert sorted(map(repr, got)) == sorted(map(repr, want)), f"{run}: {table}"
+                assert got and {r["run_id"] for r in got} <= {run}
+                want = pq.read_table(other).to_pylist()
+                assert sorted(map(repr, got)) == sorted(map(repr, want)), f"{run}: {name}"
+
+
+def test_a_cold_query_reads_the_rows_its_runs_were_derived_with_together(data, monkeypatch):
+    evaluated = []  # views evaluated for one run's state: none, the batch wrote every run's rows
+    derive_view = Derived._derive_view
+    monkeypatch.setattr(
+        Derived,
+        "_derive_view",
+        lambda self, state, view, held=None: evaluated.append(view) or derive_view(self, state, view, held),
+    )
+    reader = open_runs(data)
+    got = reader.query(QUERIES[0])
+    assert reader.derived.built == {"cold": 2} and evaluated == []
+    assert {r["run_id"] for r in got} == {"rounds", "async"}
+    shutil.rmtree(data / "derived")
+    assert [r for run in ("async", "rounds") for r in open_runs(data, [run]).query(QUERIES[0])] == got
+    assert evaluated == ["trees", "trees"]  # (a run alone: its view's rows from its own catalog)
 
 
 def test_runs_whose_configs_set_different_defaults_are_not_derived_together(data):

@@ -301,9 +301,9 @@ class Derived:
         if catalog.tail_seq() != state.source.tail:
             raise _Moved
 
-    def _store(self, held: Held, source: Source, variables: dict, views: tuple = (), many: bool = False) -> State:
-        """Write the state of a refreshed catalog (its tables' rows, the rows of ``views``, state.json; ``many``:
-        the run's rows, the catalog holding other runs too) into the root that takes it."""
+    def _store(self, held: Held, source: Source, variables: dict, views=(), batch: dict | None = None) -> State:
+        """Write the state of a refreshed catalog (its tables' rows, the rows of ``views``, state.json; ``batch``:
+        the run's rows, the catalog holding other runs too: see ``write_state``) into the root that takes it."""
         from engine.derived.store import collect, publish, write_state
         from ingest.faults import crash_point
 
@@ -317,7 +317,7 @@ class Derived:
                 tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=place))
                 try:
                     relative = f"{run_id}/{flavour}/{source.key}"
-                    write_state(held.catalog, tmp, relative, source, variables, self.digest, views=views, many=many)
+                    write_state(held.catalog, tmp, relative, source, variables, self.digest, views=views, batch=batch)
                     crash_point("derived.built")
                     published = publish(tmp, final)
                 finally:

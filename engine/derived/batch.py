@@ -5,6 +5,8 @@ so one catalog can hold many runs: each refresh statement is planned and bound o
 all of them instead of once a run, which at a run's size costs about what running it does.
 Each run's state is then written from its own rows and is the state a catalog of that run
 alone derives (a test compares them file by file); it is stored, checked and read as any.
+The views a reader asked for are evaluated once for the catalog too, and each run's state
+holds its rows of them, so the query that found the runs cold reads them as they are.
 
 Only runs with nothing to start from are taken (no state of theirs stored, none a catch-up
 could extend), and only runs whose configs give the views' variables the same defaults
@@ -33,9 +35,12 @@ __all__ = ["CHUNK_EVENTS", "derive_together"]
 CHUNK_EVENTS = 1_000_000
 
 
-def derive_together(derived: Derived, run_ids: list[str], variables: dict[str, Any]) -> list[str]:
-    """Derive and store, in one catalog (of CHUNK_EVENTS at most), the states under ``variables`` of those of
-    ``run_ids`` that have nothing stored to read or start from; the runs stored so. A catalog needs two runs."""
+def derive_together(
+    derived: Derived, run_ids: list[str], variables: dict[str, Any], views: tuple[str, ...] = ()
+) -> list[str]:
+    """Derive and store, in one catalog (of CHUNK_EVENTS at most), the states under ``variables`` (with the rows
+    of ``views``) of those of ``run_ids`` that have nothing stored to read or start from; the runs stored so. A
+    catalog needs two runs."""
     from engine.derived.store import base_state
     from ingest.reader import EventLog
 
@@ -59,8 +64,12 @@ def derive_together(derived: Derived, run_ids: list[str], variables: dict[str, A
         try:
             if _load(derived, held.catalog, chunk, variables):
                 held.how = "cold"  # (from the log alone, as a run derived alone)
+                batch = {}
+                for view in views:  # every run's rows at once, then each run's copied from them
+                    batch[view] = f'"batch__{view}"'
+                    held.catalog.con.execute(f"create temp table {batch[view]} as select * from {view}")
                 for source in chunk.values():
-                    stored.append(derived._store(held, source, variables, many=True).run_id)  # noqa: SLF001
+                    stored.append(derived._store(held, source, variables, views, batch).run_id)  # noqa: SLF001
         except (LogError, OSError, duckdb.Error):
             continue
         finally:

@@ -44,18 +44,20 @@ def write_state(
     digest: str,
     *,
     views: tuple[str, ...] = (),
-    many: bool = False,
+    batch: dict[str, str] | None = None,
 ) -> None:
     """Write the state of a refreshed catalog into ``tmp``: its tables' rows (and the rows of ``views``), then
-    state.json, all fsynced. ``many``: the catalog holds other runs too, and only this run's rows are written."""
+    state.json, all fsynced. ``batch``: the catalog holds other runs too, only this run's rows are written, and
+    a view named there is read from the relation named (its rows of every run, evaluated once)."""
     (tmp / "tables").mkdir()
     (tmp / "views").mkdir()
     tables = {}
-    only = f"run_id = {sql_text(source.run_id)}" if many else ""
+    only = f"run_id = {sql_text(source.run_id)}" if batch is not None else ""
     for name in catalog.tables:
         tables[name] = write_rows(catalog.con, tmp / "tables", name, relative, where=only).name
     for view in views:
-        write_rows(catalog.con, tmp / "views", view, relative, run=source.run_id, where=only)
+        rows = (batch or {}).get(view, view)
+        write_rows(catalog.con, tmp / "views", view, relative, run=source.run_id, where=only, relation=rows)
     body = {
         "format": VERSION,
         "run_id": source.run_id,
@@ -75,11 +77,19 @@ def write_state(
 
 
 def write_rows(
-    con: duckdb.DuckDBPyConnection, directory: Path, name: str, relative: str, run: str | None = None, where: str = ""
+    con: duckdb.DuckDBPyConnection,
+    directory: Path,
+    name: str,
+    relative: str,
+    run: str | None = None,
+    where: str = "",
+    relation: str | None = None,
 ) -> Path:
     """The rows of relation ``name`` (a table, or a view with ``run_id`` added first when ``run``; those
-    ``where`` holds, when given) as a digest-named Parquet file in ``directory``."""
-    described = con.execute(f"select * from {name} limit 0").description
+    ``where`` holds, when given and the rows have a ``run_id``; read from ``relation`` when given, a copy of
+    them) as a digest-named Parquet file in ``directory``."""
+    relation = relation or name
+    described = con.execute(f"select * from {relation} limit 0").description
     names = [d[0] for d in described]
     first = f"'{run}' as run_id, " if run is not None and "run_id" not in names else ""
     # Parquet has no 128-bit integer: a sum DuckDB types HUGEINT would come back a
@@ -87,7 +97,7 @@ def write_rows(
     cols = ", ".join(
         f'cast("{n}" as bigint) as "{n}"' if str(t) in WIDE_INTEGERS else f'"{n}"' for n, t, *_ in described
     )
-    rows = f"select {first}{cols} from {name}" + (f" where {where}" if where else "")
+    rows = f"select {first}{cols} from {relation}" + (f" where {where}" if where and "run_id" in names else "")
     copy = f"copy ({rows}) to {{}} (format parquet, compression zstd)"
     return write_named(directory, name, relative, lambda tmp: con.execute(copy.format(sql_text(tmp))))
 
