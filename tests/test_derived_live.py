@@ -22,17 +22,21 @@ from engine.derived.live import MAX_LAG, Keeper
 from ingest.log import EventLog, LogWriter
 
 
-def _live_writer(events, data: Path, run_id: str, cuts: list[int], keeper: Keeper, read) -> None:
+def _live_writer(events, data: Path, run_id: str, cuts: list[int], keeper: Keeper, read, whole=(), between=None):
     """Publish ``events`` up to each cut as the engine does (staged into its catalog, flushed, the keeper told),
-    calling ``read(cut)`` after each."""
+    calling ``read(cut)`` after each; the cuts ``whole`` as the parts a run must publish whole (its last),
+    calling ``between(cut)`` once the part is published, before its state is kept."""
     catalog = Catalog.empty(threads=DECISION_THREADS)
     with LogWriter.create(data, run_id) as writer:
         for cut in cuts:
             rows = events.slice(writer.tail, cut - writer.tail)
             writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
             catalog.insert(rows)
+            keeper.publishing(cut in whole)
             writer.flush()
-            keeper.published(catalog)
+            if between is not None:
+                between(cut)
+            keeper.published(catalog, force=cut in whole)
             read(cut)
     keeper.close()
     catalog.close()
@@ -71,22 +75,14 @@ def test_a_part_readers_must_see_is_never_read_as_the_state_kept_before_it(runs,
     n = events.num_rows
     live = tmp_path / "live"
     keeper = Keeper(live, "rounds", budget=1e9)
-    catalog = Catalog.empty(threads=DECISION_THREADS)
-    with LogWriter.create(live, "rounds") as writer:
-        for cut, last in ((n // 2, False), (n, True)):
-            rows = events.slice(writer.tail, cut - writer.tail)
-            writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
-            catalog.insert(rows)
-            keeper.publishing(last)  # (as the engine does before the run's last part)
-            writer.flush()
-            # a reader between the part's publication and its state: the run as published, finished at the end
-            reader = open_runs(live)
-            assert reader.query("select count(*) as n from events")[0]["n"] == cut
-            assert reader.query("select finished from run_pace")[0]["finished"] is last
-            keeper.published(catalog, force=last)
-            assert keeper.kept == 1 + last  # (each part's state kept: the first one what the last reader could read)
-    keeper.close()
-    catalog.close()
+
+    def between(cut: int) -> None:  # a reader after a part's publication, before its state: the run as published
+        reader = open_runs(live)
+        assert reader.query("select count(*) as n from events")[0]["n"] == cut
+        assert reader.query("select finished from run_pace")[0]["finished"] is (cut == n)
+
+    _live_writer(events, live, "rounds", [n // 2, n], keeper, lambda cut: None, whole=[n], between=between)
+    assert keeper.kept == 2  # (each part's state kept: the first one what the reader of the last could read)
 
 
 @pytest.mark.slow
