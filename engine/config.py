@@ -298,6 +298,16 @@ def problems(err: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in err.errors())
 
 
+def defaults_agree(catalog: Catalog) -> bool:
+    """Whether the runs a catalog holds give each view variable the same default (their configs): one value
+    serves a catalog, so runs that disagree are read in catalogs of their own."""
+    for view in catalog.views.values():
+        for column in view.defaults.values():
+            if catalog.query(f"select count(distinct {column}) as n from {view.name}")[0]["n"] > 1:
+                return False
+    return True
+
+
 def recorded_config(catalog: Catalog, log: EventLog) -> RunConfig:
     """The configuration the run's first event records, validated."""
     rows = catalog.query("select config_json from run_config where run_id = ?", [log.run_id])

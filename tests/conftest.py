@@ -241,6 +241,25 @@ def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> st
     return new_id or run_id
 
 
+def copy_with_other_knowledge(data: Path, run_id: str, new_id: str) -> None:
+    """A copy of ``run_id`` named ``new_id`` whose config records another knowledge path pattern: its views'
+    variables have other defaults, so it cannot share a catalog with the original."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ingest.log import EventLog, run_dir
+
+    table = EventLog(data, run_id).read_table()
+    rows = [dict(r, run_id=new_id) for r in table.to_pylist()]
+    started = next(r for r in rows if r["kind"] == "run_started")
+    config = json.loads(started["config"])
+    config["knowledge"]["path_regex"] = "notes/"
+    started["config"] = json.dumps(config)
+    out = run_dir(data, new_id) / "log"
+    out.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), out / f"part-{1:012d}-{len(rows):012d}-L0.parquet")
+
+
 @pytest.fixture(scope="session")
 def real_coral_bin(tmp_path_factory) -> Path:
     """A dir holding only the ``coral`` of the real CORAL: from ``$CORAL_VENV`` (the venv docs/REAL_RUNS.md

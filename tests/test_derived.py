@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, SMALL, SNAPSHOTS, copy_run
+from conftest import ROOT, SMALL, SNAPSHOTS, copy_run, copy_with_other_knowledge
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -542,21 +542,9 @@ def test_a_cold_query_reads_the_rows_its_runs_were_derived_with_together(data, m
 
 
 def test_runs_whose_configs_set_different_defaults_are_not_derived_together(data):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from engine.derived.batch import derive_together
-    from ingest.log import run_dir
 
-    table = EventLog(data, "async").read_table()
-    rows = [dict(r, run_id="other") for r in table.to_pylist()]
-    started = next(r for r in rows if r["kind"] == "run_started")
-    config = json.loads(started["config"])
-    config["knowledge"]["path_regex"] = "notes/"
-    started["config"] = json.dumps(config)
-    out = run_dir(data, "other") / "log"
-    out.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), out / f"part-{1:012d}-{len(rows):012d}-L0.parquet")
+    copy_with_other_knowledge(data, "async", "other")
     derived = Derived(data)
     assert derive_together(derived, ["rounds", "other"], NOW) == []  # one value of a variable serves a catalog
     assert not derived.built and not (data / "derived" / "other").exists()

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ENDLESS, ROOT, copy_run
+from conftest import ENDLESS, ROOT, copy_run, copy_with_other_knowledge
 
 from benchmarks.logs import tile
 from cli import cli
@@ -490,10 +490,12 @@ def test_replay_names_a_damaged_part_and_exits_1(runs, tmp_path, damage, named):
         EventLog(data, "rounds").read_table()
 
 
-def test_runs_replayed_side_by_side_each_give_their_own_result_in_run_order(runs, tmp_path):
-    """A collection's runs are replayed two at a time in one DuckDB instance; each result
-    is its run's alone (a forged run's differences stay its own) and they come in run order."""
-    from engine.replay import replay_runs
+def test_runs_replayed_together_each_give_their_own_result_in_run_order(runs, tmp_path, monkeypatch):
+    """A collection's runs are replayed together in one catalog; each result is what its run replayed
+    alone gives (a forged run's differences stay its own), in run order; runs that cannot share a catalog
+    (other variable defaults), and a batch's run that cannot be read, are replayed a run at a time."""
+    from engine import replay
+    from engine.replay import replay_run, replay_runs
 
     data = tmp_path / "data"
     for run in ("rounds", "async"):
@@ -507,18 +509,26 @@ def test_runs_replayed_side_by_side_each_give_their_own_result_in_run_order(runs
     forge(data, "rounds", "forged", change)
     order = ["rounds", "forged", "async"]
 
-    def results(workers):
-        return [
-            (r.run_id, r.decisions, r.trees, [(d.kind, d.subject, d.problem) for d in r.differences])
-            for r in replay_runs(data, order, workers=workers)
-        ]
+    def shown(r):
+        return (r.run_id, r.decisions, r.trees, [vars(d) for d in r.differences])
 
-    alone, side_by_side = results(1), results(2)
-    assert [r[0] for r in side_by_side] == order
-    assert side_by_side == alone
-    differences = {run: found for run, _, _, found in side_by_side}
+    batches = []  # (the batches replayed together: their runs)
+    together_of = replay._replay_together
+    monkeypatch.setattr(replay, "_replay_together", lambda logs: batches.append(logs) or together_of(logs))
+    alone = [shown(replay_run(data, run)) for run in order]
+    together = [shown(r) for r in replay_runs(data, order)]
+    assert [[log.run_id for log in b] for b in batches] == [order]
+    assert [r[0] for r in together] == order
+    assert together == alone
+    differences = {run: found for run, _, _, found in together}
     assert differences["rounds"] == differences["async"] == []
-    assert ("edge_judged", change.edge, "verdict differs") in differences["forged"]
+    assert ("edge_judged", change.edge, "verdict differs") in [
+        (d["kind"], d["subject"], d["problem"]) for d in differences["forged"]
+    ]
+    # a run of other defaults: no batch holds it, and every result is still its run's alone
+    copy_with_other_knowledge(data, "async", "other")
+    order.append("other")
+    assert [shown(r) for r in replay_runs(data, order)] == [*alone, shown(replay_run(data, "other"))]
     with pytest.raises(LogError, match="nope"):
         next(replay_runs(data, ["rounds", "nope"], workers=2))  # every run is checked to exist first
 

@@ -90,7 +90,7 @@ def _chunks(cold: dict[str, Source]) -> list[dict[str, Source]]:
 def _load(derived: Derived, catalog: Any, cold: dict[str, Source], variables: dict[str, Any]) -> bool:
     """Load every run's source into ``catalog`` and refresh it under ``variables``; False when the runs
     cannot share it."""
-    from engine.config import recorded_config
+    from engine.config import defaults_agree, recorded_config
     from engine.derived.store import set_flavour
     from ingest.reader import EventLog
 
@@ -100,10 +100,8 @@ def _load(derived: Derived, catalog: Any, cold: dict[str, Source], variables: di
         recorded_config(catalog, log)
         if catalog.tail_seq(run_id) != source.tail:  # its parts quarantined meanwhile
             return False
-    for view in catalog.views.values():  # one value of each variable serves the catalog
-        for column in view.defaults.values():
-            if catalog.query(f"select count(distinct {column}) as n from {view.name}")[0]["n"] > 1:
-                return False
+    if not defaults_agree(catalog):
+        return False
     set_flavour(catalog, variables)
     catalog.refresh()
     for run_id, source in cold.items():
