@@ -316,7 +316,7 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, fmt: str) -> None:
 
 
 def _replay_collection(run_ids: list[str], fmt: str) -> None:
-    """Replay several runs (every run under --data when none is named), in run order (runs replayed together: engine/replay.py)."""
+    """Replay several runs (every run under --data when none is named) in run order, together (engine/replay.py)."""
     from engine import outputs
     from engine.replay import replay_collection
 

@@ -49,6 +49,10 @@ def _text_of(message: dict) -> str:
     return content or ""
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # every turn's connection at once (the default 5 overflows at a width of 64)
+
+
 class FakeModel:
     """The server; ``start()`` binds 127.0.0.1 on a free port."""
 
@@ -73,7 +77,7 @@ class FakeModel:
 
     def start(self) -> FakeModel:
         handler = self._handler()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = _Server(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self

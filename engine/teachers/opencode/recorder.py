@@ -83,7 +83,7 @@ class Recorder:
         self.parent_of: Callable[[str], str | None] | None = None  # a subagent session's parent (the server's)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="recorder", daemon=True).start()
 
@@ -190,6 +190,13 @@ class Recorder:
             if token in self._upstream:  # a turn's, cut off when it ends
                 self._upstream[token].append(conn)
         return conn
+
+
+class _Server(ThreadingHTTPServer):
+    """Connections of every turn at once: a listen queue of the default 5 overflows at a width of 64 (the
+    kernel then drops a connection the client thinks is open: its request sent, never read)."""
+
+    request_queue_size = 1024
 
 
 def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
