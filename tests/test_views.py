@@ -272,10 +272,26 @@ def two_runs(runs):
     from ingest.log import EventLog
 
     both = Catalog.empty()
-    for run in ("rounds", "async"):
-        both.load(EventLog(runs, run))
+    both.load_runs([(EventLog(runs, run), None) for run in ("rounds", "async")])  # (in one scan of their parts)
     alone = {run: at_decisions(Catalog.for_log(EventLog(runs, run))) for run in ("rounds", "async")}
     return at_decisions(both), alone
+
+
+def test_runs_loaded_in_one_scan_hold_each_runs_events_up_to_its_bound(runs):
+    from ingest.log import EventLog
+
+    logs = {run: EventLog(runs, run) for run in ("rounds", "async")}
+    cut = logs["rounds"].tail_seq() // 2
+    one, each = Catalog.empty(), Catalog.empty()
+    one.load_runs([(logs["rounds"], cut), (logs["async"], None)])
+    each.load(logs["rounds"], upto=cut)
+    each.load(logs["async"])
+    every = "select * from event_log order by run_id, seq"
+    assert one.query(every) == each.query(every)
+    assert (one.tail_seq("rounds"), one.tail_seq("async")) == (cut, logs["async"].tail_seq())
+    one.load_runs([(log, None) for log in logs.values()])  # the rest of the one that was cut, nothing twice
+    whole = Catalog.for_log(logs["rounds"]).query("select * from event_log order by seq")
+    assert one.query(every) == each.query("select * from event_log where run_id = 'async' order by seq") + whole
 
 
 def test_the_two_runs_share_their_ids(two_runs):

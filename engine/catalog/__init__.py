@@ -176,14 +176,18 @@ class Catalog:
         A first load recomputes every table when read; a later one (a log that grew
         meanwhile: ``watch``) only the trees its events concern.
         """
+        self.load_runs([(log, upto)])
+
+    def load_runs(self, logs: list[tuple[EventLog, int | None]]) -> None:
+        """:meth:`load` of several runs' logs (each up to its seq, when given), in one scan of their parts."""
         from engine.catalog.tables import KIND_COLUMNS
 
         self._apply_incoming()
-        tail = self.log.tail_seq(log.run_id)
-        arrivals = self.log.load(log, self.variables.scoped, after=tail, upto=upto)
+        wanted = [(log, self.log.tail_seq(log.run_id), upto) for log, upto in logs]
+        arrivals = self.log.load(wanted, self.variables.scoped)
         if not arrivals:
             return
-        if tail == 0:
+        if any(tail == 0 for _, tail, _ in wanted):
             self.plan.invalidate(set(self.tables))
             self._set_defaults(set(KIND_COLUMNS))
         else:
@@ -216,7 +220,7 @@ class Catalog:
             relations = self.log.read_in_place(log, upto) | {name: (rows[name], None) for name in self.tables}
             self.con.execute(self.log.typed_views(relations))
         else:
-            self.log.load(log, self.variables.scoped, after=0, upto=upto)
+            self.log.load([(log, 0, upto)], self.variables.scoped)
             for name in self.tables:
                 self._execute(self.views[name].path, f"insert into {name} by name select * from {rows[name]}")
         self.variables.restore(values, explicit)

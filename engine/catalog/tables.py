@@ -87,11 +87,9 @@ class LogTables:
                 f"insert into log_tail values (?, ?) on conflict (run_id) do update set seq = {update}", [run_id, seq]
             )
 
-    def load(
-        self, log: EventLog, scoped: Callable, after: int = 0, upto: int | None = None, attempts: int = 50
-    ) -> Arrivals:
-        """Insert the published events of ``log`` after seq ``after`` (up to ``upto``: all when None),
-        read by DuckDB from its parts.
+    def load(self, logs: list[tuple[EventLog, int, int | None]], scoped: Callable, attempts: int = 50) -> Arrivals:
+        """Insert the published events of each ``(log, after, upto)``: those after seq ``after`` (up to
+        ``upto``: all when None), read by DuckDB from the logs' parts in one scan, whatever their number.
 
         Each kind's table reads only its columns (no Arrow copy of the whole log in
         between). Every part is first checked against the checksum its name records
@@ -102,8 +100,20 @@ class LogTables:
         catalog's). Returns what arrived. Buffered events must have been applied first.
         """
         checked: dict[Path, set[str]] = {}  # parts checked by an earlier attempt
+        # each run's events (its parts may hold events beyond upto: a part merged since the run's tail was read)
+        bounds = " or ".join(
+            f"(run_id = {sql_text(log.run_id)} and seq > {int(after)}"
+            + ("" if upto is None else f" and seq <= {int(upto)}")
+            + ")"
+            for log, after, upto in logs
+        )
         for attempt in range(attempts):
-            parts = [p for p in log.parts() if p.last > after and (upto is None or p.first <= upto)]
+            parts = [
+                p
+                for log, after, upto in logs
+                for p in log.parts()
+                if p.last > after and (upto is None or p.first <= upto)
+            ]
             files = [str(p.path) for p in parts]
             if not files:
                 return {}
@@ -112,19 +122,18 @@ class LogTables:
                     if p.path not in checked:
                         checked[p.path] = set(check_part(p).names)
                 present = set().union(*(checked[p.path] for p in parts))
-                with scoped(load_files=files, load_after=after, load_upto=upto if upto is not None else 2**63 - 1):
-                    return self._load_files(present)
+                with scoped(load_files=files):
+                    return self._load_files(present, bounds)
             except (OSError, duckdb.Error) as err:
                 if all(Path(f).exists() for f in files):
-                    raise LogError(f"{self._unreadable(files, log)}: cannot read the log: {err}") from err
+                    where = self._unreadable(files) or ", ".join(str(log.log_dir) for log, *_ in logs)
+                    raise LogError(f"{where}: cannot read the log: {err}") from err
                 time.sleep(0.002 * attempt)  # a part was compacted away: list again
-        raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
+        dirs = ", ".join(str(log.log_dir) for log, *_ in logs)
+        raise LogError(f"{dirs}: parts kept disappearing while reading - try again")
 
-    def _load_files(self, present: set[str]) -> Arrivals:
-        source = (
-            "(select * from read_parquet(getvariable('load_files'), union_by_name = true) "
-            "where seq > getvariable('load_after') and seq <= getvariable('load_upto'))"
-        )
+    def _load_files(self, present: set[str], bounds: str) -> Arrivals:
+        source = f"(select * from read_parquet(getvariable('load_files'), union_by_name = true) where {bounds})"
         # Rows of a log table have no order (every view orders by seq where order
         # matters), so the parts may be copied in parallel (measured: load -20%).
         self.con.execute("set preserve_insertion_order = false")
@@ -164,8 +173,8 @@ class LogTables:
         finally:
             self.con.execute("reset preserve_insertion_order")
 
-    def _unreadable(self, files: list[str], log: EventLog) -> str:
-        """The first part DuckDB cannot scan (else the log directory), for an error message.
+    def _unreadable(self, files: list[str]) -> str:
+        """The first part DuckDB cannot scan (else ""), for an error message.
 
         Hashing every column decodes every page (statistics cannot answer it), and the
         one-row answer makes any failure a ``duckdb.Error`` of ``execute`` (a streamed
@@ -176,7 +185,7 @@ class LogTables:
                 self.con.execute("select bit_xor(hash(columns(*))) from read_parquet(?)", [f])
             except duckdb.Error:
                 return f
-        return str(log.log_dir)
+        return ""
 
     def _insert_kinds(self, source: str | pa.Table, kinds: set[str], present: set[str]) -> None:
         """Copy the events of ``source`` (SQL relation or Arrow table) into their kinds' tables.

@@ -94,10 +94,10 @@ def _load(derived: Derived, catalog: Any, cold: dict[str, Source], variables: di
     from engine.derived.store import set_flavour
     from ingest.reader import EventLog
 
+    logs = {run_id: EventLog(derived.data_dir, run_id) for run_id in cold}
+    catalog.load_runs([(logs[run_id], source.tail) for run_id, source in cold.items()])  # (one scan of all)
     for run_id, source in cold.items():
-        log = EventLog(derived.data_dir, run_id)
-        catalog.load(log, upto=source.tail)
-        recorded_config(catalog, log)
+        recorded_config(catalog, logs[run_id])
         if catalog.tail_seq(run_id) != source.tail:  # its parts quarantined meanwhile
             return False
     if not defaults_agree(catalog):

@@ -81,6 +81,7 @@ def write_rows(
     directory: Path,
     name: str,
     relative: str,
+    *,
     run: str | None = None,
     where: str = "",
     relation: str | None = None,
