@@ -72,13 +72,15 @@ def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] 
     collection's union views ordering by ``run_id`` first would give them.
     """
     runs = Collection(data_dir, run_ids or None)
-    # The audit views first: the states at every decision they need hold the final rows too.
-    violations = [
-        row
+    checks = [
+        f"select * from {view} order by run_id, seq nulls last, subject"
         for view in sorted(v for v in runs.views if v.startswith("audit_"))
-        for row in runs.query(f"select * from {view} order by run_id, seq nulls last, subject")
     ]
-    tables = {name: runs.query(sql) for name, sql in _queries(by).items()}
+    tables = _queries(by)
+    # The states at every decision the audit views need hold the final rows too: derived once, for all
+    runs.read_ahead([*checks, *tables.values()])
+    violations = [row for sql in checks for row in runs.query(sql)]
+    tables = {name: runs.query(sql) for name, sql in tables.items()}
     return AuditReport(runs=list(runs.run_ids), **tables, violations=violations, damaged=runs.damaged)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection
-from engine.trees import TreeRows, trees_by_run
+from engine.trees import DRAWN, TreeRows, trees_by_run
 from ingest.paths import write_atomically
 from ingest.text import sql_text
 
@@ -364,12 +364,15 @@ def _run_section(run_id: str, rows: dict[str, list[Row]], drawings: list[tuple[R
 
 def build(runs: Collection) -> str:
     """The report of every run of the collection, as one HTML document."""
-    overview = runs.query(
+    summary = (
         "select c.run_id, r.task, c.roots, c.selected_paths, c.n_eff, c.n_eff_ratio, k.tokens, k.cost "
         "from coverage as c join run_config as r using (run_id) "
         "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
         "using (run_id) where c.stratum = 'all' order by c.run_id"
     )
+    section = [q.format(runs="''") for q in SECTION_QUERIES.values()]
+    runs.read_ahead([summary, *section, *(f"select * from {view}" for view in ("trees", *DRAWN))])  # (one evaluation)
+    overview = runs.query(summary)
     sections = _sections(runs)
     collection = ""
     if len(runs.run_ids) > 1:

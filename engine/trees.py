@@ -16,6 +16,7 @@ Row = dict[str, Any]
 
 # The columns the drawings read (the report's SVG and its tips, replay's lines): a collection's
 # trees are read in one query a view, and the other columns would be read and held for nothing.
+DRAWN = ("nodes", "edges", "turns", "top_paths")  # the views a drawing reads (besides trees)
 COLUMNS = {
     "nodes": "node_id, parent_id, depth, score, tok, leaf_reason",
     "edges": "edge_id, parent_id, child_id, verdict, tok, soft, outcome, cleanliness, knowledge, "
