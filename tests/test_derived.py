@@ -541,6 +541,26 @@ def test_a_cold_query_reads_the_rows_its_runs_were_derived_with_together(data, m
     assert evaluated == ["trees", "trees"]  # (a run alone: its view's rows from its own catalog)
 
 
+def test_a_cold_audit_derives_its_runs_once_with_every_view_it_reads(data, monkeypatch):
+    from engine.audit import audit
+
+    evaluated = []  # views evaluated for one run's state after its derivation: none
+    derive_view = Derived._derive_view
+    monkeypatch.setattr(
+        Derived,
+        "_derive_view",
+        lambda self, state, view, held=None: evaluated.append(view) or derive_view(self, state, view, held),
+    )
+    cold = audit(data)
+    assert evaluated == []
+    shutil.rmtree(data / "derived")
+    monkeypatch.undo()
+    for run in ("rounds", "async"):  # what each run audited alone gives
+        alone = audit(data, [run])
+        assert [r for r in cold.violations if r["run_id"] == run] == alone.violations
+        assert [r for r in cold.coverage if r["run_id"] == run] == alone.coverage
+
+
 def test_runs_whose_configs_set_different_defaults_are_not_derived_together(data):
     from engine.derived.batch import derive_together
 
