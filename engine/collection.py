@@ -245,6 +245,17 @@ class Collection:
                 raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(held)})")
         wanted = list(only) if only is not None else list(held)
         stale = [r for r in wanted if any(not self._checked_file(held[r], v) for v in named)]
+        if len(stale) > 1:  # each view evaluated once for many runs' states, not once a run
+            from engine.derived.batch import view_rows_together
+
+            lacking: dict[str, tuple[State, tuple[str, ...]]] = {}
+            for run in stale:  # (a view's file stored already is read as it is, checked)
+                views = [v for v in named if not self._checked_file(held[run], v)]
+                lacking[run] = (held[run], tuple(v for v in views if self.derived.stored_view(held[run], v) is None))
+            for run, paths in view_rows_together(self.derived, {r: w for r, w in lacking.items() if w[1]}).items():
+                for view, path in paths.items():
+                    self._files[(held[run].dir, view)] = path
+            stale = [r for r in stale if any(not self._checked_file(held[r], v) for v in named)]
 
         def one(run: str) -> LogError | None:
             try:

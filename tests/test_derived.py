@@ -561,6 +561,24 @@ def test_a_cold_audit_derives_its_runs_once_with_every_view_it_reads(data, monke
         assert [r for r in cold.coverage if r["run_id"] == run] == alone.coverage
 
 
+def test_a_view_first_read_over_stored_states_is_evaluated_once_for_their_runs(data, monkeypatch):
+    open_runs(data).query(QUERIES[4])  # the runs' states stored (at every decision), with an audit view's rows
+    evaluated = []  # views evaluated in one run's catalog: none, one catalog held both states
+    derive_view = Derived._derive_view
+    monkeypatch.setattr(
+        Derived,
+        "_derive_view",
+        lambda self, state, view, held=None: evaluated.append(view) or derive_view(self, state, view, held),
+    )
+    reader = open_runs(data)
+    got = {q: reader.query(q) for q in QUERIES[:3]}  # (trees, paths, coverage: read first here)
+    assert not reader.derived.built and evaluated == []
+    shutil.rmtree(data / "derived")
+    for q, rows in got.items():  # what each run read alone gives
+        assert [r for run in ("async", "rounds") for r in open_runs(data, [run]).query(q)] == rows
+    assert sorted(evaluated) == sorted(["trees", "paths", "coverage"] * 2)  # (a run alone: its own catalog)
+
+
 def test_runs_whose_configs_set_different_defaults_are_not_derived_together(data):
     from engine.derived.batch import derive_together
 

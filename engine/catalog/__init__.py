@@ -196,31 +196,31 @@ class Catalog:
 
     def restore(
         self,
-        log: EventLog,
-        upto: int,
-        tables: dict[str, Path],
+        logs: list[tuple[EventLog, int]],
+        tables: dict[str, list[Path]],
         values: dict[str, Any],
         explicit: set[str],
         in_place: bool = False,
     ) -> None:
-        """Hold a stored state of an empty catalog: the events of ``log`` up to seq ``upto`` (the facts)
-        and each materialized table's rows from its file (derived from them, checked by the caller),
-        under the variables they were derived with; nothing is stale.
+        """Hold stored states of an empty catalog: the events of each ``(log, upto)`` up to its seq (the
+        facts) and each materialized table's rows from its files (a state's each, derived from them, checked
+        by the caller), under the variables they were derived with (the same for every state); nothing is
+        stale.
 
         The events are loaded from the log's parts, each checked against its checksum; or,
         ``in_place``, read where they lie: each event table becomes a view over the parts (and
-        each materialized table a view over its file), typed as the tables are - a catalog
+        each materialized table a view over its files), typed as the tables are - a catalog
         to read views from (their rows stored), never to take events in. ``tables`` names
-        a file for every materialized table (ValueError otherwise).
+        the files of every materialized table (ValueError otherwise).
         """
         if self.tail_seq() or set(tables) != set(self.tables):
             raise ValueError("restore needs an empty catalog and a file for every materialized table")
-        rows = {name: f"read_parquet({sql_text(tables[name])})" for name in self.tables}
+        rows = {name: f"read_parquet([{', '.join(sql_text(f) for f in tables[name])}])" for name in self.tables}
         if in_place:
-            relations = self.log.read_in_place(log, upto) | {name: (rows[name], None) for name in self.tables}
+            relations = self.log.read_in_place(logs) | {name: (rows[name], None) for name in self.tables}
             self.con.execute(self.log.typed_views(relations))
         else:
-            self.log.load([(log, 0, upto)], self.variables.scoped)
+            self.log.load([(log, 0, upto) for log, upto in logs], self.variables.scoped)
             for name in self.tables:
                 self._execute(self.views[name].path, f"insert into {name} by name select * from {rows[name]}")
         self.variables.restore(values, explicit)

@@ -223,26 +223,29 @@ class LogTables:
             statements.append(f"drop table {table}; create view {table} as select {cols} from {relation}")
         return ";\n".join(statements)
 
-    def read_in_place(self, log: EventLog, upto: int) -> dict[str, tuple[str, set[str]]]:
-        """Each event table's rows as a relation over the log's parts up to seq ``upto`` (read where they
-        lie, not checked: for a catalog that only reads views of a state derived from those parts), for
-        :meth:`typed_views`; the tail is set (lower when parts were quarantined since)."""
+    def read_in_place(self, logs: list[tuple[EventLog, int]]) -> dict[str, tuple[str, set[str]]]:
+        """Each event table's rows as a relation over the parts of each ``(log, upto)`` up to its seq (read
+        where they lie, not checked: for a catalog that only reads views of states derived from those parts),
+        for :meth:`typed_views`; each run's tail is set (lower when parts were quarantined since)."""
+        bounds = " or ".join(f"(run_id = {sql_text(log.run_id)} and seq <= {int(upto)})" for log, upto in logs)
+        dirs = ", ".join(str(log.log_dir) for log, _ in logs)
         for attempt in range(50):
-            parts = [p for p in log.parts() if p.first <= upto]
-            if not parts:
-                raise LogError(f"{log.log_dir}: the log holds no events up to seq {upto} - read it again")
-            listed = ", ".join(sql_text(p.path) for p in parts)
+            parts = {log.run_id: [p for p in log.parts() if p.first <= upto] for log, upto in logs}
+            for log, upto in logs:
+                if not parts[log.run_id]:
+                    raise LogError(f"{log.log_dir}: the log holds no events up to seq {upto} - read it again")
+            listed = ", ".join(sql_text(p.path) for run in parts.values() for p in run)
             scan = f"read_parquet([{listed}], union_by_name = true)"
             try:
                 present = {d[0] for d in self.con.execute(f"select * from {scan} limit 0").description}
             except duckdb.IOException as err:
-                if all(p.path.exists() for p in parts):
-                    raise LogError(f"{log.log_dir}: cannot read the log: {err}") from err
+                if all(p.path.exists() for run in parts.values() for p in run):
+                    raise LogError(f"{dirs}: cannot read the log: {err}") from err
                 time.sleep(0.002 * attempt)  # renamed into place or merged away since the listing: list again
                 continue
-            self._grow_tail({log.run_id: min(upto, parts[-1].last)}, grow=False)
-            return {f"log_{k}": (f"{scan} where kind = '{k}' and seq <= {int(upto)}", present) for k in KIND_COLUMNS}
-        raise LogError(f"{log.log_dir}: parts kept disappearing while reading - try again")
+            self._grow_tail({log.run_id: min(upto, parts[log.run_id][-1].last) for log, upto in logs}, grow=False)
+            return {f"log_{k}": (f"{scan} where kind = '{k}' and ({bounds})", present) for k in KIND_COLUMNS}
+        raise LogError(f"{dirs}: parts kept disappearing while reading - try again")
 
     def tail_seq(self, run_id: str | None = None) -> int:
         """The largest seq held (of ``run_id``'s events when given; 0 when none; buffered events not counted)."""

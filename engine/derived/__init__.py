@@ -240,7 +240,7 @@ class Derived:
             try:
                 state = self._store(held, source, variables)
                 for view in views:
-                    if self._stored_view(state, view) is None:
+                    if self.stored_view(state, view) is None:
                         self._derive_view(state, view, held)
             except BaseException:
                 held.close()
@@ -297,7 +297,8 @@ class Derived:
         files = state.table_files()
         for path in files.values():
             self._check(path, state.relative)
-        catalog.restore(log, state.source.tail, files, state.values, state.explicit, in_place)
+        tables = {name: [path] for name, path in files.items()}
+        catalog.restore([(log, state.source.tail)], tables, state.values, state.explicit, in_place)
         if catalog.tail_seq() != state.source.tail:
             raise _Moved
 
@@ -358,7 +359,7 @@ class Derived:
         gone meanwhile (its other files are gone then too). LogError when the view cannot be evaluated.
         """
         for _attempt in range(5):
-            found = self._stored_view(state, view)
+            found = self.stored_view(state, view)
             if found is not None:
                 return state, found
             try:
@@ -370,7 +371,7 @@ class Derived:
                 state = self.state(state.run_id, state.variables)
         raise LogError(f"{state.dir}: the run's state kept changing while the rows of {view} were derived")
 
-    def _stored_view(self, state: State, view: str) -> Path | None:
+    def stored_view(self, state: State, view: str) -> Path | None:
         """A checked file of ``view``'s rows of ``state`` in any root (a damaged one is removed, with a note)."""
         for root in self.roots.all:
             directory = root / state.relative / "views"

@@ -16,18 +16,21 @@ run-by-run path, which names a damaged run's problem as it always has.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from engine.derived.files import Damaged
 from engine.derived.keys import flavour_key
 from ingest.errors import LogError
 
 if TYPE_CHECKING:
     from engine.derived import Derived
-    from engine.derived.keys import Source
+    from engine.derived.keys import Source, State
 
-__all__ = ["CHUNK_EVENTS", "derive_together"]
+__all__ = ["CHUNK_EVENTS", "derive_together", "view_rows_together"]
 
 # Events a catalog of runs derived together holds at most: its memory is about the runs'
 # light columns and tables (measured at ~1M events: see benchmarks/README.md), so a large
@@ -107,3 +110,61 @@ def _load(derived: Derived, catalog: Any, cold: dict[str, Source], variables: di
     for run_id, source in cold.items():
         derived.loaded[run_id] += source.tail
     return True
+
+
+def view_rows_together(
+    derived: Derived, wanted: dict[str, tuple[State, tuple[str, ...]]]
+) -> dict[str, dict[str, Path]]:
+    """Write, for each run, the rows of the views its stored state lacks (``wanted[run] = (state, views)``)
+    from one catalog holding the states of many runs, read where they lie (CHUNK_EVENTS at most, states of
+    the same variables), each view evaluated once for them all; by run, the files written and checked. A
+    state left out, or a batch that fails, is the run-by-run path's (each state's own catalog)."""
+    from engine.derived.store import write_rows
+    from ingest.reader import EventLog
+    from ingest.text import sql_text
+
+    groups: dict[str, dict[str, Source]] = {}
+    for run_id, (state, _views) in wanted.items():
+        key = json.dumps([state.variables, state.values, sorted(state.explicit)], sort_keys=True, default=str)
+        groups.setdefault(key, {})[run_id] = state.source
+    written: dict[str, dict[str, Path]] = {}
+    for group in groups.values():
+        for chunk in _chunks(group):
+            if len(chunk) < 2:
+                continue
+            states = [wanted[run_id][0] for run_id in chunk]
+            held = derived.catalogs.new()
+            try:
+                files: dict[str, list[Path]] = {}
+                for state in states:
+                    for name, path in state.table_files().items():
+                        derived._check(path, state.relative)  # noqa: SLF001 - read as any state's files are
+                        files.setdefault(name, []).append(path)
+                logs = [(EventLog(derived.data_dir, s.run_id), s.source.tail) for s in states]
+                held.catalog.restore(logs, files, states[0].values, set(states[0].explicit), in_place=True)
+                if any(held.catalog.tail_seq(s.run_id) != s.source.tail for s in states):
+                    continue  # (parts quarantined since: the run-by-run path derives those states again)
+                for view in sorted(set().union(*(wanted[run_id][1] for run_id in chunk))):
+                    held.catalog.con.execute(f'create temp table "batch__{view}" as select * from {view}')
+                for state in states:
+                    directory = state.dir / "views"
+                    directory.mkdir(parents=True, exist_ok=True)
+                    only = f"run_id = {sql_text(state.run_id)}"
+                    for view in wanted[state.run_id][1]:
+                        rows = f'"batch__{view}"'
+                        path = write_rows(
+                            held.catalog.con,
+                            directory,
+                            view,
+                            state.relative,
+                            run=state.run_id,
+                            where=only,
+                            relation=rows,
+                        )
+                        derived._check(path, state.relative)  # noqa: SLF001 - as written, now known checked
+                        written.setdefault(state.run_id, {})[view] = path
+            except (Damaged, LogError, OSError, duckdb.Error):
+                continue
+            finally:
+                held.close()
+    return written
