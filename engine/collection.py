@@ -169,16 +169,18 @@ class Collection:
         return self._states[key]
 
     def read_ahead(self, queries: list[str]) -> None:
-        """Derive now what these queries will read: runs with nothing stored are derived together with the
-        rows of every view the queries name (each evaluated once for them all), not a view at a time as each
-        query comes (each then restoring every run's catalog). The queries are checked as when they run."""
+        """Derive now the rows of every view these queries name, for every run: runs with nothing stored are
+        derived together with them, stored states lacking some are read together (each view evaluated once
+        for them all), not a view at a time as each query comes (each then restoring every run's catalog).
+        The queries are checked as when they run."""
         cursor = self.con.cursor()
         try:
             names = set().union(*(check_query(q, cursor).relations for q in queries)) & set(self.views)
         finally:
             cursor.close()
         if names:
-            self.states(bool(names & self._at_decisions), tuple(sorted(names)))
+            with self._binding_lock:
+                self._view_files(names)
 
     def _leave_out(self, run_id: str, err: LogError) -> None:
         """A run that cannot be read: its error raised (runs named), else left out and named in ``damaged``;

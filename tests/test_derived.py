@@ -524,14 +524,21 @@ def test_runs_derived_together_store_what_each_run_derived_alone_stores(data, tm
                 assert sorted(map(repr, got)) == sorted(map(repr, want)), f"{run}: {name}"
 
 
-def test_a_cold_query_reads_the_rows_its_runs_were_derived_with_together(data, monkeypatch):
-    evaluated = []  # views evaluated for one run's state: none, the batch wrote every run's rows
+@pytest.fixture
+def evaluated(monkeypatch) -> list[str]:
+    """The views evaluated in one run's catalog (``Derived._derive_view``, which still runs), in order."""
+    seen: list[str] = []
     derive_view = Derived._derive_view
     monkeypatch.setattr(
         Derived,
         "_derive_view",
-        lambda self, state, view, held=None: evaluated.append(view) or derive_view(self, state, view, held),
+        lambda self, state, view, held=None: seen.append(view) or derive_view(self, state, view, held),
     )
+    return seen
+
+
+def test_a_cold_query_reads_the_rows_its_runs_were_derived_with_together(data, evaluated):
+    # no view is evaluated for one run's state: the batch wrote every run's rows
     reader = open_runs(data)
     got = reader.query(QUERIES[0])
     assert reader.derived.built == {"cold": 2} and evaluated == []
@@ -541,18 +548,11 @@ def test_a_cold_query_reads_the_rows_its_runs_were_derived_with_together(data, m
     assert evaluated == ["trees", "trees"]  # (a run alone: its view's rows from its own catalog)
 
 
-def test_a_cold_audit_derives_its_runs_once_with_every_view_it_reads(data, monkeypatch):
+def test_a_cold_audit_derives_its_runs_once_with_every_view_it_reads(data, evaluated, monkeypatch):
     from engine.audit import audit
 
-    evaluated = []  # views evaluated for one run's state after its derivation: none
-    derive_view = Derived._derive_view
-    monkeypatch.setattr(
-        Derived,
-        "_derive_view",
-        lambda self, state, view, held=None: evaluated.append(view) or derive_view(self, state, view, held),
-    )
     cold = audit(data)
-    assert evaluated == []
+    assert evaluated == []  # (every view it reads was written as its runs were derived)
     shutil.rmtree(data / "derived")
     monkeypatch.undo()
     for run in ("rounds", "async"):  # what each run audited alone gives
@@ -561,15 +561,9 @@ def test_a_cold_audit_derives_its_runs_once_with_every_view_it_reads(data, monke
         assert [r for r in cold.coverage if r["run_id"] == run] == alone.coverage
 
 
-def test_a_view_first_read_over_stored_states_is_evaluated_once_for_their_runs(data, monkeypatch):
+def test_a_view_first_read_over_stored_states_is_evaluated_once_for_their_runs(data, evaluated):
     open_runs(data).query(QUERIES[4])  # the runs' states stored (at every decision), with an audit view's rows
-    evaluated = []  # views evaluated in one run's catalog: none, one catalog held both states
-    derive_view = Derived._derive_view
-    monkeypatch.setattr(
-        Derived,
-        "_derive_view",
-        lambda self, state, view, held=None: evaluated.append(view) or derive_view(self, state, view, held),
-    )
+    # no view is evaluated in one run's catalog: one catalog held both states
     reader = open_runs(data)
     got = {q: reader.query(q) for q in QUERIES[:3]}  # (trees, paths, coverage: read first here)
     assert not reader.derived.built and evaluated == []
