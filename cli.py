@@ -82,7 +82,8 @@ def views(fmt: str) -> None:
     "--direction",
     type=click.Choice(["maximize", "minimize"]),
     default=None,
-    help="Score direction (default: the snapshots' CORAL config, else maximize).",
+    help="Score direction (default: the one the snapshots record, when an earlier selection copied them; "
+    "else their CORAL config; else maximize).",
 )
 @click.option("--num-roots", type=COUNT, default=30, show_default=True)
 @click.option("--run-id", default=None, callback=run_id_checked, help="Id of the run to record (default: generated).")
@@ -107,7 +108,7 @@ def select_snapshots(
     snapshot folders). Every candidate is staged early, middle or late by how far
     its score got along the run's learning curve; the roots are spread over the
     stages by quota. The copies' metadata.json gain score, stage,
-    selection_reason and task, which explore reads.
+    selection_reason, task and direction, which explore reads.
 
     \b
     Example:
@@ -164,7 +165,12 @@ def select_snapshots(
 @click.option(
     "--task", default=None, help="Task name (default: the one the roots were selected for; needed with --select)."
 )
-@click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None)
+@click.option(
+    "--direction",
+    type=click.Choice(["maximize", "minimize"]),
+    default=None,
+    help="Score direction (default: the one the roots were selected for; refused when it disagrees with it).",
+)
 @click.option(
     "--num-roots",
     type=COUNT,

@@ -20,6 +20,7 @@ from engine.roots import (
     picked_detail,
     plan_selection,
     run_started,
+    task_direction,
 )
 from engine.runs import growing, open_run
 from engine.supervision import default_rule, supervision_counts
@@ -28,7 +29,7 @@ from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.paths import command_line
-from ingest.snapshots import read_direction, read_snapshot, root_problem
+from ingest.snapshots import read_snapshot, root_problem
 
 if TYPE_CHECKING:
     from engine.mcts.cluster import RayExecutor
@@ -56,14 +57,18 @@ def _text(meta: dict[str, Any], key: str) -> str | None:
     return meta[key] if isinstance(meta.get(key), str) else None
 
 
-def roots_from_dir(roots_dir: Path, task: str | None) -> tuple[list[RootAdded], str, str]:
+def roots_from_dir(
+    roots_dir: Path, task: str | None, direction: str | None = None, data_dir: Path | None = None
+) -> tuple[list[RootAdded], str, str]:
     """RootAdded facts for every snapshot folder of a ``select-snapshots`` output.
 
     Folders are ordered by (global index, name); each needs a numeric score (its
     attempt JSON, as for selection). ``stage``, ``selection_reason`` and ``task``
     come from the copied ``metadata.json``. Returns the roots, the task (the one the
     roots record; ``task`` must agree with it, and is needed when they record none)
-    and the direction the snapshots' CORAL config gives (maximize when none).
+    and the direction: the one the roots were selected for (``direction`` must agree
+    with it), else ``direction``, else the snapshots' CORAL config, else maximize
+    (:func:`engine.roots.task_direction`; ``data_dir``: where their selection run may be).
     """
     roots_dir = Path(roots_dir)
     if not roots_dir.is_dir():
@@ -103,7 +108,7 @@ def roots_from_dir(roots_dir: Path, task: str | None) -> tuple[list[RootAdded], 
         )
         for i, (f, meta) in enumerate(zip(facts, metas, strict=True), start=1)
     ]
-    return roots, task, read_direction(roots_dir, facts) or "maximize"
+    return roots, task, task_direction(roots_dir, facts, meta_of, direction, data_dir)
 
 
 def _roots_task(roots_dir: Path, recorded: list[str | None], given: str | None) -> str:
@@ -165,7 +170,7 @@ class PlannedRun:
     def copy_roots(self) -> None:
         """Write the picks out as snapshot folders when they are attempts of a CORAL run (before the log)."""
         if self.written_to is not None:  # (an earlier attempt at this run id that failed later is replaced)
-            copy_snapshots(self.picks, self.written_to, overwrite=True, run_id=self.run_id)
+            copy_snapshots(self.picks, self.written_to, True, self.run_id, self.config.direction or "maximize")
 
     def begin(self, writer: LogWriter) -> Catalog:
         """The run's first events, in its log and in the engine's catalog (see :func:`_start`)."""
@@ -179,8 +184,8 @@ def plan_run(
     if select and not config.task:
         raise InputError("--select needs the task's name (--task)")
     if not select:
-        roots, task, direction = roots_from_dir(source, config.task)
-        config = config.model_copy(update={"task": task, "direction": config.direction or direction})
+        roots, task, direction = roots_from_dir(source, config.task, config.direction, data_dir)
+        config = config.model_copy(update={"task": task, "direction": direction})
     run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "explore", config.task)
     _refuse_existing(data_dir, run_id)
     run_dir = EventLog(data_dir, run_id).dir
@@ -190,7 +195,7 @@ def plan_run(
         config = config.model_copy(update={"backend_options": resolve_options(config.backend_options)})
     if not select:
         return PlannedRun(run_id, source, config, roots)
-    selection = plan_selection(source, config, "explore", run_id)
+    selection = plan_selection(source, config, "explore", run_id, data_dir)
     roots, written_to = _roots_from_selection(selection.picks, selection.config.task, run_dir / "roots")
     return PlannedRun(run_id, source, selection.config, roots, selection, selection.picks, written_to)
 
@@ -203,15 +208,16 @@ def new_run(
     select: bool = False,
     *,
     on_progress: Progress | None = None,
-    on_start: Callable[[str], None] | None = None,
+    on_start: Callable[[str, RunConfig], None] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
 ) -> ExploreResult:
     """Create an exploration run over the roots in ``source`` and run it to the end.
 
-    ``on_start`` is called with the run id once the run exists; ``on_progress`` as
-    the engine goes (see Explorer). ``executor``: where turns run (``local``: this
-    machine; ``ray``: the Ray cluster at ``ray_address``, see engine.mcts.cluster).
+    ``on_start`` is called with the run id and its config (task and direction resolved)
+    once the run exists; ``on_progress`` as the engine goes (see Explorer).
+    ``executor``: where turns run (``local``: this machine; ``ray``: the Ray cluster
+    at ``ray_address``, see engine.mcts.cluster).
     With ``select``, ``source`` is a task's ``all_snapshots`` dir or a CORAL run: the
     selection is recorded in this run (ALGORITHM §1) and its picks become the roots
     (a CORAL run's attempts are first written out as snapshot folders in the run's
@@ -226,7 +232,7 @@ def new_run(
         with LogWriter.create(data_dir, plan.run_id) as writer:
             catalog = plan.begin(writer)
             if on_start:
-                on_start(plan.run_id)
+                on_start(plan.run_id, plan.config)
             _explore(writer, catalog, plan.config, teacher, on_progress, False, executor, ray_address)
     finally:
         teacher.close()
@@ -308,7 +314,7 @@ def resume_run(
 ) -> ExploreResult:
     """Continue an interrupted exploration run from its log.
 
-    ``on_start`` is called with the run's progress (``run_progress``) and task before
+    ``on_start`` is called with the run's progress (``run_progress``), task and direction before
     anything runs; a finished run is only summarized. ``executor``, ``ray_address``:
     as for :func:`new_run` (a run may resume on another executor than it started on).
     ``parallel``, ``turn_timeout``: the slots and the opencode turn timeout from now
@@ -328,7 +334,8 @@ def resume_run(
         if not finished:
             config, note = resumed_config(run_id, config, parallel, turn_timeout)
         if on_start:
-            on_start(catalog.query("select * from run_progress")[0] | {"task": config.task, "finished": finished})
+            said = {"task": config.task, "direction": config.direction, "finished": finished}
+            on_start(catalog.query("select * from run_progress")[0] | said)
         if not finished:
             if executor == "local":
                 check_memory(turn_memory_mb(config), config.parallel)

@@ -82,16 +82,21 @@ def explore_from_command_line(
     if select and not options.get("task"):
         raise OptionError("--select", "needs --task")
     from engine.exploration import new_run
+    from engine.roots import DirectionConflict, DirectionError
 
     config = new_run_config(config_file, options)
 
-    def started(rid: str) -> None:
+    def started(rid: str, run: RunConfig) -> None:
         hint = command_line(data_dir, "explore", "--resume", rid)
-        echo(f"run {rid}: exploring (interrupt and continue with: {hint})")
+        echo(f"run {rid}: exploring task {run.task} ({run.direction}); interrupt and continue with: {hint}")
         continue_with(hint)
 
     try:
         return new_run(data_dir, roots, config, run_id, select, on_progress=progress, on_start=started, **where)
+    except DirectionConflict as err:  # where the direction was given
+        raise err.said_as("--direction" if options.get("direction") else f"the direction in {config_file}") from err
+    except DirectionError:  # (not a question of selecting first)
+        raise
     except InputError as err:  # about the folders of ROOTS: they may be ones to select from
         if select or not roots.is_dir() or not str(err).startswith(f"{roots}: "):
             raise

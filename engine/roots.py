@@ -5,8 +5,9 @@ Stages, quotas and picks are defined only in ``views/`` (``snapshots`` and
 is an ``all_snapshots/`` directory of snapshot folders, or a CORAL run directory
 whose attempts are the candidates (``ingest.coral_run``; a pick is written out as
 a snapshot folder). The copies carry their ``score``, ``stage``,
-``selection_reason``, ``task`` and the id of the selection run in their
-``metadata.json``, so ``explore`` takes the task from them.
+``selection_reason``, ``task``, ``direction`` and the id of the selection run in
+their ``metadata.json``, so ``explore`` takes the task and its direction from them
+(:func:`task_direction`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from engine import __version__
 from engine.catalog import Catalog
 from engine.config import RunConfig, load_config
 from ingest import coral_run
-from ingest.errors import InputError, OptionError, OutputError, os_problem
-from ingest.events import RunStarted, SnapshotsPicked
+from ingest.errors import InputError, OptionError, OutputError, ProjectError, os_problem
+from ingest.events import RunStarted, SnapshotSeen, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.schema import to_arrow
-from ingest.snapshots import NAME_RE, read_direction, scan
+from ingest.snapshots import DIRECTIONS, NAME_RE, read_direction, read_metadata, scan
 
 
 @dataclass
@@ -86,6 +87,112 @@ def _check_replaceable(out: Path, overwrite: bool) -> None:
         raise InputError(msg)
 
 
+class DirectionError(InputError):
+    """The direction of the task whose snapshots were given cannot be told (:func:`task_direction`)."""
+
+
+class DirectionConflict(DirectionError):
+    """A direction given that disagrees with the one the snapshots were selected with.
+
+    ``said_as(label)``: the same error naming where the direction was given
+    (``--direction``, a campaign task's ``direction``...).
+    """
+
+    def __init__(self, given: str, recorded: str, source: Path, how: str, label: str = "the direction given") -> None:
+        self.given, self.recorded, self.source, self.how = given, recorded, source, how
+        super().__init__(
+            f"{label} is {given}, but the snapshots in {source} were selected for a task to {recorded} "
+            f"({how}) - leave it out, or give {recorded}"
+        )
+
+    def said_as(self, label: str) -> DirectionConflict:
+        return DirectionConflict(self.given, self.recorded, self.source, self.how, label)
+
+
+def task_direction(
+    source: Path,
+    facts: list[SnapshotSeen],
+    metas: dict[str, dict[str, Any]],
+    given: str | None,
+    data_dir: Path | None,
+) -> str:
+    """The direction of the task whose snapshot folders are ``facts`` (``metas``: their
+    ``metadata.json`` by snapshot; skipped folders are left out).
+
+    Folders a selection copied carry the direction it was made for (``direction`` in
+    ``metadata.json``; copies made before they did: the one the selection run named by
+    ``selection_run`` records, when that run is in ``data_dir`` and holds the folder
+    and its task). Those must agree among themselves, and ``given`` (explore's or
+    select-snapshots' ``--direction``, a campaign task's) with them: DirectionError, a
+    DirectionConflict for the latter. Without any: ``given``, else the CORAL config
+    the snapshots carry, else maximize.
+    """
+    recorded: dict[str, list[str]] = {}  # direction -> the folders that record it
+    runs: dict[str, list[str]] = {}  # direction -> the selection runs named (how it was recorded)
+    by_run: dict[str, dict[str, Any] | None] = {}
+    for fact in facts:
+        if fact.skip_reason is not None or fact.snapshot not in metas:
+            continue
+        meta = metas[fact.snapshot]
+        run = meta.get("selection_run") if isinstance(meta.get("selection_run"), str) else None
+        value = meta.get("direction")
+        if value is not None and value not in DIRECTIONS:
+            shown = json.dumps(value, allow_nan=True)[:80]
+            raise DirectionError(
+                f"{source}: {fact.snapshot}: direction in metadata.json is {shown}, not maximize or minimize"
+            )
+        if value is None and run is not None and data_dir is not None:
+            if run not in by_run:
+                by_run[run] = _selection_run(data_dir, run)
+            value = _recorded_by(by_run[run], meta.get("task"), fact.snapshot)
+            how = f"recorded in the log of run {run}"
+        else:
+            how = f"recorded in their metadata.json by run {run}" if run else "recorded in their metadata.json"
+        if value is not None:
+            recorded.setdefault(value, []).append(fact.snapshot)
+            runs.setdefault(value, [])
+            if how not in runs[value]:
+                runs[value].append(how)
+    if len(recorded) > 1:
+        shown = "; ".join(
+            f"{d}: {', '.join(names[:2])}{f' (+{len(names) - 2} more)' if len(names) > 2 else ''}"
+            for d, names in sorted(recorded.items())
+        )
+        raise DirectionError(
+            f"{source}: the snapshots were selected with different directions ({shown}) - "
+            "use the snapshots of one selection at a time"
+        )
+    if recorded:
+        direction = next(iter(recorded))
+        if given is not None and given != direction:
+            raise DirectionConflict(given, direction, source, "; ".join(runs[direction][:2]))
+        return direction
+    return given or read_direction(source, facts) or "maximize"
+
+
+def _selection_run(data_dir: Path, run_id: str) -> dict[str, Any] | None:
+    """What a selection run records of its start (command, task, direction) and the snapshot folders it saw;
+    None when ``data_dir`` holds no such run, or no readable one."""
+    try:
+        log = EventLog(data_dir, check_run_id(run_id))
+        if not log.exists():
+            return None
+        started = [r for t in log.scan_kind("run_started", ["command", "task", "direction"]) for r in t.to_pylist()]
+        seen = {s for t in log.scan_kind("snapshot_seen", ["snapshot"]) for s in t.column("snapshot").to_pylist()}
+    except (ProjectError, OSError):
+        return None
+    return started[0] | {"seen": seen} if started else None
+
+
+def _recorded_by(run: dict[str, Any] | None, task: Any, snapshot: str) -> str | None:
+    """The direction a selection run records for a folder it selected (None: the run is not the one that did)."""
+    if run is None or run["command"] not in ("select-snapshots", "explore") or run["task"] != task:
+        return None
+    if snapshot not in run["seen"] or run["direction"] not in DIRECTIONS:
+        return None
+    return run["direction"]
+
+
 @dataclass
 class Selection:
     """A selection as planned: the run's first event, what the scan saw, and the picks the views make.
@@ -100,11 +207,15 @@ class Selection:
     picks: list[dict[str, Any]]
 
 
-def plan_selection(source: Path, config: RunConfig, command: str, run_id: str) -> Selection:
+def plan_selection(
+    source: Path, config: RunConfig, command: str, run_id: str, data_dir: Path | None = None
+) -> Selection:
     """Scan and check a snapshot dir or CORAL run for ``config.task``; the selection its views make.
 
-    A direction ``config`` leaves open is the source's (maximize when it gives none).
-    Raises InputError when the directory is neither or has no numeric score.
+    A direction ``config`` leaves open is the source's (maximize when it gives none);
+    snapshots an earlier selection copied keep the direction it recorded
+    (:func:`task_direction`: one given that disagrees is refused). Raises InputError
+    when the directory is neither or has no numeric score.
     """
     task = config.task
     if not task:
@@ -115,7 +226,8 @@ def plan_selection(source: Path, config: RunConfig, command: str, run_id: str) -
         direction = config.direction or coral_run.direction(coral) or "maximize"
     else:
         facts = scan(source, task)
-        direction = config.direction or read_direction(source, facts) or "maximize"
+        metas = {f.snapshot: read_metadata(Path(f.path)) for f in facts if f.skip_reason is None}
+        direction = task_direction(source, facts, metas, config.direction, data_dir)
     config = config.model_copy(update={"direction": direction})  # (the resolved direction is recorded)
     started = run_started(command, config, source)
     catalog = Catalog.empty()
@@ -172,11 +284,17 @@ def record_selection(data_dir: Path, run_id: str, selection: Selection) -> Snaps
 
 
 def copy_snapshots(
-    picks: list[dict[str, Any]], out: Path, overwrite: bool, run_id: str, then: Callable[[], None] | None = None
+    picks: list[dict[str, Any]],
+    out: Path,
+    overwrite: bool,
+    run_id: str,
+    direction: str,
+    then: Callable[[], None] | None = None,
 ) -> None:
     """Copy the picked folders into ``out``; each ``metadata.json`` gains the pick's fields.
 
-    ``score``, ``stage``, ``selection_reason``, ``task`` and ``selection_run``.
+    ``score``, ``stage``, ``selection_reason``, ``task``, the task's ``direction`` (the
+    selection's, which explore keeps) and ``selection_run``.
 
     The copies are assembled in a hidden sibling directory and moved into place at
     the end, so ``out`` never holds a partial selection. ``then`` runs once they are
@@ -204,6 +322,7 @@ def copy_snapshots(
                 stage=pick["stage"],
                 selection_reason=pick["selection_reason"],
                 task=pick["task"],
+                direction=direction,
                 selection_run=run_id,
             )
             meta_path.unlink()  # the copy may share nothing with the input, but be safe
@@ -257,7 +376,10 @@ def select_snapshots(
     if EventLog(data_dir, run_id).exists():
         raise InputError(f"run {run_id!r} already exists - choose another --run-id")
     config = load_config(None, {"task": task, "direction": direction, "selection": {"num_roots": num_roots}})
-    selection = plan_selection(all_snapshots, config, "select-snapshots", run_id)
+    try:
+        selection = plan_selection(all_snapshots, config, "select-snapshots", run_id, data_dir)
+    except DirectionConflict as err:
+        raise err.said_as("--direction") from err
     catalog, picks = selection.catalog, selection.picks
     copied: list[bool] = []
 
@@ -269,7 +391,7 @@ def select_snapshots(
         record()
     else:  # the run is created once the copies are in place: a failed copy leaves no run behind
         try:
-            copy_snapshots(picks, Path(out), overwrite, run_id, then=record)
+            copy_snapshots(picks, Path(out), overwrite, run_id, selection.config.direction, then=record)
         except OSError as err:
             if copied:  # recording failed (the copies were taken back): not a problem of OUT
                 raise

@@ -182,6 +182,13 @@ def read_snapshot(path: Path, task: str) -> SnapshotSeen:
 
 STAGES = ("early", "middle", "late")
 ROOT_TEXT = ("task", "stage", "selection_reason")  # what select-snapshots adds to a copy's metadata.json
+DIRECTIONS = ("maximize", "minimize")
+
+
+def read_metadata(folder: Path) -> dict[str, Any]:
+    """A snapshot folder's ``metadata.json`` as an object ({} when it is missing, unreadable or not one)."""
+    meta, problem = _read_json(Path(folder) / "metadata.json")
+    return meta if problem is None and isinstance(meta, dict) else {}
 
 
 def root_problem(fact: SnapshotSeen, meta: dict[str, Any]) -> str | None:

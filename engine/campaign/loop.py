@@ -20,6 +20,7 @@ from engine.config import RunConfig
 from engine.exploration import PlannedRun, plan_run, ray_executor
 from engine.mcts.explorer import Explorer
 from engine.render import counted, spend_line
+from engine.roots import DirectionConflict
 from engine.runs import growing, run_finished
 from engine.runset import campaign_tasks
 from engine.teachers import Teacher, TurnCancelled, TurnRequest, check_memory, make_teacher, turn_memory_mb
@@ -101,7 +102,8 @@ def drive(
                 plans[r["task"]] = plan_task(data_dir, name, config, config.task(r["task"]))
             runs.append(stack.enter_context(_opened(data_dir, r["task"], r["task_run"], plans.get(r["task"]))))
         for run in runs:
-            report(f"{'resumed' if run.resumed else 'created'} run {run.run_id} (task {run.task})")
+            said = f"task {run.task}, {run.config.direction}"
+            report(f"{'resumed' if run.resumed else 'created'} run {run.run_id} ({said})")
         live = [r for r in runs if not r.finished]
         _attach(live, slots, executor, ray_address, stack)
         for run in live:
@@ -114,10 +116,17 @@ def drive(
 
 
 def plan_task(data_dir: Path, name: str, config: CampaignConfig, spec: TaskSpec) -> PlannedRun:
-    """A task's new run, planned and checked (its snapshots selected), nothing written."""
-    return plan_run(
-        data_dir, Path(spec.source), config.run_config(spec, name), task_run_id(name, spec.name), select=True
-    )
+    """A task's new run, planned and checked (its snapshots selected), nothing written.
+
+    A source whose snapshots a selection copied keeps the direction it recorded: a task's
+    ``direction`` (or [explore]'s) that disagrees is refused.
+    """
+    try:
+        return plan_run(
+            data_dir, Path(spec.source), config.run_config(spec, name), task_run_id(name, spec.name), select=True
+        )
+    except DirectionConflict as err:
+        raise err.said_as(f"task {spec.name!r}: its direction") from err
 
 
 @contextlib.contextmanager

@@ -187,7 +187,7 @@ def resuming(run_id: str, p: Row) -> str:
     if p["finished"]:
         return f"run {run_id}: finished already ({p['trees_done']}/{p['trees']} trees done)"
     return (
-        f"run {run_id}: resuming task {p['task']}: {p['trees_done']}/{p['trees']} trees done, "
+        f"run {run_id}: resuming task {p['task']} ({p['direction']}): {p['trees_done']}/{p['trees']} trees done, "
         f"{p['kept_edges']} edges kept, {p['in_flight_edges']} edges in flight"
     )
 
