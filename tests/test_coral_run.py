@@ -150,6 +150,8 @@ def test_explore_select_writes_the_picked_attempts_into_the_run(coral_run, tmp_p
     for root in roots:
         assert Path(root["path"]) == EventLog(data, "direct").dir / "roots" / root["snapshot"]
         check_written_root(Path(root["path"]), coral_run, by_name[root["snapshot"]])
+        meta = json.loads((Path(root["path"]) / "metadata.json").read_text())
+        assert (meta["direction"], meta["selection_run"]) == ("maximize", "direct")  # the CORAL config's
     assert invoke("--data", data, "replay", "direct").exit_code == 0
 
 
@@ -196,6 +198,10 @@ def test_a_coral_run_s_direction_and_broken_attempts(coral_run, tmp_path):
     assert skipped["list.json"] == "the attempt file is not a JSON object"
     assert skipped[f"eval-000001-agent-3-{'d' * 12}"] == f"missing code/ (commit {'d' * 12} is not in {run / 'repo'})"
     assert {p["snapshot"].split("-")[1] for p in doc["picks"]} <= {f"{i:06d}" for i in range(2, 8)}
+    # the copies carry it: explore and a re-selection take it from them
+    assert {json.loads((f / "metadata.json").read_text())["direction"] for f in (tmp_path / "out").iterdir()} == {
+        "minimize"
+    }
 
 
 def test_what_is_not_a_coral_run_is_refused_clearly(coral_run, tmp_path):

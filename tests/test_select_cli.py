@@ -180,6 +180,7 @@ def test_input_is_untouched_and_copies_carry_selection_fields(tmp_path, data_dir
         assert meta["stage"] in ("early", "middle", "late")
         assert meta["selection_reason"] in ("quota", "fill")
         assert meta["score"] == float(int(name.split("-")[1]))
+        assert (meta["task"], meta["direction"]) == ("t", "maximize")  # explore keeps both
         assert (out / name / "code" / "solution.py").read_bytes() == (
             snapshots / name / "code" / "solution.py"
         ).read_bytes()
