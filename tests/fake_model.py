@@ -1,9 +1,10 @@
 """A scripted OpenAI-compatible model server for end-to-end tests of the OpenCode backend.
 
-It answers ``POST /v1/chat/completions`` with streamed (SSE) chunks. Each rollout turn's
-prompt carries a marker ``[edge <id> turn <n>]``; the server finds the last marker in
-the conversation and counts the assistant messages after it to know which step of the
-turn to play. ``script(edge_id, turn, step, workdir)`` returns the step: a list of tool
+It answers ``POST /v1/chat/completions`` with streamed (SSE) chunks. The recorder in front
+of it names the rollout turn of every request in a header (``X-Teacher-MCTS-Turn: <edge id>
+<turn>``; the prompts the model reads name nothing, so sibling attempts share them); the server
+counts the assistant messages after the conversation's last user message (the turn's prompt)
+to know which step of the turn to play. ``script(edge_id, turn, step, workdir)`` returns the step: a list of tool
 calls ``(name, arguments)``, a final text, or a misbehaving endpoint: :class:`Stall`
 (silent before its first byte, or after its headers) or :class:`Fail` (an HTTP
 error). Every request is logged - headers, the whole body as the model received it,
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-MARKER = re.compile(r"\[edge (\S+) turn (\d+)\]")
+TURN = re.compile(r"^(\S+) (\d+)$")  # the recorder's X-Teacher-MCTS-Turn header
 WORKDIR = re.compile(r"Working directory:\s*(\S+)")
 
 
@@ -92,19 +93,16 @@ class FakeModel:
         with self.lock:
             return next((r for r in self.requests if r["session"] == session_id), None)
 
-    def _answer(self, body: dict) -> tuple[Step, dict]:
+    def _answer(self, body: dict, turn_header: str | None) -> tuple[Step, dict]:
         messages = body.get("messages", [])
         if not body.get("tools"):  # a title request
             return "Scripted session", {}
-        marker_at, edge, turn = None, None, None
-        for i, m in enumerate(messages):
-            if m.get("role") == "user":
-                found = MARKER.findall(_text_of(m))
-                if found:
-                    marker_at, (edge, turn) = i, found[-1]
-        if marker_at is None:
-            return "No marker: nothing to do.", {}
-        step = sum(1 for m in messages[marker_at + 1 :] if m.get("role") == "assistant")
+        found = TURN.match(turn_header or "")
+        if found is None:
+            return "No turn named: nothing to do.", {}
+        edge, turn = found[1], found[2]
+        prompt_at = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+        step = sum(1 for m in messages[prompt_at + 1 :] if m.get("role") == "assistant")
         system = " ".join(_text_of(m) for m in messages if m.get("role") == "system")
         workdir = WORKDIR.search(system)
         return self.script(edge, int(turn), step, workdir[1] if workdir else "."), {
@@ -123,7 +121,7 @@ class FakeModel:
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
-                step, where = fake._answer(body)
+                step, where = fake._answer(body, self.headers.get("x-teacher-mcts-turn"))
                 record = {
                     "session": self.headers.get("x-session-id"),
                     "where": where,

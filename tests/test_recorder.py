@@ -47,13 +47,16 @@ def request(*messages: dict) -> dict:
 def test_requests_pass_through_unchanged_and_are_kept_without_headers(model):
     recorder = Recorder(model.base_url, timeout_s=30)
     try:
-        token = recorder.open()
-        user = {"role": "user", "content": "Go [edge T1/e1-1 turn 1]"}
+        token = recorder.open("T1/e1-1", 1)
+        user = {"role": "user", "content": "Go"}
         status, streamed = post(recorder.url(token), request(user))
         exchanges = recorder.close(token)
     finally:
         recorder.stop()
     assert status == 200 and streamed.startswith(b"data: ") and streamed.endswith(b"data: [DONE]\n\n")
+    # The endpoint learns the turn from a header (the prompt names no attempt).
+    assert model.requests[0]["where"] == {"edge": "T1/e1-1", "turn": 1, "step": 0}
+    assert model.requests[0]["messages"][1] == user
     assert model.requests[0]["authorization"] == "Bearer sk-secret"  # forwarded to the endpoint...
     assert "sk-secret" not in repr(exchanges)  # ...and kept nowhere
     (exchange,) = exchanges
@@ -94,8 +97,8 @@ def test_a_fork_records_only_what_it_adds_to_the_conversation_it_inherited(model
     recorder = Recorder(model.base_url, timeout_s=30)
     ids = {"tree_id": "T1", "edge_id": "T1/e1-1", "turn": 1}
     try:
-        token = recorder.open()
-        user = {"role": "user", "content": "Go [edge T1/e1-1 turn 1]"}
+        token = recorder.open("T1/e1-1", 1)
+        user = {"role": "user", "content": "Go"}
         post(recorder.url(token), request(user))
         post(recorder.url(token), {"model": "fake", "messages": [SYSTEM, user]}, session="ses_1")  # a title call
         first = recorder.close(token)
@@ -162,8 +165,8 @@ def test_a_request_cut_off_before_its_first_byte_is_what_the_model_received_and_
     recorder = Recorder(model.base_url, timeout_s=30)
     ids = {"tree_id": "T1", "edge_id": "T1/e1-1", "turn": 1}
     try:
-        token = recorder.open()
-        user = {"role": "user", "content": "Go [edge T1/e1-1 turn 1]"}
+        token = recorder.open("T1/e1-1", 1)
+        user = {"role": "user", "content": "Go"}
         post(recorder.url(token), request(user))
         answer = recorder._turns[token][0].answer
         result = {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "a"}

@@ -586,7 +586,13 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         shot(page, "compare-opencode")
         columns = page.locator("section.attempt")
         assert sorted(columns.nth(i).get_attribute("data-edge") for i in range(columns.count())) == sorted(attempts)
-        assert page.locator(".diverge").count() == 3  # (each turn 1 prompt names its edge: they differ at once)
+        # The attempts received the same turn prompt and answered alike at first (the script's two reads, their
+        # results): they differ from the model's second answer on, where each writes its own value.
+        markers = page.locator(".diverge")
+        assert markers.count() == 3
+        assert {markers.nth(i).inner_text() for i in range(3)} == {
+            "The attempts differ from here (their first 4 messages are the same)"
+        }
         ends = {
             r["edge_id"]: json.loads(r["state"])
             for r in catalog.query("select edge_id, arg_max(state, turn) as state from stg_turn_finished group by 1")

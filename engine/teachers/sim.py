@@ -52,6 +52,7 @@ from ingest.events import (
 )
 from ingest.opencode_stream import StreamParser
 
+PROMPT = "sim turn {turn}: improve the solution, then run coral eval."
 CODE_FILES = ["solution.py", "bench.py", "tests/test_solution.py", "README.md"]
 NOTE_NAMES = ["tiling.md", "grader-noise.md", "vector-path.md", "dead-ends.md"]
 SYSTEM = (
@@ -173,7 +174,7 @@ class SimTeacher:
         for line in lines:
             facts.extend(parser.feed(line))
         facts.extend(parser.finish())
-        prompt = f"sim turn {request.turn} of {request.edge_id}"
+        prompt = PROMPT.format(turn=request.turn)  # the same for every attempt from a node
         inherited = int(start.get("messages") or 0)
         conversation = _conversation(request, prompt, lines, inherited)
         facts.extend(conversation)
@@ -276,7 +277,7 @@ class SimTeacher:
             last = step == n_steps
             calls: list[tuple[str, dict[str, Any]]] = []
             if last:
-                calls.append(("bash", {"command": f'coral eval -m "sim {request.edge_id} t{request.turn}"'}))
+                calls.append(("bash", {"command": f'coral eval -m "sim change, turn {request.turn}"'}))
             else:
                 if wants_knowledge and step == knowledge_step:
                     calls.append(self._knowledge_call(rng))
@@ -302,7 +303,7 @@ class SimTeacher:
                         "type": "tool",
                         "tool": tool,
                         "state": state,
-                        "callID": f"call_{request.edge_id}_{request.turn}_{call_no}",
+                        "callID": _call_id(request, call_no),
                     },
                 )
             if last:
@@ -411,6 +412,11 @@ def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited
             messages=messages,
         ),
     ]
+
+
+def _call_id(request: TurnRequest, call_no: int) -> str:
+    """A call's id, as a model server makes one: unique, and naming nothing of the run."""
+    return "call_" + hashlib.sha256(f"{request.edge_id}|{request.turn}|{call_no}".encode()).hexdigest()[:16]
 
 
 def _commit(request: TurnRequest) -> str:

@@ -193,7 +193,7 @@ class OpenCodeTeacher:
             companions = (self.coral.daemon(coral, self.environment.env, grader_log),)
         started_at = datetime.now(UTC)
         t0 = time.monotonic()
-        token = self.recorder.open() if self.recorder else None
+        token = self.recorder.open(request.edge_id, request.turn) if self.recorder else None
         try:
             parser, lines, facts, outcome, error = self._run(
                 request, edge_dir, worktree, source, prompt, cancel, companions, token

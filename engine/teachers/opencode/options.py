@@ -17,13 +17,11 @@ TURN1 = (
     'You are improving this repository for the task "{task}". Shared knowledge from earlier '
     "attempts by other agents is in `.opencode/` (notes/, skills/, attempts/): read what helps, "
     "and write a note about what you learn. Make one focused improvement, check it locally, then "
-    'finish this attempt by running `{eval_command} "<one-line summary of the change>"`.\n'
-    "[edge {edge_id} turn {turn}]"
+    'finish this attempt by running `{eval_command} "<one-line summary of the change>"`.'
 )
 TURN2 = (
     "Read the eval result of your last attempt and make a further improvement, then finish "
-    'again by running `{eval_command} "<one-line summary of the change>"`.\n'
-    "[edge {edge_id} turn {turn}]"
+    'again by running `{eval_command} "<one-line summary of the change>"`.'
 )
 
 

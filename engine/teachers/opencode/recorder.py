@@ -6,7 +6,10 @@ of that call. Every turn's OpenCode therefore talks to the endpoint through this
 server (``http://127.0.0.1:<port>/turn/<token>``, one token per turn; a served turn's
 requests come to ``/served`` and belong to the turn their ``x-session-id`` is bound to): each request
 is forwarded as it is, its answer streamed back as it arrives, and both are kept
-for the turn (never a header: the API key stays out of everything recorded).
+for the turn (never a header: the API key stays out of everything recorded). Each forwarded
+request gains the header ``X-Teacher-MCTS-Turn: <edge id> <turn>``, so the endpoint (its logs, a
+scripted model in the tests) knows which turn asks while the prompts the model reads name none: the
+attempts from one node all receive the same prompt.
 
 When the turn ends, :func:`conversation_facts` makes its facts from the requests of
 its session (the first agent request's session; title requests, which offer no
@@ -53,6 +56,7 @@ HOP_HEADERS = {
     "trailer",
     "upgrade",
 }
+TURN_HEADER = "X-Teacher-MCTS-Turn"  # the turn a forwarded request belongs to: "<edge id> <turn>"
 PATH_RE = re.compile(r"^/turn/([0-9a-f]+)(/.*)$")
 SERVED_RE = re.compile(r"^/served(/.*)$")  # one server's requests: the turn is its session's (``bind``)
 
@@ -80,6 +84,7 @@ class Recorder:
         self._upstream: dict[str, list[http.client.HTTPConnection]] = {}
         self._active: dict[str, int] = {}  # requests of a turn being forwarded
         self._sessions: dict[str, str] = {}  # a served turn's session (and its subagents') -> its token
+        self._labels: dict[str, str] = {}  # a turn's token -> its TURN_HEADER value
         self.parent_of: Callable[[str], str | None] | None = None  # a subagent session's parent (the server's)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -87,12 +92,15 @@ class Recorder:
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, name="recorder", daemon=True).start()
 
-    def open(self) -> str:
-        """A new turn's token; its OpenCode's base URL is :meth:`url`."""
+    def open(self, edge_id: str | None = None, turn: int | None = None) -> str:
+        """A new turn's token; its OpenCode's base URL is :meth:`url`. Its requests reach the endpoint
+        with ``TURN_HEADER`` naming ``edge_id`` and ``turn`` (when given)."""
         token = uuid.uuid4().hex
         with self._lock:
             self._turns[token] = []
             self._upstream[token] = []
+            if edge_id is not None:
+                self._labels[token] = f"{edge_id} {turn}"
         return token
 
     def url(self, token: str) -> str:
@@ -142,6 +150,7 @@ class Recorder:
             exchanges = self._turns.pop(token, [])
             self._upstream.pop(token, None)
             self._active.pop(token, None)
+            self._labels.pop(token, None)
             for session in [s for s, t in self._sessions.items() if t == token]:
                 del self._sessions[session]
         return exchanges
@@ -232,6 +241,10 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
             conn = recorder._connect(token)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
             headers["Accept-Encoding"] = "identity"  # the answer is read as it streams
+            with recorder._lock:
+                label = recorder._labels.get(token)
+            if label is not None:
+                headers[TURN_HEADER] = label
             try:
                 conn.request(method, recorder.endpoint.path + rest, body=body or None, headers=headers)
             except (OSError, http.client.HTTPException) as err:  # never sent: the model received nothing
