@@ -172,9 +172,9 @@ class PlannedRun:
         if self.written_to is not None:  # (an earlier attempt at this run id that failed later is replaced)
             copy_snapshots(self.picks, self.written_to, True, self.run_id, self.config.direction or "maximize")
 
-    def begin(self, writer: LogWriter) -> Catalog:
+    def begin(self, writer: LogWriter, teacher_version: str) -> Catalog:
         """The run's first events, in its log and in the engine's catalog (see :func:`_start`)."""
-        return _start(writer, self.config, self.source, self.selection, self.roots)
+        return _start(writer, self.config, self.source, self.selection, self.roots, teacher_version)
 
 
 def plan_run(
@@ -230,7 +230,7 @@ def new_run(
     try:
         plan.copy_roots()
         with LogWriter.create(data_dir, plan.run_id) as writer:
-            catalog = plan.begin(writer)
+            catalog = plan.begin(writer, teacher.version)
             if on_start:
                 on_start(plan.run_id, plan.config)
             _explore(writer, catalog, plan.config, teacher, on_progress, False, executor, ray_address)
@@ -240,15 +240,21 @@ def new_run(
 
 
 def _start(
-    writer: LogWriter, config: RunConfig, source: Path, selection: Selection | None, roots: list[RootAdded]
+    writer: LogWriter,
+    config: RunConfig,
+    source: Path,
+    selection: Selection | None,
+    roots: list[RootAdded],
+    teacher_version: str,
 ) -> Catalog:
-    """The run's first events, in its log and in the engine's catalog: RunStarted, the selection made
-    here (when there is one) and the roots."""
+    """The run's first events, in its log and in the engine's catalog: RunStarted (with the Teacher's
+    version), the selection made here (when there is one) and the roots."""
     catalog = Catalog.empty(threads=DECISION_THREADS)
+    teacher = {"teacher_version": teacher_version}
     if selection is None:
-        catalog.insert(writer.stage([run_started("explore", config, source)]))
+        catalog.insert(writer.stage([run_started("explore", config, source).model_copy(update=teacher)]))
     else:
-        catalog.insert(writer.stage([selection.started, *selection.facts]))
+        catalog.insert(writer.stage([selection.started.model_copy(update=teacher), *selection.facts]))
         detail = picked_detail(catalog, config.task)  # type: ignore[arg-type]
         catalog.insert(writer.stage([SnapshotsPicked(watermark=writer.tail, task=config.task, detail=detail)]))
     catalog.insert(writer.stage(roots))

@@ -105,6 +105,7 @@ FIELD_TYPES: dict[str, pa.DataType] = {
     "target": pa.string(),
     "task": pa.string(),
     "task_run": pa.string(),
+    "teacher_version": pa.string(),
     "text": pa.string(),
     "threshold": pa.float64(),
     "tokens_cache_read": pa.int64(),
@@ -152,8 +153,8 @@ KIND_FIELDS: dict[str, tuple[str, ...]] = {
     ),
     "budget_allocated": ("watermark", "round", "rule", "marks", "grants"),
     "campaign_stopped": ("watermark", "round", "marks", "reason"),
-    "run_started": ("command", "task", "direction", "config", "tool_version"),
-    "run_resumed": ("note",),
+    "run_started": ("command", "task", "direction", "config", "tool_version", "teacher_version"),
+    "run_resumed": ("note", "teacher_version"),
     "run_finished": ("outcome",),
     "snapshot_seen": (
         "task",

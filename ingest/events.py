@@ -47,19 +47,23 @@ class Decision(Event):
 
 
 class RunStarted(Event):
-    """A run began; ``config`` is the whole resolved configuration (secrets redacted)."""
+    """A run began; ``config`` is the whole resolved configuration (secrets redacted); ``tool_version``
+    this project's version, ``teacher_version`` the Teacher runtime's (``opencode-ai 1.18.33``; None
+    in runs recorded before it was)."""
 
     command: str
     task: str | None = None
     direction: Literal["maximize", "minimize"] = "maximize"
     config: dict[str, Any] = Field(default_factory=dict)
     tool_version: str = ""
+    teacher_version: str | None = None
 
 
 class RunResumed(Event):
-    """A run was continued from its log after an interruption."""
+    """A run was continued from its log after an interruption (``teacher_version``: as RunStarted's)."""
 
     note: str = ""
+    teacher_version: str | None = None
 
 
 class RunFinished(Event):

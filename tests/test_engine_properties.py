@@ -39,6 +39,7 @@ class ScriptedTeacher:
     """Turn outcomes drawn by hypothesis, picked by (edge id, turn) whatever the scheduling."""
 
     name = "scripted"
+    version = "scripted"
 
     def __init__(self, outcomes: list[dict]) -> None:
         self.outcomes = outcomes

@@ -5,6 +5,7 @@ select
     run_id,
     seq,
     recorded_at,
-    note
+    note,
+    teacher_version
 from log_run_resumed
 where in_prefix(seq)

@@ -9,6 +9,7 @@ select
     task,
     direction,
     config,
-    tool_version
+    tool_version,
+    teacher_version
 from log_run_started
 where in_prefix(seq)

@@ -140,16 +140,22 @@ def _opened(data_dir: Path, task: str, run_id: str, plan: PlannedRun | None) -> 
             yield run
         return
     plan.copy_roots()
-    with LogWriter.create(data_dir, run_id) as writer:
-        run_catalog = plan.begin(writer)
-        with _engine(TaskRun(task, run_id, writer, run_catalog, plan.config, None, False, False)) as run:
-            yield run
+    teacher = make_teacher(plan.config, EventLog(data_dir, run_id).dir)  # its version starts the log
+    try:
+        with LogWriter.create(data_dir, run_id) as writer:
+            run_catalog = plan.begin(writer, teacher.version)
+            made, teacher = TaskRun(task, run_id, writer, run_catalog, plan.config, teacher, False, False), None
+            with _engine(made) as run:
+                yield run
+    finally:
+        if teacher is not None:  # (not handed to the run: it failed before)
+            teacher.close()
 
 
 @contextlib.contextmanager
 def _engine(run: TaskRun) -> Iterator[TaskRun]:
     """The run with its Teacher (when it is not finished), closed with its cluster on the way out."""
-    if not run.finished:
+    if not run.finished and run.teacher is None:
         run.teacher = make_teacher(run.config, run.writer.log.dir)
     try:
         yield run

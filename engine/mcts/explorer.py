@@ -143,7 +143,7 @@ class Explorer:
         """What comes before the first turn: RunResumed (``resumed``), the grader's and the run's checks."""
         with self._unwinding():
             if resumed:
-                self._stage([RunResumed(note=note)])
+                self._stage([RunResumed(note=note, teacher_version=self.teacher.version)])
                 self._check_backend()
             self._check_grader()
             self._check_run()

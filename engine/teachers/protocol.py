@@ -50,9 +50,10 @@ class TurnRequest:
 
 
 class Teacher(Protocol):
-    """A Teacher backend."""
+    """A Teacher backend; ``version`` names its runtime and version (recorded when a run starts or resumes)."""
 
     name: str
+    version: str
 
     def root_state(self, root: RootInfo) -> dict[str, Any]:
         """The checkpoint of a tree's root (code and shared state of the snapshot)."""

@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine import __version__
 from engine.config import problems
 from engine.teachers.protocol import RootInfo, TurnCancelled, TurnRequest
 from ingest.errors import InputError
@@ -131,6 +132,7 @@ class SimTeacher:
     """Simulated Teacher; ``options`` come from ``backend_options`` in the run config."""
 
     name = "sim"
+    version = f"sim {__version__}"  # the simulation is this project's
 
     def __init__(self, seed: int, options: dict[str, Any] | None = None) -> None:
         try:

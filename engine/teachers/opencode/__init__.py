@@ -122,6 +122,7 @@ class OpenCodeTeacher:
         if node is None:
             kill_marked(str(self.environment.run_dir), RUN_ENV)
         self.environment.init_database()
+        self.version = f"opencode {self.run_store.version()}"
         self.coral = None
         if self.opts.coral_dir:
             check_daemon(self.opts.coral_python, self.environment.env)

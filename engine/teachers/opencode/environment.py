@@ -142,6 +142,24 @@ class Environment:
         """The variables of a turn whose requests go to ``base_url`` (the recorder) instead."""
         return dict(self.env, OPENCODE_CONFIG_CONTENT=json.dumps(opencode_config(self.opts, base_url)))
 
+    def version(self) -> str:
+        """What ``opencode --version`` prints (ProjectError when it cannot run)."""
+        try:
+            done = subprocess.run(
+                [self.bin, "--version"],
+                env=self.env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise ProjectError(f"{self.bin} --version could not run: {err}") from err
+        if done.returncode != 0 or not done.stdout.strip():
+            msg = done.stderr.decode(errors="replace").strip()[-500:]
+            raise ProjectError(f"{self.bin} --version failed: {msg}")
+        return done.stdout.decode(errors="replace").strip().splitlines()[-1]
+
     def init_database(self) -> None:
         """Create OpenCode's database before any turn runs.
 
