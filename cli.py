@@ -386,6 +386,11 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, fmt: str) -> 
 @click.option("--rule", type=click.Choice(["soft", "improved"]), help="Record pairs and labels by this value instead.")
 @click.option("--min-margin", type=FiniteFloat(min=0, max=1), help="With --rule: a pair's least margin (0 to 1].")
 @click.option("--threshold", type=FiniteFloat(min=0, max=1), help="With --rule: a good label's least value (0 to 1].")
+@click.option(
+    "--against-verdict",
+    type=click.Choice(["drop", "keep"]),
+    help="With --rule: drop or keep pairs preferring an attempt that failed the prune test over one that passed.",
+)
 @output()
 def reselect(
     run_id: str,
@@ -395,6 +400,7 @@ def reselect(
     rule: str | None,
     min_margin: float | None,
     threshold: float | None,
+    against_verdict: str | None,
     fmt: str,
 ) -> None:
     """Select paths again with other weights, k or diversity, from the same log (no rollout re-run).
@@ -412,15 +418,15 @@ def reselect(
         python cli.py reselect demo --diversity 0.5
         python cli.py reselect demo --rule improved --min-margin 1 --threshold 1
 
-    With --rule (--min-margin, --threshold) it records the preference pairs, labels and
-    step labels of the run's attempts under that rule instead (export --format
-    dpo|kto|steps --selection ID writes them; docs/ALGORITHM.md, "Paths").
+    With --rule (--min-margin, --threshold, --against-verdict) it records the preference
+    pairs, labels and step labels of the run's attempts under that rule instead (export
+    --format dpo|kto|steps --selection ID writes them; docs/ALGORITHM.md, "Paths").
     """
 
     from engine import outputs
 
-    if rule is None and (min_margin is not None or threshold is not None):
-        raise click.UsageError("--min-margin and --threshold go with --rule")
+    if rule is None and (min_margin is not None or threshold is not None or against_verdict is not None):
+        raise click.UsageError("--min-margin, --threshold and --against-verdict go with --rule")
     if rule is not None:
         if weights is not None or top_k is not None or diversity is not None:
             raise click.UsageError(
@@ -428,7 +434,8 @@ def reselect(
             )
         from engine.supervision import reselect_supervision
 
-        return show(outputs.supervision(reselect_supervision(data_dir(), run_id, rule, min_margin, threshold)), fmt)
+        chosen = reselect_supervision(data_dir(), run_id, rule, min_margin, threshold, against_verdict)
+        return show(outputs.supervision(chosen), fmt)
     from engine.selections import reselect as run
 
     show(outputs.reselection(run(data_dir(), run_id, weights, top_k, diversity)), fmt)

@@ -136,12 +136,15 @@ class SupervisionConfig(_Strict):
     ``rule`` values each finished edge attempt: ``soft``, its soft verifier (0 without a
     score); ``improved``, 1 when it improved on its parent, else 0. Two attempts from one
     node pair when their values differ by at least ``min_margin``; an attempt (and a path's
-    edge) is labelled good when its value is at least ``threshold``.
+    edge) is labelled good when its value is at least ``threshold``. ``against_verdict``: a pair
+    whose chosen attempt failed the tree's prune test (verdict pruned, retry or kept_exempt)
+    while the rejected one passed it (kept) is dropped (``drop``) or made (``keep``).
     """
 
     rule: Literal["soft", "improved"] = "soft"
     min_margin: float = Field(0.1, gt=0, le=1)
     threshold: float = Field(0.7, gt=0, le=1)
+    against_verdict: Literal["keep", "drop"] = "drop"
 
 
 class KnowledgeConfig(_Strict):

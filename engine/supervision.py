@@ -21,12 +21,15 @@ from engine.config import SUPERVISION_RULES, recorded_config
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import SupervisionSelected
 from ingest.log import EventLog, LogWriter
+from ingest.paths import command_line
 
 PAIR_FIELDS = ("tree_id", "node_id", "depth", "chosen_id", "rejected_id", "margin", "task", "stage")
 LABEL_FIELDS = ("tree_id", "edge_id", "node_id", "layer", "value", "label", "task", "stage")
 STEP_FIELDS = ("tree_id", "leaf_id", "edge_ids", "step_values", "step_labels", "task", "stage")
+AGAINST_VERDICT = ("drop", "keep")
 COUNTED = (
     "pairs",
+    "against_verdict",
     "fork_points",
     "pair_n_eff",
     "pair_n_eff_ratio",
@@ -40,11 +43,14 @@ COUNTED = (
 
 @dataclass(frozen=True)
 class Rule:
-    """How attempts are valued (``soft`` or ``improved``), the least margin of a pair, and a good label's threshold."""
+    """How attempts are valued (``soft`` or ``improved``), the least margin of a pair, a good label's
+    threshold, and whether a pair may go against the tree's verdicts (``against_verdict``: ``drop``
+    or ``keep``; see ``views/int_pairs.sql``)."""
 
     rule: str
     min_margin: float
     threshold: float
+    against_verdict: str = "keep"
 
     def variables(self) -> dict[str, Any]:
         """The catalog variables that make the views value, pair and label by this rule."""
@@ -52,25 +58,49 @@ class Rule:
             "supervision_rule": self.rule,
             "supervision_min_margin": float(self.min_margin),
             "supervision_threshold": float(self.threshold),
+            "supervision_against_verdict": self.against_verdict,
         }
 
     @property
     def selection_id(self) -> str:
-        """A digest of the rule and its two numbers."""
-        canon = {"rule": self.rule, "min_margin": float(self.min_margin), "threshold": float(self.threshold)}
+        """A digest of the rule and its numbers (``against_verdict`` only when ``drop``: a selection
+        recorded before the rule had it kept such pairs, and keeps its id)."""
+        canon: dict[str, Any] = {
+            "rule": self.rule,
+            "min_margin": float(self.min_margin),
+            "threshold": float(self.threshold),
+        }
+        if self.against_verdict != "keep":
+            canon["against_verdict"] = self.against_verdict
         return "supervision-" + hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def default_rule(catalog: Catalog) -> Rule:
     """The run config's ``[supervision]`` rule (the defaults in runs recorded before it)."""
-    row = catalog.query("select supervision_rule, supervision_min_margin, supervision_threshold from run_config")[0]
-    return Rule(row["supervision_rule"], row["supervision_min_margin"], row["supervision_threshold"])
+    row = catalog.query(
+        "select supervision_rule, supervision_min_margin, supervision_threshold, supervision_against_verdict "
+        "from run_config"
+    )[0]
+    return Rule(
+        row["supervision_rule"],
+        row["supervision_min_margin"],
+        row["supervision_threshold"],
+        row["supervision_against_verdict"],
+    )
 
 
-def checked_rule(default: Rule, rule: str | None, min_margin: float | None, threshold: float | None) -> Rule:
+def checked_rule(
+    default: Rule,
+    rule: str | None,
+    min_margin: float | None,
+    threshold: float | None,
+    against_verdict: str | None = None,
+) -> Rule:
     """``default`` with what is given instead; OptionError for an unknown rule or a number out of (0, 1]."""
     if rule is not None and rule not in SUPERVISION_RULES:
         raise OptionError("--rule", f"must be one of {', '.join(SUPERVISION_RULES)}, not {rule!r}")
+    if against_verdict is not None and against_verdict not in AGAINST_VERDICT:
+        raise OptionError("--against-verdict", f"must be one of {', '.join(AGAINST_VERDICT)}, not {against_verdict!r}")
     for name, value in (("--min-margin", min_margin), ("--threshold", threshold)):
         if value is not None and not (math.isfinite(value) and 0 < value <= 1):
             raise OptionError(name, f"must be a number above 0 and at most 1, got {value}")
@@ -78,6 +108,7 @@ def checked_rule(default: Rule, rule: str | None, min_margin: float | None, thre
         default.rule if rule is None else rule,
         default.min_margin if min_margin is None else min_margin,
         default.threshold if threshold is None else threshold,
+        default.against_verdict if against_verdict is None else against_verdict,
     )
 
 
@@ -95,6 +126,7 @@ def supervision_decision(catalog: Catalog, watermark: int, rule: Rule) -> Superv
         rule=rule.rule,
         min_margin=float(rule.min_margin),
         threshold=float(rule.threshold),
+        against_verdict=rule.against_verdict,
         pairs=pairs,
         labels=labels,
         step_paths=steps,
@@ -105,23 +137,25 @@ def recorded_supervisions(catalog: Catalog) -> list[dict[str, Any]]:
     """Every SupervisionSelected decision of the run, oldest first: its id, rule and numbers (the lists are
     read through the int_*__recorded views)."""
     return catalog.query(
-        "select seq, watermark, selection_id, rule, min_margin, threshold from stg_supervision_selected order by seq"
+        "select seq, watermark, selection_id, rule, min_margin, threshold, against_verdict "
+        "from stg_supervision_selected order by seq"
     )
 
 
-def recorded_supervision(catalog: Catalog, run_id: str, selection: str | None) -> dict[str, Any]:
+def recorded_supervision(catalog: Catalog, log: EventLog, selection: str | None) -> dict[str, Any]:
     """A recorded supervision selection of the run: the one named, else the run config's default.
 
     LogError when the run has none (no trees, still running, or recorded before
     supervision selections: ``reselect --rule``), InputError when it has none of that id.
     """
+    run_id = log.run_id
     recorded = {s["selection_id"]: s for s in recorded_supervisions(catalog)}
     if not recorded:
         if not catalog.query("select count(*) as n from stg_root_added")[0]["n"]:
             raise LogError(f"run {run_id!r} has no trees (not an exploration run) - no pairs, labels or steps")
         raise LogError(
             f"run {run_id!r} has no supervision selection (still running, or recorded before them: "
-            f"record one with: python cli.py reselect {run_id} --rule soft)"
+            f"record one with: {command_line(log.data_dir, 'reselect', run_id, '--rule', 'soft')})"
         )
     wanted = selection or default_rule(catalog).selection_id
     if wanted not in recorded:
@@ -140,7 +174,12 @@ class Supervision:
 
 
 def reselect_supervision(
-    data, run_id: str, rule: str | None, min_margin: float | None, threshold: float | None
+    data,
+    run_id: str,
+    rule: str | None,
+    min_margin: float | None,
+    threshold: float | None,
+    against_verdict: str | None = None,
 ) -> Supervision:
     """Value, pair and label the attempts by another rule from the same log; record it once."""
     log = EventLog(data, run_id).require()
@@ -149,7 +188,7 @@ def reselect_supervision(
         recorded_config(catalog, log)
         if not catalog.query("select count(*) as n from stg_root_added")[0]["n"]:
             raise LogError(f"run {run_id!r} has no trees - nothing to pair or label")
-        chosen = checked_rule(default_rule(catalog), rule, min_margin, threshold)
+        chosen = checked_rule(default_rule(catalog), rule, min_margin, threshold, against_verdict)
         existing = {s["selection_id"] for s in recorded_supervisions(catalog)}
         appended = chosen.selection_id not in existing
         if appended:

@@ -28,6 +28,7 @@ ENVELOPE = pa.schema(
 )
 
 FIELD_TYPES: dict[str, pa.DataType] = {
+    "against_verdict": pa.string(),
     "agent_id": pa.string(),
     "attempt": pa.int64(),
     "attempt_file": pa.string(),
@@ -147,6 +148,7 @@ KIND_FIELDS: dict[str, tuple[str, ...]] = {
         "rule",
         "min_margin",
         "threshold",
+        "against_verdict",
         "pairs",
         "labels",
         "step_paths",

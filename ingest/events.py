@@ -401,12 +401,16 @@ class SupervisionSelected(Decision):
     (ALGORITHM §3, views ``pairs``, ``labels``, ``steps``): each attempt is valued by ``rule``
     (``soft`` or ``improved``); two attempts from one node pair when their values differ by at
     least ``min_margin``; an attempt or a path's edge is labelled good when its value is at least
-    ``threshold``. The lists hold the ids and values the exports are made of."""
+    ``threshold``. ``against_verdict``: ``drop`` makes no pair whose chosen attempt failed the tree's
+    prune test while the rejected one passed it, ``keep`` makes them (None: a selection recorded
+    before the rule had this part, which kept them). The lists hold the ids and values the exports
+    are made of."""
 
     selection_id: str
     rule: str
     min_margin: float
     threshold: float
+    against_verdict: Literal["keep", "drop"] | None = None
     pairs: list[dict[str, Any]] = Field(default_factory=list)
     labels: list[dict[str, Any]] = Field(default_factory=list)
     step_paths: list[dict[str, Any]] = Field(default_factory=list)

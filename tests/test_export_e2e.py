@@ -20,6 +20,7 @@ from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, st
 
 from cli import cli
 from engine.catalog import Catalog
+from engine.teachers.opencode.options import TURN1, TURN2
 from ingest.log import EventLog
 
 
@@ -60,14 +61,14 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
     answer = {"role": "assistant", "content": "Done with T001.1/e1-1 turn 2."}
     assert sample["messages"] == [*received, answer]
     assert json.loads(sample["tools"]) == placed(requests[-1]["tool_list"])
-    # Both edges of the path, both turns each, the first edge's prompts once.
+    # Both edges of the path, both turns each, the first edge's prompts once: the default prompts,
+    # which name no attempt (the model server learnt each request's turn from the recorder's header).
     prompts = [m["content"] for m in sample["messages"] if m["role"] == "user"]
-    assert [re.search(r"\[edge (\S+) turn (\d)\]", p).groups() for p in prompts] == [
-        ("T001/e1-2", "1"),
-        ("T001/e1-2", "2"),
-        ("T001.1/e1-1", "1"),
-        ("T001.1/e1-1", "2"),
-    ]
+    fill = {"task": sample["metadata"]["task"], "eval_command": "coral eval -m"}
+    assert prompts == [TURN1.format(**fill), TURN2.format(**fill)] * 2
+    assert "[edge" not in (out / "oc.chat.jsonl").read_text()
+    headed = [(q["where"]["edge"], q["where"]["turn"]) for q in model.requests if q["tools"]]
+    assert {("T001/e1-2", 1), ("T001/e1-2", 2), ("T001.1/e1-1", 1), ("T001.1/e1-1", 2)} <= set(headed)
     text = (out / "oc.chat.jsonl").read_text()
     assert "/worktrees/" not in text and "/workspace/solution.py" in text
     # transformers renders the sample as loaded by a trainer, its tools parsed from JSON.
@@ -116,7 +117,10 @@ def test_the_exported_conversation_is_what_the_model_received(tmp_path, roots, s
         answer = {"role": "assistant", "content": f"Done with {edge_id} turn {turn}."}
         assert [*pair["prompt"], *continuation] == [*placed(asked["messages"]), answer], edge_id
         assert json.loads(pair["tools"]) == placed(asked["tool_list"])
-    assert [m["role"] for m in pair["prompt"]] == ["system"]  # a root's attempts share the system prompt only
+    # The two attempts received the same prompt, the turn's included: the pair's sides start with the model's answer.
+    assert [m["role"] for m in pair["prompt"]] == ["system", "user"] and pair["metadata"]["shared_prompt"] is True
+    assert pair["prompt"][-1]["content"] == TURN1.format(**fill)
+    assert pair["chosen"][0]["role"] == pair["rejected"][0]["role"] == "assistant"
     # Parallel calls are recorded in the order the model made them (the note first).
     calls = cat.query("select tool, target from tool_calls where edge_id = 'T001.1/e1-1' and turn = 2 order by seq")
     assert [Path(c["target"]).name for c in calls[:2]] == ["tiling.md", "does_not_exist.txt"]

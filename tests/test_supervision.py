@@ -6,6 +6,8 @@ from __future__ import annotations
 import filecmp
 import itertools
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,7 +30,8 @@ def hand_tree():
 
     - the root: three directions, the second retried (40% tool errors), its retry kept;
     - T1.1: three attempts (two improve on T1.1's 1.6, one does not);
-    - T1.1.1 (layer 3): a pruned attempt (no score, turn 2 skipped) beside a kept one;
+    - T1.1.1 (layer 3): a pruned attempt (no score, turn 2 skipped) and a pruned one that improved (40% tool
+      errors) beside a kept one that did not: a pair against the tree's verdicts;
     - T1.2: one attempt only (no pair).
     """
     events = [root(score=1.0)]
@@ -40,13 +43,17 @@ def hand_tree():
     events += edge("T1.1/e2-1", "T1.1", 1.5, 1.4)  # does not: kept -> T1.1.2
     events += edge("T1.1/e3-1", "T1.1", 1.7, 1.9, calls=10, errors=1)  # improves, one error -> T1.1.3
     events += edge("T1.1.1/e1-1", "T1.1.1", None, None, skip2=True)  # layer 3, no score: pruned
-    events += edge("T1.1.1/e2-1", "T1.1.1", 1.9, 2.0)  # kept -> T1.1.1.1
+    events += edge("T1.1.1/e2-1", "T1.1.1", 1.7, 1.75)  # kept -> T1.1.1.1 (does not improve on 1.8)
+    events += edge("T1.1.1/e3-1", "T1.1.1", 2.5, 2.6, calls=10, errors=4)  # improves, 40% errors: pruned
     events += edge("T1.2/e1-1", "T1.2", 1.0, 1.3)  # T1.2's only attempt -> T1.2.1
     return events
 
 
-def reference(edges: list[dict], rule: str, min_margin: float, threshold: float):
-    """The definitions of ALGORITHM §3 in plain Python over the edges view: values, labels, pairs, steps, N_eff."""
+def reference(edges: list[dict], rule: str, min_margin: float, threshold: float, against_verdict: str = "keep"):
+    """The definitions of ALGORITHM §3 in plain Python over the edges view: values, labels, pairs, steps, N_eff.
+
+    A pair goes against the tree's verdicts when its chosen attempt failed the prune test (a hard
+    failure: no score in a turn, or tool errors above 30%) and its rejected one passed it."""
     done = [e for e in edges if e["verdict"] is not None]
     value = {
         e["edge_id"]: round((e["soft"] or 0.0) if rule == "soft" else (1.0 if e["improved"] else 0.0), 12) for e in done
@@ -55,6 +62,9 @@ def reference(edges: list[dict], rule: str, min_margin: float, threshold: float)
     pairs = set()
     for a, b in itertools.permutations(done, 2):
         gap = round(value[a["edge_id"]] - value[b["edge_id"]], 12)
+        against = hard_fail(a) and not hard_fail(b)
+        if against and against_verdict == "drop":
+            continue
         if a["parent_id"] == b["parent_id"] and gap > 0 and gap >= round(min_margin, 12):
             pairs.add((a["parent_id"], a["edge_id"], b["edge_id"]))
     kept = {e["child_id"]: e for e in done if e["child_id"]}
@@ -73,21 +83,32 @@ def reference(edges: list[dict], rule: str, min_margin: float, threshold: float)
     return value, labels, pairs, steps, n_eff
 
 
+def hard_fail(edge: dict) -> bool:
+    return edge["s1"] is None or edge["s2"] is None or edge["tool_errors"] > 0.3 * edge["tool_calls"]
+
+
 @pytest.mark.parametrize(
-    ("rule", "min_margin", "threshold"),
-    [("soft", 0.1, 0.7), ("soft", 0.3, 0.9), ("improved", 1.0, 1.0), ("improved", 0.5, 0.5)],
+    ("rule", "min_margin", "threshold", "against_verdict"),
+    [
+        ("soft", 0.1, 0.7, "keep"),
+        ("soft", 0.1, 0.7, "drop"),
+        ("soft", 0.3, 0.9, "keep"),
+        ("improved", 1.0, 1.0, "keep"),
+        ("improved", 1.0, 1.0, "drop"),
+        ("improved", 0.5, 0.5, "drop"),
+    ],
 )
-def test_the_views_equal_an_independent_count_from_their_definitions(rule, min_margin, threshold):
+def test_the_views_equal_an_independent_count_from_their_definitions(rule, min_margin, threshold, against_verdict):
     cat = catalog(hand_tree())
     edges = cat.query("select * from edges")
     assert {e["verdict"] for e in edges} == {"kept", "retry", "pruned"}
-    value, labels, pairs, steps, n_eff = reference(edges, rule, min_margin, threshold)
-    with cat.variables.using(**Rule(rule, min_margin, threshold).variables()):
+    value, labels, pairs, steps, n_eff = reference(edges, rule, min_margin, threshold, against_verdict)
+    with cat.variables.using(**Rule(rule, min_margin, threshold, against_verdict).variables()):
         got_labels = {r["edge_id"]: (r["value"], r["label"]) for r in cat.query("select * from labels")}
         got_pairs = {(r["node_id"], r["chosen_id"], r["rejected_id"]) for r in cat.query("select * from pairs")}
         got_steps = {r["leaf_id"]: (r["edge_ids"], r["step_labels"]) for r in cat.query("select * from steps")}
         margins = {(r["chosen_id"], r["rejected_id"]): r["margin"] for r in cat.query("select * from pairs")}
-        decision = supervision_decision(cat, cat.tail_seq(), Rule(rule, min_margin, threshold))
+        decision = supervision_decision(cat, cat.tail_seq(), Rule(rule, min_margin, threshold, against_verdict))
     assert got_labels == {e: (value[e], labels[e]) for e in value}
     assert got_pairs == pairs and pairs
     assert got_steps == steps
@@ -107,6 +128,13 @@ def test_the_views_equal_an_independent_count_from_their_definitions(rule, min_m
     assert counts["pair_n_eff_ratio"] == pytest.approx(n_eff / len(pairs))
     assert (counts["good"], counts["bad"]) == (sum(labels.values()), len(labels) - sum(labels.values()))
     assert counts["step_paths"] == len(steps)
+    failed = {e["edge_id"] for e in edges if hard_fail(e)}
+    against = {(n, a, b) for n, a, b in pairs if a in failed and b not in failed}
+    assert counts["against_verdict"] == len(against)
+    if against_verdict == "drop":
+        assert against == set()
+    elif min_margin < 0.18:  # the pruned attempt of T1.1.1 that improved, over its kept sibling that did not
+        assert against == {("T1.1.1", "T1.1.1/e3-1", "T1.1.1/e2-1")}
     assert at_decisions(recorded).query("select * from audit_supervision_selected") == []
 
 
@@ -209,10 +237,14 @@ def test_each_export_is_the_recorded_selection_and_byte_identical_run_to_run(run
         ]
         assert sum(c["pairs"] for c in counts.values()) == len(rows)
         for row in rows:
-            # Both continuations start with their own turn 1 prompt; the prompt ends before it.
-            assert row["chosen"][0]["role"] == row["rejected"][0]["role"] == "user"
+            # The two attempts received one turn prompt: it ends the prompt, both sides start with an answer.
+            assert row["chosen"][0]["role"] == row["rejected"][0]["role"] == "assistant"
+            assert row["prompt"][-1]["role"] == "user" and row["metadata"]["shared_prompt"] is True
             assert row["chosen"] != row["rejected"] and row["metadata"]["margin"] >= 0.1 - 1e-12
             assert row["prompt"][0]["role"] == "system"
+            # (the run's rule drops pairs that go against the tree's verdicts)
+            assert row["metadata"]["against_verdict"] is False
+        assert run["against_verdict"] == "drop" and run["against_verdict_pairs"] == 0
     if fmt == "kto":
         assert {r["label"] for r in rows} == {True, False}
         assert sum(c["good"] for c in counts.values()) == sum(r["label"] for r in rows)
@@ -300,11 +332,10 @@ def test_a_run_without_a_node_of_two_attempts_exports_no_pair_and_says_why(tmp_p
 
     data = tmp_path / "data"
     hand_run.write(data)
-    assert (
-        invoke(data, "reselect", "hand", "--rule", "improved", "--min-margin", "1", "--threshold", "1").exit_code == 0
-    )
+    chosen = invoke(data, "reselect", "hand", "--rule", "improved", "--min-margin", "1", "--threshold", "1", "--json")
+    assert chosen.exit_code == 0, chosen.output
     pairs = json.loads(invoke(data, "sql", "select count(*) as n from pairs", "--json").stdout)[0]["n"]
-    sid = Rule("improved", 1.0, 1.0).selection_id
+    sid = json.loads(chosen.stdout)["selection_id"]
     r = invoke(data, "export", "hand", "--format", "dpo", "--selection", sid, "--out", str(tmp_path / "p"))
     assert pairs == 0
     assert r.exit_code == 1 and "no preference pair in hand" in r.stderr and "rule improved" in r.stderr
@@ -332,7 +363,11 @@ def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_re
         row = rows[edge_id]
         assert [*row["prompt"], *row["completion"]] == sample["messages"]
         assert row["metadata"]["interrupted_calls"] == sample["metadata"]["interrupted_calls"] != []
-        assert row["prompt"][-1]["role"] == "assistant" and row["completion"][0]["role"] == "user"
+        # The row's prompt runs to the model's first answer: its turn prompt, which names its edge (the hand
+        # run's prompts are as logs recorded before sibling prompts were the same): it says so.
+        assert row["prompt"][-1]["role"] == "user" and row["completion"][0]["role"] == "assistant"
+        assert edge_id in row["prompt"][-1]["content"] and row["metadata"]["shared_prompt"] is False
+    assert rows["T1/e1-1"]["metadata"]["shared_prompt"] is True  # the only attempt from T1
 
 
 @pytest.mark.slow
@@ -359,3 +394,49 @@ def test_an_attempt_without_a_recorded_conversation_is_left_out_and_counted(runs
     assert run["samples"] == len(json.loads(pairs)) - len(involved)
     text = invoke(runs, "export", "unrecorded", "--format", "dpo", "--out", str(tmp_path / "again"))
     assert f"left out {len(involved)} unrecorded" in text.output
+
+
+@pytest.mark.slow
+def test_a_log_whose_turn_prompts_name_their_attempt_exports_rows_that_say_so(runs, tmp_path):
+    """A log recorded when each turn's prompt named its edge (before the attempts from one node shared one):
+    a pair's prompt ends before the two turn prompts, each side starts with its own, and the rows say that
+    sibling prompts differ; the same run with shared prompts gives the prompt to the model's first answer."""
+    marker = re.compile(r"\n\[edge \S+ turn \d\]$")
+
+    def change(rows):
+        for row in rows:
+            if row["kind"] == "conversation_recorded":
+                messages = json.loads(row["messages"])
+                for m in messages:
+                    if m["role"] == "user":
+                        m["content"] += f"\n[edge {row['edge_id']} turn {row['turn']}]"
+                row["messages"] = json.dumps(messages)
+
+    def unmarked(messages):
+        return [m | {"content": marker.sub("", m["content"])} if m["role"] == "user" else m for m in messages]
+
+    forge(runs, "rounds", "named-prompts", change)
+    exported = {}
+    for run in ("rounds", "named-prompts"):
+        for fmt in ("dpo", "kto"):
+            out = tmp_path / f"{run}-{fmt}"
+            assert invoke(runs, "export", run, "--format", fmt, "--out", str(out)).exit_code == 0
+            exported[(run, fmt)] = [json.loads(x) for x in (out / f"{run}.{fmt}.jsonl").open()]
+    named, shared = exported[("named-prompts", "dpo")], exported[("rounds", "dpo")]
+    assert len(named) == len(shared) > 0
+    for old, new in zip(named, shared, strict=True):
+        assert old["metadata"]["shared_prompt"] is False and new["metadata"]["shared_prompt"] is True
+        for side in ("chosen", "rejected"):
+            edge_id = old["metadata"][side]["edge_id"]
+            assert old[side][0]["role"] == "user" and old[side][0]["content"].endswith(f"[edge {edge_id} turn 1]")
+            assert unmarked(old[side][1:]) == new[side]
+        assert unmarked([*old["prompt"], old["chosen"][0]]) == new["prompt"]
+    # Unpaired: every row's prompt runs to its model's first answer; it says whether its node's attempts
+    # shared their turn prompt (an attempt alone at its node always does).
+    named, shared = exported[("named-prompts", "kto")], exported[("rounds", "kto")]
+    siblings = Counter(row["metadata"]["node_id"] for row in shared)
+    for old, new in zip(named, shared, strict=True):
+        assert old["completion"][0]["role"] == new["completion"][0]["role"] == "assistant"
+        assert unmarked(old["prompt"]) == new["prompt"] and unmarked(old["completion"]) == new["completion"]
+        assert new["metadata"]["shared_prompt"] is True
+        assert old["metadata"]["shared_prompt"] is (siblings[new["metadata"]["node_id"]] == 1)

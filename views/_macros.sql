@@ -29,6 +29,12 @@ create or replace macro edge_parts(edge_id) as
         as struct(parent_id varchar, slot integer, attempt integer)
     );
 
+-- Whether a preference pair goes against the tree's verdicts (ALGORITHM §3): its chosen attempt
+-- failed the prune test (verdict pruned, retry, or kept only by an exemption) and its rejected one
+-- passed it (kept).
+create or replace macro against_verdict(chosen_verdict, rejected_verdict) as
+    chosen_verdict in ('pruned', 'retry', 'kept_exempt') and rejected_verdict = 'kept';
+
 -- Numeric ordering key of a node id "T.2.10" -> [2, 10] so that T.2 < T.10.
 create or replace macro node_key(node_id) as
     list_transform(string_split(node_id, '.')[2:], lambda x: cast(x as integer));

@@ -5,7 +5,10 @@
 -- Attempts from the same node started from the same conversation. chosen has the
 -- higher value; the pair holds when value(chosen) - value(rejected) >= min_margin
 -- (both rounded to 12 decimals, so a difference equal to the margin pairs, and equal
--- values never do: min_margin > 0). margin is that difference.
+-- values never do: min_margin > 0). margin is that difference. against_verdict: the
+-- chosen attempt failed the tree's prune test (verdict pruned, retry or kept_exempt)
+-- and the rejected one passed it (kept); the rule's against_verdict 'drop' makes no
+-- such pair, 'keep' makes it.
 select
     c.run_id,
     c.selection_seq,
@@ -27,9 +30,12 @@ select
     r.soft as rejected_soft,
     c.improved as chosen_improved,
     r.improved as rejected_improved,
+    against_verdict(c.verdict, r.verdict) as against_verdict,
     c.recorded and r.recorded as recorded
 from int_attempts__valued as c
 inner join int_attempts__valued as r
     on c.run_id = r.run_id and c.selection_seq = r.selection_seq and c.tree_id = r.tree_id and c.node_id = r.node_id
 inner join int_supervision_rules as rule on c.run_id = rule.run_id and c.selection_seq = rule.selection_seq
-where c.value > r.value and round(c.value - r.value, 12) >= round(rule.min_margin, 12)
+where
+    c.value > r.value and round(c.value - r.value, 12) >= round(rule.min_margin, 12)
+    and (rule.against_verdict = 'keep' or not against_verdict(c.verdict, r.verdict))

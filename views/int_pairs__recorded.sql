@@ -1,8 +1,10 @@
 -- One row per pair of every recorded supervision selection, as recorded (ALGORITHM §3).
 -- grain: run_id, selection_id, tree_id, node_id, chosen_id, rejected_id
--- sources: stg_supervision_selected
+-- sources: stg_supervision_selected, int_edges__started
 --
--- A selection id recorded twice keeps its latest record.
+-- A selection id recorded twice keeps its latest record. against_verdict: the chosen
+-- attempt failed the tree's prune test and the rejected one passed it (the macro
+-- against_verdict over the attempts' verdicts, which never change once recorded).
 with lists as (
     select
         run_id,
@@ -15,11 +17,20 @@ with lists as (
         ) as recorded
     from stg_supervision_selected
     qualify row_number() over (partition by run_id, selection_id order by seq desc) = 1
+),
+
+pairs as (
+    select
+        run_id,
+        seq as selection_seq,
+        selection_id,
+        unnest(recorded, recursive := true)
+    from lists
 )
 
 select
-    run_id,
-    seq as selection_seq,
-    selection_id,
-    unnest(recorded, recursive := true)
-from lists
+    p.*,
+    against_verdict(c.verdict, r.verdict) as against_verdict
+from pairs as p
+left join int_edges__started as c on p.run_id = c.run_id and p.tree_id = c.tree_id and p.chosen_id = c.edge_id
+left join int_edges__started as r on p.run_id = r.run_id and p.tree_id = r.tree_id and p.rejected_id = r.edge_id

@@ -3,9 +3,9 @@
 -- sources: stg_supervision_selected, run_config
 --
 -- selection_seq 0 is the current rule, over the whole prefix (asof_seq null): the run
--- config's [supervision] rule, min_margin and threshold, or the variables
--- supervision_rule, supervision_min_margin and supervision_threshold where set (a
--- reselection, or a user's what-if). With `set variable asof_points = 'decisions'`
+-- config's [supervision] rule, min_margin, threshold and against_verdict, or the
+-- variables supervision_rule, supervision_min_margin, supervision_threshold and
+-- supervision_against_verdict where set (a reselection, or a user's what-if). With `set variable asof_points = 'decisions'`
 -- every recorded SupervisionSelected decision adds its own rule at its watermark.
 with current_rule as (
     select
@@ -14,7 +14,8 @@ with current_rule as (
         cast(null as bigint) as asof_seq,
         coalesce(getvariable('supervision_rule'), supervision_rule) as rule,
         coalesce(getvariable('supervision_min_margin'), supervision_min_margin) as min_margin,
-        coalesce(getvariable('supervision_threshold'), supervision_threshold) as threshold
+        coalesce(getvariable('supervision_threshold'), supervision_threshold) as threshold,
+        coalesce(getvariable('supervision_against_verdict'), supervision_against_verdict) as against_verdict
     from run_config
 ),
 
@@ -25,7 +26,8 @@ recorded as (
         watermark as asof_seq,
         rule,
         min_margin,
-        threshold
+        threshold,
+        against_verdict
     from stg_supervision_selected
     where coalesce(getvariable('asof_points'), 'now') = 'decisions'
 )

@@ -74,6 +74,9 @@ final as (
             as supervision_min_margin,
         coalesce(cast(json_extract_string(config, '$.supervision.threshold') as double), 0.7)
             as supervision_threshold,
+        -- (a run recorded before the rule had it made such pairs)
+        coalesce(json_extract_string(config, '$.supervision.against_verdict'), 'keep')
+            as supervision_against_verdict,
         cast(json_extract(config, '$.knowledge.file_tools') as varchar[]) as file_tools,
         cast(json_extract(config, '$.knowledge.shell_tools') as varchar[]) as shell_tools,
         cast(json_extract(config, '$.knowledge.knowledge_tools') as varchar[]) as knowledge_tools,

@@ -9,6 +9,7 @@ select
     rule,
     min_margin,
     threshold,
+    coalesce(against_verdict, 'keep') as against_verdict,  -- recorded before the rule had it: kept
     pairs,
     labels,
     step_paths

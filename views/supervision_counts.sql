@@ -7,7 +7,9 @@
 -- comparisons (the pairs between them form one connected graph, and any spanning
 -- tree of it implies the rest). pair_n_eff sums that over the fork points (nodes
 -- with a pair); pair_n_eff_ratio = pair_n_eff / pairs. The counts add up over
--- strata (a node belongs to one tree, so to one task and stage).
+-- strata (a node belongs to one tree, so to one task and stage). against_verdict:
+-- the pairs whose chosen attempt failed the tree's prune test and rejected passed it
+-- (none under a rule that drops them).
 with involved as (
     select run_id, selection_id, task, stage, tree_id, node_id, chosen_id as edge_id
     from int_pairs__recorded
@@ -33,7 +35,13 @@ forks as (
 ),
 
 pair_counts as (
-    select run_id, selection_id, task, stage, count(*) as pairs
+    select
+        run_id,
+        selection_id,
+        task,
+        stage,
+        count(*) as pairs,
+        count(*) filter (where against_verdict) as against_verdict
     from int_pairs__recorded
     group by all
 ),
@@ -71,6 +79,7 @@ select
     s.task,
     s.stage,
     coalesce(p.pairs, 0) as pairs,
+    coalesce(p.against_verdict, 0) as against_verdict,
     coalesce(f.fork_points, 0) as fork_points,
     coalesce(f.pair_n_eff, 0) as pair_n_eff,
     case when p.pairs > 0 then f.pair_n_eff / p.pairs end as pair_n_eff_ratio,

@@ -204,14 +204,17 @@ def _write_supervised(
         "rule": chosen["rule"],
         "min_margin": chosen["min_margin"],
         "threshold": chosen["threshold"],
+        "against_verdict": chosen["against_verdict"],
         "file": name,
         "samples": sum(written.counts.values()),
         "left_out": {
             "unrecorded": written.unrecorded,
             "differing_prompts": written.differing_prompts,
+            "no_answer": written.no_answer,
             "invalid_calls": written.dropped_invalid,
         },
         "invalid_call_samples": written.invalid,
+        **({"against_verdict_pairs": written.against_verdict} if fmt == "dpo" else {}),
         "supervision": run.counts,
         "counts": written.counts,
     }

@@ -14,6 +14,7 @@ a batch at a time. A turn's messages stay JSON text until a path needs them
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -169,6 +170,21 @@ def _answer_dangling_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any
             pending += missing
     out += [{"role": "tool", "tool_call_id": c, "content": INTERRUPTED} for c in pending]
     return out
+
+
+def same_content(conversations: list[list[dict[str, Any]]]) -> int:
+    """How many leading messages the conversations share in content: role, text, reasoning, calls'
+    names and arguments; not the ids a model server gives calls (they differ between equal answers)."""
+    contents = [map(_content, messages) for messages in conversations]
+    return sum(1 for _ in itertools.takewhile(lambda m: all(x == m[0] for x in m), zip(*contents, strict=False)))
+
+
+def _content(message: dict[str, Any]) -> tuple:
+    calls = [
+        ((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+        for c in message.get("tool_calls") or []
+    ]
+    return message.get("role"), message.get("content"), message.get("reasoning_content"), calls
 
 
 def invalid_calls(conv: PathConversation) -> list[str]:

@@ -5,20 +5,30 @@ names which attempts pair, how each is labelled and each path's step labels; thi
 module renders them from the turns' recorded conversations, as the SFT export
 renders a path (:func:`~engine.export.conversations.join_turns`):
 
-- the **prompt** of an attempt is the conversation its node's path had, exactly as
-  the attempt's model received it before its own first message (the system prompt,
-  and every message of the turns root to the node);
-- its **continuation** is its own messages: both turns (turn 1's prompt, the model's
-  answers, the tool results, the eval it ran as the model saw it, turn 2's prompt...).
+- the **prompt** of an attempt is everything its model received before its first
+  answer: the system prompt, every message of the turns root to the node, then the
+  attempt's own turn prompt (its messages before its first assistant message);
+- its **continuation** is the rest of its own messages, from the model's first answer:
+  both turns (the answers, the tool results, the eval it ran as the model saw it,
+  turn 2's prompt...).
+
+Attempts from one node receive the same turn prompt (the prompts name no attempt), so
+a pair's two sides share their prompt up to the model's first answer. A log recorded
+when turn prompts named their edge (``[edge <id> turn <n>]``) gives siblings
+different turn prompts: a pair's prompt then ends before them and each side starts
+with its own turn prompt, and ``metadata.shared_prompt`` is false (see
+:func:`_split`).
 
 ``dpo``: TRL's conversational preference format (``prompt``, ``chosen``,
 ``rejected``) for ``DPOTrainer``; a pair is written only when both attempts received
-the same prompt (system prompt, tools and messages), else counted. ``kto``: TRL's
-unpaired preference format (``prompt``, ``completion``, ``label``) for
-``KTOTrainer``, one row per labelled attempt. ``steps``: TRL's stepwise supervision
-(``prompt``, ``completions``, ``labels``) with each completion an edge's
-continuation (a list of messages), root to leaf. Each row carries ``tools`` (JSON
-text, as the SFT samples) and ``metadata``.
+the same conversation before their own turn prompts (system prompt, tools and
+messages), else counted. ``kto``: TRL's unpaired preference format (``prompt``,
+``completion``, ``label``) for ``KTOTrainer``, one row per labelled attempt.
+``steps``: TRL's stepwise supervision (``prompt``, ``completions``, ``labels``) with
+each completion an edge's continuation (a list of messages), root to leaf. Each row
+carries ``tools`` (JSON text, as the SFT samples) and ``metadata``. An attempt whose
+model never answered (no assistant message of its own) has nothing of the model's to
+train on: it is left out and counted (``no_answer``).
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from engine.catalog import Catalog
@@ -38,6 +50,7 @@ from engine.export.conversations import (
     invalid_calls,
     join_turns,
     read_conversations,
+    same_content,
 )
 from engine.supervision import recorded_supervision, supervision_counts
 from ingest.log import EventLog
@@ -125,7 +138,7 @@ def prepare_supervised(
 ) -> SupervisedRun:
     """Read what one run's ``fmt`` samples are made of (``catalog``: its state, from :mod:`engine.derived`)."""
     run_id = log.run_id
-    chosen = recorded_supervision(catalog, run_id, selection)
+    chosen = recorded_supervision(catalog, log, selection)
     sid, tail = chosen["selection_id"], catalog.tail_seq()
     filters = "selection_id = ? and (? is null or task = ?) and (? is null or stage = ?)"
     args = [sid, task, task, stage, stage]
@@ -228,13 +241,9 @@ def node_attempts(catalog: Catalog, log: EventLog, tree_id: str, node_id: str, w
 
 
 def _diverge(own: list[list[dict[str, Any]]]) -> int | None:
-    """Where the attempts' own messages first differ (an offset into each; None: fewer than two attempts)."""
-    if len(own) < 2:
-        return None
-    k = 0
-    while all(k < len(m) for m in own) and all(m[k] == own[0][k] for m in own):
-        k += 1
-    return k
+    """Where the attempts' own messages first differ in content (an offset into each; None: fewer than two
+    attempts)."""
+    return same_content(own) if len(own) >= 2 else None
 
 
 @dataclass
@@ -243,7 +252,9 @@ class Written:
 
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)
     unrecorded: int = 0  # a turn of an attempt recorded no conversation
-    differing_prompts: int = 0  # dpo: the two attempts received different prompts
+    differing_prompts: int = 0  # dpo: the two attempts received different conversations before their turn prompts
+    no_answer: int = 0  # the model never answered in an attempt (nothing of its own to train on)
+    against_verdict: int = 0  # dpo: pairs whose chosen attempt failed the tree's prune test and rejected passed
     invalid: int = 0  # a call of a tool the model was not offered
     dropped_invalid: int = 0
 
@@ -253,82 +264,121 @@ def supervised_samples(
 ) -> Iterator[dict[str, Any]]:
     """Yield each sample of ``run`` in the recorded order, tallying in ``written`` what is written and left out."""
     base = {"run_id": run.run_id, "selection_id": run.chosen["selection_id"], "rule": run.chosen["rule"]}
-    for row in run.rows:
-        sample = _sample(run, fmt, row, base, workspace, reasoning, written)
-        if sample is None:
-            continue
-        if sample["metadata"]["invalid_calls"]:
-            written.invalid += 1
-            if drop_invalid:
-                written.dropped_invalid += 1
+    for _tree, rows in groupby(run.rows, key=itemgetter("tree_id")):  # a tree at a time (its turns parsed once)
+        for row, sample in _tree_samples(run, fmt, list(rows), base, workspace, reasoning, written):
+            if sample is None:
                 continue
-        written.counts[(row["task"] or "", row["stage"] or "")] += 1
-        yield sample
+            if sample["metadata"]["invalid_calls"]:
+                written.invalid += 1
+                if drop_invalid:
+                    written.dropped_invalid += 1
+                    continue
+            if sample["metadata"].get("against_verdict"):
+                written.against_verdict += 1
+            written.counts[(row["task"] or "", row["stage"] or "")] += 1
+            yield sample
 
 
-def _sample(run, fmt, row, base, workspace, reasoning, written) -> dict[str, Any] | None:
-    tree = row["tree_id"]
-    where = {"task": row["task"], "stage": row["stage"], "tree_id": tree, "workspace": workspace}
+def _tree_samples(run, fmt, rows, base, workspace, reasoning, written):
+    """Each row of one tree with its sample (None: left out, counted in ``written``)."""
     if fmt == "dpo":
-        chosen = run.attempt(tree, row["node_id"], row["chosen_id"])
-        rejected = run.attempt(tree, row["node_id"], row["rejected_id"])
-        if chosen is None or rejected is None:
-            written.unrecorded += 1
-            return None
-        (c, cs), (r, rs) = chosen, rejected
-        prompt = [*c.system, *c.messages[:cs]]
-        if prompt != [*r.system, *r.messages[:rs]] or c.tools != r.tools:
-            written.differing_prompts += 1
-            return None
-        metadata = (
-            base
-            | where
-            | {
-                "node_id": row["node_id"],
-                "depth": row["depth"],
-                "margin": row["margin"],
-                "chosen": run.fields(tree, row["chosen_id"]),
-                "rejected": run.fields(tree, row["rejected_id"]),
-                "interrupted_calls": _interrupted(c, cs) + _interrupted(r, rs),
-                "invalid_calls": list(dict.fromkeys(invalid_calls(c) + invalid_calls(r))),
-            }
-        )
-        return {
-            "prompt": _strip(prompt, reasoning),
-            "chosen": _strip(c.messages[cs:], reasoning),
-            "rejected": _strip(r.messages[rs:], reasoning),
-            "tools": json.dumps(c.tools, ensure_ascii=False),
-            "metadata": metadata,
-        }
-    if fmt == "kto":
-        made = run.attempt(tree, row["node_id"], row["edge_id"])
-        if made is None:
-            written.unrecorded += 1
-            return None
-        conv, start = made
-        metadata = (
-            base
-            | where
-            | {
-                "node_id": row["node_id"],
-                "layer": row["layer"],
-                "attempt": run.fields(tree, row["edge_id"]),
-                "interrupted_calls": _interrupted(conv, start),
-                "invalid_calls": invalid_calls(conv),
-            }
-        )
-        return {
-            "prompt": _strip([*conv.system, *conv.messages[:start]], reasoning),
-            "completion": _strip(conv.messages[start:], reasoning),
-            "label": bool(row["label"]),
-            "tools": json.dumps(conv.tools, ensure_ascii=False),
-            "metadata": metadata,
-        }
-    return _steps(run, row, base | where, reasoning, written)
+        for row in rows:
+            yield row, _pair(run, row, base | _where(row, workspace), reasoning, written)
+    elif fmt == "kto":
+        made = [run.attempt(row["tree_id"], row["node_id"], row["edge_id"]) for row in rows]
+        prompts: dict[str, set[str]] = {}  # node -> the turn prompts its attempts received
+        for row, attempt in zip(rows, made, strict=True):
+            if attempt is not None and (answer := _answer_at(*attempt)) is not None:
+                conv, start = attempt
+                prompts.setdefault(row["node_id"], set()).add(json.dumps(conv.messages[start:answer], sort_keys=True))
+        for row, attempt in zip(rows, made, strict=True):
+            shared = len(prompts.get(row["node_id"], ())) <= 1
+            yield row, _label(run, row, attempt, shared, base | _where(row, workspace), reasoning, written)
+    else:
+        for row in rows:
+            yield row, _steps(run, row, base | _where(row, workspace), reasoning, written)
+
+
+def _where(row: dict[str, Any], workspace: str) -> dict[str, Any]:
+    return {"task": row["task"], "stage": row["stage"], "tree_id": row["tree_id"], "workspace": workspace}
+
+
+def _answer_at(conv: PathConversation, start: int) -> int | None:
+    """Where the model's first answer from ``start`` on is (None: it never answered): the attempt's
+    turn prompt is ``conv.messages[start:answer]``, what the model made starts at the answer."""
+    return next((i for i in range(start, len(conv.messages)) if conv.messages[i].get("role") == "assistant"), None)
+
+
+def _pair(run, row, metadata, reasoning, written) -> dict[str, Any] | None:
+    tree = row["tree_id"]
+    chosen = run.attempt(tree, row["node_id"], row["chosen_id"])
+    rejected = run.attempt(tree, row["node_id"], row["rejected_id"])
+    if chosen is None or rejected is None:
+        written.unrecorded += 1
+        return None
+    (c, cs), (r, rs) = chosen, rejected
+    ca, ra = _answer_at(c, cs), _answer_at(r, rs)
+    if ca is None or ra is None:
+        written.no_answer += 1
+        return None
+    prompt = [*c.system, *c.messages[:cs]]
+    if prompt != [*r.system, *r.messages[:rs]] or c.tools != r.tools:
+        written.differing_prompts += 1
+        return None
+    shared = c.messages[cs:ca] == r.messages[rs:ra]
+    if shared:  # the prompt runs to the model's first answer, the same for both
+        prompt, cs, rs = prompt + c.messages[cs:ca], ca, ra
+    chosen_fields, rejected_fields = run.fields(tree, row["chosen_id"]), run.fields(tree, row["rejected_id"])
+    return {
+        "prompt": _strip(prompt, reasoning),
+        "chosen": _strip(c.messages[cs:], reasoning),
+        "rejected": _strip(r.messages[rs:], reasoning),
+        "tools": json.dumps(c.tools, ensure_ascii=False),
+        "metadata": metadata
+        | {
+            "node_id": row["node_id"],
+            "depth": row["depth"],
+            "margin": row["margin"],
+            "shared_prompt": shared,
+            "against_verdict": bool(row["against_verdict"]),
+            "chosen": chosen_fields,
+            "rejected": rejected_fields,
+            "interrupted_calls": _interrupted(c, cs) + _interrupted(r, rs),
+            "invalid_calls": list(dict.fromkeys(invalid_calls(c) + invalid_calls(r))),
+        },
+    }
+
+
+def _label(run, row, attempt, shared, metadata, reasoning, written) -> dict[str, Any] | None:
+    """An attempt's unpaired sample; ``shared``: every attempt of its node here received its turn prompt."""
+    if attempt is None:
+        written.unrecorded += 1
+        return None
+    conv, start = attempt
+    answer = _answer_at(conv, start)
+    if answer is None:
+        written.no_answer += 1
+        return None
+    return {
+        "prompt": _strip([*conv.system, *conv.messages[:answer]], reasoning),
+        "completion": _strip(conv.messages[answer:], reasoning),
+        "label": bool(row["label"]),
+        "tools": json.dumps(conv.tools, ensure_ascii=False),
+        "metadata": metadata
+        | {
+            "node_id": row["node_id"],
+            "layer": row["layer"],
+            "shared_prompt": shared,
+            "attempt": run.fields(row["tree_id"], row["edge_id"]),
+            "interrupted_calls": _interrupted(conv, answer),
+            "invalid_calls": invalid_calls(conv),
+        },
+    }
 
 
 def _steps(run, row, metadata, reasoning, written) -> dict[str, Any] | None:
-    """A path's stepwise sample: the leaf's conversation cut where each edge's own messages start."""
+    """A path's stepwise sample: the leaf's conversation cut where each edge's own messages start (the first
+    edge's at the model's first answer, its turn prompt ending the prompt)."""
     tree, edges = row["tree_id"], row["edge_ids"]
     leaf = row["leaf_id"]
     node, (last,) = _sides("steps", row)
@@ -343,10 +393,14 @@ def _steps(run, row, metadata, reasoning, written) -> dict[str, Any] | None:
     if None in starts:  # an edge of the path has no message of its own in the leaf's conversation
         written.unrecorded += 1
         return None
-    bounds = [*starts, len(conv.messages)]
+    first = _answer_at(conv, starts[0])
+    if first is None or (len(starts) > 1 and first >= starts[1]):
+        written.no_answer += 1
+        return None
+    bounds = [first, *starts[1:], len(conv.messages)]
     completions = [_strip(conv.messages[a:b], reasoning) for a, b in zip(bounds, bounds[1:], strict=False)]
     return {
-        "prompt": _strip([*conv.system, *conv.messages[: starts[0]]], reasoning),
+        "prompt": _strip([*conv.system, *conv.messages[:first]], reasoning),
         "completions": completions,
         "labels": [bool(x) for x in row["step_labels"]],
         "tools": json.dumps(conv.tools, ensure_ascii=False),

@@ -289,15 +289,16 @@ def supervision(result: Any) -> Output:
         "rule": sel["rule"],
         "min_margin": sel["min_margin"],
         "threshold": sel["threshold"],
+        "against_verdict": sel["against_verdict"],
         "counts": result.counts,
     }
     state = "appended" if result.appended else "already recorded"
+    columns = ["task", "stage", "pairs", "against_verdict", "fork_points", "pair_n_eff", "good", "bad", "step_paths"]
     lines = [
         f"supervision selection {sel['selection_id']} ({state}): rule {sel['rule']}, "
-        f"min margin {sel['min_margin']:g}, threshold {sel['threshold']:g}",
-        table(result.counts, ["task", "stage", "pairs", "fork_points", "pair_n_eff", "good", "bad", "step_paths"])
-        if result.counts
-        else "no finished attempt: nothing to pair or label",
+        f"min margin {sel['min_margin']:g}, threshold {sel['threshold']:g}, "
+        f"pairs against the tree's verdict: {sel['against_verdict']}",
+        table(result.counts, columns) if result.counts else "no finished attempt: nothing to pair or label",
     ]
     return Output(document, lines)
 
@@ -360,11 +361,20 @@ def export(result: Any, invalid: str) -> Output:
         left = {k: n for k, n in run.get("left_out", {}).items() if n and k != "invalid_calls"}
         if left:
             lines.append(f"run {run['run_id']}: left out {', '.join(f'{n} {k}' for k, n in left.items())}")
+        if run.get("against_verdict_pairs"):
+            lines.append(
+                f"run {run['run_id']}: {run['against_verdict_pairs']} pairs prefer an attempt that failed the "
+                "tree's prune test over one that passed it (metadata.against_verdict)"
+            )
         if run.get("supervision"):
             lines += [
                 f"run {run['run_id']}: rule {run['rule']}, min margin {run['min_margin']:g}, "
-                f"threshold {run['threshold']:g} (the whole selection; pairs at one node share a prompt):",
-                table(run["supervision"], ["task", "stage", "pairs", "fork_points", "pair_n_eff", "good", "bad"]),
+                f"threshold {run['threshold']:g}, pairs against the tree's verdict: {run['against_verdict']} "
+                "(the whole selection; pairs at one node share a prompt):",
+                table(
+                    run["supervision"],
+                    ["task", "stage", "pairs", "against_verdict", "fork_points", "pair_n_eff", "good", "bad"],
+                ),
             ]
     if "max_chars" in m:
         longest = f", {m['max_tokens']} tokens" if "max_tokens" in m else ""

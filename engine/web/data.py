@@ -144,6 +144,7 @@ class Source:
         """Selected paths of a tree side by side from where their conversations part: each path's sample as
         ``export`` writes it, and the code each changed from the last node they share (:mod:`engine.web.code`)."""
         from engine.derived import Derived
+        from engine.export.conversations import same_content
         from engine.web.code import diff, node_code
 
         kept = all(self.kept(run_id, tree_id, leaf, None) for leaf in leaves)
@@ -160,9 +161,7 @@ class Source:
         start = node_code(query, tree_id, fork)
         code = [diff(start, node_code(query, tree_id, leaf)) for leaf in leaves]
         messages = [sample["messages"] for sample, _conv in samples]
-        shared = 0
-        while all(shared < len(m) for m in messages) and all(m[shared] == messages[0][shared] for m in messages):
-            shared += 1
+        shared = same_content(messages)
         columns = []
         for (sample, conv), leaf, changed in zip(samples, leaves, code, strict=True):
             system = len(sample["messages"]) - len(conv.owners)
