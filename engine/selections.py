@@ -63,6 +63,12 @@ class Params:
             "path_diversity": self.diversity,
         }
 
+    @classmethod
+    def of(cls, selection: dict[str, Any]) -> Params:
+        """The parameters a recorded selection was made with (its weights hold the diversity when set)."""
+        weights = selection["weights"]
+        return cls({k: float(weights[k]) for k in WEIGHT_KEYS}, int(selection["top_k"]), weights.get("diversity"))
+
     @property
     def selection_id(self) -> str:
         """A digest of the parameters (diversity only when set, so plain ids stay as they were)."""

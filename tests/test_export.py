@@ -296,10 +296,11 @@ def test_export_of_several_runs_and_an_earlier_export_replaced(hand, runs, tmp_p
     assert code == 0, err
     manifest = json.loads(stdout)
     assert [r["run_id"] for r in manifest["runs"]] == ["hand", "rounds"]
-    assert sorted(p.name for p in out.iterdir()) == ["hand.chat.jsonl", "manifest.json", "rounds.chat.jsonl"]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["README.md", "hand.chat.jsonl", "manifest.json", "rounds.chat.jsonl"]
     code, _, err = export(data, "hand", "--out", str(out), "--overwrite", "--format", "atif")
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["hand.atif.jsonl", "manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "hand.atif.jsonl", "manifest.json"]
     on_disk = json.loads((out / "manifest.json").read_text())
     import hashlib
 

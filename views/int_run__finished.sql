@@ -4,7 +4,14 @@
 --
 -- The one definition the progress views, the audits and the engine read. A run
 -- stopped (RunStopped) or interrupted has not finished; its resume may finish it.
+-- finished_at: when its last RunFinished was recorded (null: not finished).
 select
     cfg.run_id,
-    exists (select 1 from stg_run_finished as f where f.run_id = cfg.run_id) as finished
+    f.run_id is not null as finished,
+    f.finished_at
 from run_config as cfg
+left join (
+    select run_id, arg_max(recorded_at, seq) as finished_at
+    from stg_run_finished
+    group by all
+) as f on cfg.run_id = f.run_id

@@ -26,6 +26,7 @@ from typing import Any
 from engine.catalog import Catalog
 from engine.config import recorded_config
 from engine.derived import Derived
+from engine.export.card import card, coverage, provenance
 from engine.export.conversations import (
     Contents,
     PathConversation,
@@ -133,8 +134,12 @@ def export_runs(
         def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport | SupervisedRun:
             with derived.open(log.run_id) as catalog:
                 if supervised:
-                    return prepare_supervised(log, catalog, selection, fmt, task=task, stage=stage, workspace=workspace)
-                return _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
+                    run = prepare_supervised(log, catalog, selection, fmt, task=task, stage=stage, workspace=workspace)
+                else:
+                    run = _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
+                    run.coverage = coverage(catalog, run.chosen)
+                run.provenance = provenance(catalog)
+                return run
 
         records = [
             _write_supervised(target, run, fmt, workspace, reasoning, invalid)
@@ -145,7 +150,17 @@ def export_runs(
         if not any(r["samples"] for r in records):
             _nothing_written(records, runs, fmt, task, stage)
         manifest = _manifest(records, target.files, fmt, selection, task, stage, workspace, reasoning, invalid, lengths)
-        return ExportResult(target.commit(manifest), manifest, damaged)
+        options = [
+            *(["--selection", selection] if selection else []),
+            *(["--task", task] if task else []),
+            *(["--stage", stage] if stage else []),
+            *(["--workspace", workspace] if workspace != DEFAULT_WORKSPACE else []),
+            *([] if reasoning else ["--no-reasoning"]),
+            *(["--invalid-calls", invalid] if invalid != "keep" else []),
+            *(["--tokenizer", tokenizer] if tokenizer else []),
+        ]
+        text = card(manifest, target.shape, data_dir, options)
+        return ExportResult(target.commit(manifest, text), manifest, damaged)
     except OSError as err:
         target.abandon()
         raise OutputError(f"{target.out}: cannot write the export ({os_problem(err)}); nothing was written") from err
@@ -215,6 +230,7 @@ def _write_supervised(
         },
         "invalid_call_samples": written.invalid,
         **({"against_verdict_pairs": written.against_verdict} if fmt == "dpo" else {}),
+        "provenance": run.provenance,
         "supervision": run.counts,
         "counts": written.counts,
     }
@@ -233,6 +249,8 @@ class _RunExport:
     contents: Contents
     extras: tuple[dict, dict] | None
     agent: dict[str, Any]
+    provenance: dict[str, Any] = field(default_factory=dict)  # the run's row of run_provenance (the card's)
+    coverage: list[dict[str, Any]] = field(default_factory=list)  # N_eff of the selection by task and stage
 
     def conversation(self, path: dict[str, Any], workspace: str) -> tuple[PathConversation, dict[str, Any]]:
         """A path's conversation, root to leaf, and its sample's metadata."""
@@ -352,6 +370,8 @@ def _write_run(
         "file": name,
         "samples": sum(counts.values()),
         "invalid_call_samples": with_invalid,
+        "provenance": run.provenance,
+        "coverage": run.coverage,
         "counts": counts,
     }
 

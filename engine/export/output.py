@@ -15,9 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from engine.export.features import NULL, merge, shape_of
 from ingest.errors import InputError, OutputError, os_problem
 
 MANIFEST = "manifest.json"
+CARD = "README.md"  # the dataset card (engine/export/card.py)
 MADE_BY = "teacher-mcts export"
 
 
@@ -45,7 +47,7 @@ def _earlier_export(out: Path) -> set[str] | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("made_by") != MADE_BY:
         return None
-    return {MANIFEST, *manifest.get("files", {})}
+    return {MANIFEST, CARD, *manifest.get("files", {})}
 
 
 class ExportDir:
@@ -57,6 +59,7 @@ class ExportDir:
         check_out(self.out, overwrite)
         self.staging = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
         self.files: dict[str, dict[str, Any]] = {}
+        self.shape = NULL  # every row's features merged (the dataset card declares them)
         self._open: tuple[str, BinaryIO, Any] | None = None
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +85,7 @@ class ExportDir:
         line = (json.dumps(sample, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode()
         fh.write(line)
         digest.update(line)
+        self.shape = merge(self.shape, shape_of(sample))
         self.files[name]["samples"] += 1
 
     def end(self) -> None:
@@ -94,10 +98,11 @@ class ExportDir:
         fh.close()
         self.files[name].update(bytes=size, sha256=digest.hexdigest())
 
-    def commit(self, manifest: dict[str, Any]) -> Path:
-        """Write the manifest and move the export into place (replacing an earlier one)."""
+    def commit(self, manifest: dict[str, Any], card: str) -> Path:
+        """Write the manifest and the dataset card and move the export into place (replacing an earlier one)."""
         self.end()
         (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        (self.staging / CARD).write_text(card)
         if self.out.exists():
             check_out(self.out, self.overwrite)  # again: it may have changed meanwhile
             old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"

@@ -111,6 +111,7 @@ class SupervisedRun:
     conversations: TurnConversations
     contents: Contents
     counts: list[dict[str, Any]]
+    provenance: dict[str, Any] = field(default_factory=dict)  # the run's row of run_provenance (the card's)
 
     def attempt(self, tree_id: str, node_id: str, edge_id: str) -> tuple[PathConversation, int] | None:
         """The conversation of ``node_id``'s path then the attempt ``edge_id``, and where the attempt's
