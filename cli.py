@@ -800,6 +800,9 @@ def quarantine(run_id: str, part: str, fmt: str) -> None:
 
 def main() -> NoReturn:
     """Run the command line and end the process (``engine.process.run_to_exit``: no interpreter teardown)."""
+    from ingest.paths import set_program
+
+    set_program(sys.argv[0])  # hints printed begin as this command did
     run_to_exit(cli)
 
 

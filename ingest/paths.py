@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -20,14 +21,31 @@ def default_data_dir() -> Path:
     return Path(os.environ.get(DATA_ENV) or "data")
 
 
+_program = ["python cli.py"]  # how the user invoked the command line (set_program)
+
+
+def set_program(argv0: str) -> None:
+    """Make hints begin as the user's command did (``sys.argv[0]``): ``teacher-mcts`` when the
+    installed script ran and PATH finds that one, else its path; ``python <the path typed>`` for
+    ``cli.py`` (relative paths as typed: the hint is pasted where the command was typed)."""
+    path = Path(argv0)
+    if path.suffix == ".py":
+        _program[0] = f"python {shlex.quote(argv0)}"
+    elif path.name == "teacher-mcts":
+        found = shutil.which("teacher-mcts")
+        same = found is not None and Path(found).resolve() == path.resolve()
+        _program[0] = "teacher-mcts" if same else shlex.quote(argv0)
+
+
 def command_line(data_dir: Path | str, *words: str) -> str:
-    """The command line a hint prints, so that it works as printed: ``python cli.py [--data DIR] WORDS``.
+    """The command line a hint prints, so that it works as printed: ``<program> [--data DIR] WORDS``
+    (the program as the user invoked it, :func:`set_program`).
 
     ``--data`` is left out only for the default ``./data`` (a directory relative to the
     current one, like every --data given as a relative path).
     """
     data = [] if Path(data_dir) == Path("data") else ["--data", str(data_dir)]
-    return " ".join(["python cli.py", *(shlex.quote(w) for w in (*data, *words))])
+    return " ".join([_program[0], *(shlex.quote(w) for w in (*data, *words))])
 
 
 def under(data_dir: Path | str, folder: str = "runs") -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -98,3 +100,32 @@ def test_a_run_not_found_names_the_absolute_place_and_how_to_look_elsewhere(tmp_
     assert r.exit_code == 1 and f"no runs under {tmp_path}/data/runs (the data dir is --data" in r.stderr, r.output
     r = invoke("audit", "nocampaign")
     assert r.exit_code == 1 and "--data DIR" in r.stderr, r.output
+
+
+@pytest.mark.slow
+def test_hints_begin_as_the_command_was_typed_and_work_pasted_where_it_was_typed(runs, tmp_path):
+    """Run as `teacher-mcts` or as `python <a path to cli.py>` from another directory, a hint begins
+    the same way, so that pasting it where the command was typed runs it (it said `python cli.py`,
+    which fails there: exit 2)."""
+    work = tmp_path / "work"
+    copy_run(runs, "rounds", work / "data")
+    part = EventLog(work / "data", "rounds").parts()[-1].path
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    part.write_bytes(bytes(raw))
+    scripts = Path(sys.executable).parent  # where `pip install -e .` put teacher-mcts (and this python)
+    env = os.environ | {"PATH": f"{scripts}{os.pathsep}{os.environ['PATH']}"}
+    typed = os.path.relpath(ROOT / "cli.py", work)
+    quarantine = "quarantine rounds " + part.name
+
+    def run(line: str) -> subprocess.CompletedProcess:
+        return subprocess.run(line, shell=True, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+
+    found = run("teacher-mcts sql 'select 1 as one'")
+    assert found.returncode == 1, found.stderr
+    assert hint(found.stderr, "move it aside (the intact prefix stays readable): ") == f"teacher-mcts {quarantine}"
+    found = run(f"python {typed} sql 'select 1 as one'")
+    line = hint(found.stderr, "move it aside (the intact prefix stays readable): ")
+    assert line == f"python {typed} {quarantine}" and typed.startswith("..")
+    done = run(line)  # pasted where the command was typed
+    assert done.returncode == 0 and "moved 1 part(s)" in done.stdout, done.stderr

@@ -132,10 +132,9 @@ def exploration(result: Any, data_dir: Path) -> Output:
     if result.supervision:
         pairs = sum(c["pairs"] for c in result.supervision)
         forks = sum(c["fork_points"] for c in result.supervision)
-        lines.append(
-            f"preference pairs: {pairs} at {forks} fork points "
-            f"({command_line(data_dir, 'export', result.run_id, '--format', 'dpo', '--out', 'data/out/pairs')})"
-        )
+        out = f"data/out/{result.run_id}-pairs"  # (not README's next step's data/out/pairs)
+        export = command_line(data_dir, "export", result.run_id, "--format", "dpo", "--out", out)
+        lines.append(f"preference pairs: {pairs} at {forks} fork points ({export})")
     document = {"run_id": result.run_id, "progress": result.progress, "trees": result.trees}
     return Output(document | {"supervision": result.supervision}, lines)
 
