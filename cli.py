@@ -21,10 +21,12 @@ import click
 
 from engine import __version__
 from engine.commandline import (
+    AGAINST_VERDICT_HELP,
     CONTEXT_SETTINGS,
     COUNT,
     DATA_HELP,
     DATA_TYPE,
+    EXPLORE_DIRECTION_HELP,
     INT64,
     MAX_TURN_TIMEOUT_S,
     FiniteFloat,
@@ -82,8 +84,7 @@ def views(fmt: str) -> None:
     "--direction",
     type=click.Choice(["maximize", "minimize"]),
     default=None,
-    help="Score direction (default: the one the snapshots record, when an earlier selection copied them; "
-    "else their CORAL config; else maximize).",
+    help="Score direction (default: the one the snapshots record, else their CORAL config, else maximize).",
 )
 @click.option("--num-roots", type=COUNT, default=30, show_default=True)
 @click.option("--run-id", default=None, callback=run_id_checked, help="Id of the run to record (default: generated).")
@@ -165,12 +166,7 @@ def select_snapshots(
 @click.option(
     "--task", default=None, help="Task name (default: the one the roots were selected for; needed with --select)."
 )
-@click.option(
-    "--direction",
-    type=click.Choice(["maximize", "minimize"]),
-    default=None,
-    help="Score direction (default: the one the roots were selected for; refused when it disagrees with it).",
-)
+@click.option("--direction", type=click.Choice(["maximize", "minimize"]), default=None, help=EXPLORE_DIRECTION_HELP)
 @click.option(
     "--num-roots",
     type=COUNT,
@@ -386,11 +382,7 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, fmt: str) -> 
 @click.option("--rule", type=click.Choice(["soft", "improved"]), help="Record pairs and labels by this value instead.")
 @click.option("--min-margin", type=FiniteFloat(min=0, max=1), help="With --rule: a pair's least margin (0 to 1].")
 @click.option("--threshold", type=FiniteFloat(min=0, max=1), help="With --rule: a good label's least value (0 to 1].")
-@click.option(
-    "--against-verdict",
-    type=click.Choice(["drop", "keep"]),
-    help="With --rule: drop or keep pairs preferring an attempt that failed the prune test over one that passed.",
-)
+@click.option("--against-verdict", type=click.Choice(["drop", "keep"]), help=AGAINST_VERDICT_HELP)
 @output()
 def reselect(
     run_id: str,
@@ -800,9 +792,6 @@ def quarantine(run_id: str, part: str, fmt: str) -> None:
 
 def main() -> NoReturn:
     """Run the command line and end the process (``engine.process.run_to_exit``: no interpreter teardown)."""
-    from ingest.paths import set_program
-
-    set_program(sys.argv[0])  # hints printed begin as this command did
     run_to_exit(cli)
 
 

@@ -25,6 +25,8 @@ from ingest.errors import OptionError, ProjectError, os_problem
 from ingest.paths import DATA_ENV
 from ingest.text import as_utf8
 
+AGAINST_VERDICT_HELP = "With --rule: drop or keep pairs preferring an attempt failing the prune test to one passing it."
+EXPLORE_DIRECTION_HELP = "Score direction (default: the one the roots were selected for; refused when it disagrees)."
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DATA_TYPE = click.Path(file_okay=False, path_type=Path)
 DATA_HELP = f"Directory holding runs/ (default: ./data, relative to the current directory; or ${DATA_ENV})."

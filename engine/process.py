@@ -20,6 +20,7 @@ from typing import NoReturn
 import click
 
 from ingest import steps
+from ingest.paths import set_program
 
 # How long the unwinding after a signal may take (stopping the turns in flight, releasing
 # the log) before the process ends at once; a test sets it low through the environment.
@@ -147,6 +148,7 @@ def run_to_exit(command: Callable[[], object]) -> NoReturn:
     flushed - and then at once, without the teardown such a thread can trip over.
     """
     open_standard_streams()
+    set_program(sys.argv[0])  # hints printed begin as this command did
     try:
         command()
         code: int = 0

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_run
+from conftest import ROOT, copy_run
 from test_derived import QUERIES, _every_view, _write_prefix, answers
 from test_watch import start_endless
 
@@ -129,7 +129,7 @@ def test_an_exploration_read_while_it_runs_is_read_from_the_states_its_writer_ke
     # Ctrl-C's message ends with the command that continues the run (its first line scrolled away)
     assert writer.returncode == 130
     assert stderr.read_text().splitlines()[-2:] == [
-        f"continue with: python cli.py --data {data} explore --resume live",
+        f"continue with: python {ROOT / 'cli.py'} --data {data} explore --resume live",  # as the writer was run
         "Interrupted.",
     ]
     # what was kept answers as the log does

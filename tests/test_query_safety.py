@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import ROOT
 from test_web import browser, page, served, shot, two_runs  # noqa: F401 - fixtures
 
 from cli import cli
@@ -285,7 +286,7 @@ def test_a_damaged_campaign_is_named_beside_the_healthy_runs(tmp_path, page):  #
         damaged = page.locator("p.damaged").all_inner_texts()
         assert damaged == [
             f"left out, damaged: campaign camp is damaged and was not read: {record}: line 1 is damaged (not JSON) - "
-            f"'python cli.py --data {data} verify camp' says what is intact"
+            f"'python {ROOT / 'cli.py'} --data {data} verify camp' says what is intact"  # (serve ran as that)
         ]
         answer = page.goto(f"{server.base}/campaign/camp")
         shot(page, "campaign-damaged")

@@ -224,7 +224,7 @@ def test_watch_ends_when_the_writer_dies(tmp_path):
     assert err == (
         f"Error: run 'dies' is not finished and no process writes it any more (none holds "
         f"{data / 'runs' / 'dies' / 'writer.lock'}): its writer died - continue it with: "
-        f"python cli.py --data {data} explore --resume dies\n"
+        f"python {ROOT / 'cli.py'} --data {data} explore --resume dies\n"  # (watch ran as that)
     )
 
 

@@ -586,12 +586,13 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         shot(page, "compare-opencode")
         columns = page.locator("section.attempt")
         assert sorted(columns.nth(i).get_attribute("data-edge") for i in range(columns.count())) == sorted(attempts)
-        # The attempts received the same turn prompt and answered alike at first (the script's two reads, their
-        # results): they differ from the model's second answer on, where each writes its own value.
+        # The attempts read the same turn prompt (it ends what they all received) and answered alike at first
+        # (the script's two reads, their results): they differ from the model's second answer on.
+        assert page.locator("details.fork > summary").inner_text().startswith("What they all received: 2 messages")
         markers = page.locator(".diverge")
         assert markers.count() == 3
         assert {markers.nth(i).inner_text() for i in range(3)} == {
-            "The attempts differ from here (their first 4 messages are the same)"
+            "The attempts differ from here (their first 3 messages are the same)"
         }
         ends = {
             r["edge_id"]: json.loads(r["state"])

@@ -137,8 +137,9 @@ def export_runs(
                     run = prepare_supervised(log, catalog, selection, fmt, task=task, stage=stage, workspace=workspace)
                 else:
                     run = _prepare_run(log, catalog, selection, fmt, task, stage, workspace)
-                    run.coverage = coverage(catalog, run.chosen)
                 run.provenance = provenance(catalog)
+                if not supervised:  # (last: another selection's weights make the path tables stale)
+                    run.coverage = coverage(catalog, run.chosen)
                 return run
 
         records = [

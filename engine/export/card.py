@@ -23,7 +23,7 @@ from engine import __version__
 from engine.catalog import Catalog
 from engine.export.features import yaml_features
 from engine.export.output import CARD as CARD
-from engine.selections import Params
+from engine.selections import Params, default_params
 
 COVERAGE = (
     "select stratum, stratum_key, selected_paths, n_eff, n_eff_ratio from coverage "
@@ -65,7 +65,10 @@ def provenance(catalog: Catalog) -> dict[str, Any]:
 def coverage(catalog: Catalog, selection: dict[str, Any]) -> list[dict[str, Any]]:
     """N, N_eff and N_eff/N of a recorded path selection, overall and by task and stage (``coverage``
     evaluated with the selection's parameters: for the run's default selection, the rows ``audit`` shows)."""
-    with catalog.variables.using(**Params.of(selection).variables()):
+    params = Params.of(selection)
+    if params == default_params(catalog):  # the state as derived: nothing to evaluate again
+        return catalog.query(COVERAGE)
+    with catalog.variables.using(**params.variables()):
         return catalog.query(COVERAGE)
 
 
@@ -193,9 +196,8 @@ def _selection(fmt: str, runs: list[dict[str, Any]]) -> list[str]:
 
 
 def _filters(manifest: dict[str, Any]) -> str:
-    kept = [f"{k} {v}" for k, v in manifest["filters"].items() if v]
-    only = f" (only {' and '.join(kept)}: --{' --'.join(k for k, v in manifest['filters'].items() if v)})"
-    return f"The rows written, by task and stage{only if kept else ''}:"
+    kept = " and ".join(f"{k} {v}" for k, v in manifest["filters"].items() if v)
+    return f"The rows written, by task and stage (only {kept}):" if kept else "The rows written, by task and stage:"
 
 
 def _independence(fmt: str, runs: list[dict[str, Any]]) -> list[str]:

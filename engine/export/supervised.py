@@ -207,25 +207,33 @@ COMPARED = (
 def node_attempts(catalog: Catalog, log: EventLog, tree_id: str, node_id: str, workspace: str) -> dict[str, Any]:
     """The attempts from one node that finished a turn, side by side (``serve``'s compare page).
 
-    ``prompt``: the conversation they were forked from, as the first attempt's model
-    received it (``same_prompt``: every attempt received that one); ``attempts``: each
-    attempt's edge with its scores and, once it finished, its value and label under the
-    current rule (``labels``), and its own messages, each with the turn it belongs to and
-    its index in the conversation (``messages`` None: a turn of it recorded no
-    conversation). Rendered as ``export --format kto`` renders the attempt.
+    ``prompt``: what they received before they parted, as the first attempt's model
+    received it: the conversation they were forked from, and the turn prompt when every
+    attempt read the same one and answered it (``same_prompt``: every attempt received that
+    one); ``attempts``: each attempt's edge with its scores and, once it finished, its
+    value and label under the current rule (``labels``), and its messages from there on,
+    each with the turn it belongs to and its index in the conversation (``messages`` None:
+    a turn of it recorded no conversation). Rendered as ``export --format kto`` renders the
+    attempt.
     """
     rows = catalog.query(COMPARED, [tree_id, node_id])
     creators, turns = _shapes(catalog, tree_id)
     needed = {k for r in rows for keys in turn_keys(creators, turns, tree_id, node_id, r["edge_id"]) for k in keys}
     conversations, contents = read_conversations(log, catalog, catalog.tail_seq(), needed, workspace)
     run = SupervisedRun(log.run_id, {}, catalog.tail_seq(), [], {}, creators, turns, conversations, contents, [])
+    made = [run.attempt(tree_id, node_id, row["edge_id"]) for row in rows]
+    answers = [None if m is None else _answer_at(*m) for m in made]
+    leads = {
+        json.dumps(m[0].messages[m[1] : a], sort_keys=True) for m, a in zip(made, answers, strict=True) if m is not None
+    }
+    shared_lead = len(leads) == 1 and all(a is not None for m, a in zip(made, answers, strict=True) if m is not None)
     prompts, attempts = [], []
-    for row in rows:
-        made = run.attempt(tree_id, node_id, row["edge_id"])
-        if made is None:
+    for row, attempt, answer in zip(rows, made, answers, strict=True):
+        if attempt is None:
             attempts.append(row | {"messages": None})
             continue
-        conv, start = made
+        conv, start = attempt
+        start = answer if shared_lead else start  # (the turn prompt they all read is the prompt's end)
         prompts.append(([*conv.system, *conv.messages[:start]], conv.tools))
         own = list(zip(conv.messages[start:], conv.owners[start:], strict=True))
         attempts.append(

@@ -115,10 +115,9 @@ class OpenCodeTeacher:
             self.opts.shared_dir,
         )
         self.processes = Supervisor()
-        # Sessions a killed process of this run left running (kill -9 skips every
-        # cleanup) would go on writing into worktrees its turns are re-run in. Only
-        # this run's writer starts them, so whatever carries the run's mark is left over
-        # (a cluster node's Teacher runs beside others of the run: it leaves them).
+        # Sessions a killed process of this run left running (kill -9 skips every cleanup) would go on writing into
+        # worktrees its turns are re-run in. Only this run's writer starts them, so whatever carries the run's mark
+        # is left over (a cluster node's Teacher runs beside others of the run: it leaves them).
         if node is None:
             kill_marked(str(self.environment.run_dir), RUN_ENV)
         self.environment.init_database()
