@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli import cli
-from engine.export.features import NULL, merge, shape_of, yaml_features
+from engine.export import features
+from engine.export.features import NULL, RowShapes, merge, shape_of, yaml_features
 
 FORMATS = ("chat", "atif", "dpo", "kto", "steps")
 
@@ -27,6 +28,17 @@ def present(value):
     if isinstance(value, list):
         return [present(v) for v in value]
     return value
+
+
+def typed(path: Path) -> tuple:
+    """The shape RowShapes gives the rows of a file fed as export feeds them (chunks of a few KB here)."""
+    shapes = RowShapes()
+    try:
+        for line in path.read_bytes().splitlines(keepends=True):
+            shapes.add(line)
+        return shapes.shape()
+    finally:
+        shapes.close()
 
 
 def load(directory: Path, cache: Path, **options):
@@ -52,7 +64,7 @@ def test_load_dataset_of_the_export_directory_loads_every_row_as_written(runs, t
     assert card.startswith("---\n") and f'path: "*.{fmt}.jsonl"' in card
 
 
-def test_declared_features_load_rows_whose_fields_appear_late_where_inferred_ones_fail(tmp_path):
+def test_declared_features_load_rows_whose_fields_appear_late_where_inferred_ones_fail(tmp_path, monkeypatch):
     """The card declares the features merged over every row: a field that first appears after the
     loader's first block (a message's reasoning) loads; inferred from the first block, it does not."""
     rows = [
@@ -68,6 +80,8 @@ def test_declared_features_load_rows_whose_fields_appear_late_where_inferred_one
     shape = NULL
     for row in rows:
         shape = merge(shape, shape_of(row))
+    monkeypatch.setattr(features, "CHUNK", 4096)  # many chunks: typed apart, merged
+    assert typed(tmp_path / "declared" / "r.chat.jsonl") == shape
     header = ["configs:", "- config_name: default", "  data_files:", "  - split: train", '    path: "*.chat.jsonl"']
     header += ["dataset_info:", "  features:", *yaml_features(shape, 2)]
     (tmp_path / "declared" / "README.md").write_text("---\n" + "\n".join(header) + "\n---\n")
@@ -81,7 +95,7 @@ def test_declared_features_load_rows_whose_fields_appear_late_where_inferred_one
         load(tmp_path / "inferred", tmp_path / "hf", chunksize=4096)
 
 
-def test_values_no_arrow_type_holds_together_are_declared_json_and_load_as_written(tmp_path):
+def test_values_no_arrow_type_holds_together_are_declared_json_and_load_as_written(tmp_path, monkeypatch):
     rows = [{"content": "text"}, {"content": [{"type": "text", "text": "parts"}]}, {"content": None}]
     shape = NULL
     for row in rows:
@@ -89,6 +103,8 @@ def test_values_no_arrow_type_holds_together_are_declared_json_and_load_as_writt
     assert shape == ("struct", (("content", ("json",)),))
     assert yaml_features(shape) == ['- name: "content"', '  dtype: "json"']
     (tmp_path / "r.chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(features, "CHUNK", 4096)
+    assert typed(tmp_path / "r.chat.jsonl") == shape  # (Arrow cannot type it: walked in Python)
     header = ["configs:", "- config_name: default", "  data_files:", "  - split: train", '    path: "*.chat.jsonl"']
     header += ["dataset_info:", "  features:", *yaml_features(shape, 2)]
     (tmp_path / "README.md").write_text("---\n" + "\n".join(header) + "\n---\n")

@@ -160,7 +160,7 @@ def export_runs(
             *(["--invalid-calls", invalid] if invalid != "keep" else []),
             *(["--tokenizer", tokenizer] if tokenizer else []),
         ]
-        text = card(manifest, target.shape, data_dir, options)
+        text = card(manifest, target.shapes.shape(), data_dir, options)
         return ExportResult(target.commit(manifest, text), manifest, damaged)
     except OSError as err:
         target.abandon()

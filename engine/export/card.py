@@ -1,4 +1,4 @@
-"""The dataset card of an export: ``README.md`` beside its files, in Hugging Face's dataset-card layout.
+"""The dataset card of an export (``README.md`` beside its files, ``output.CARD``), in Hugging Face's layout.
 
 A YAML header whose ``configs`` name the export's files (so ``datasets.load_dataset(<export
 dir>)`` loads them, and not ``manifest.json``), then what a consumer of the files needs to
@@ -22,7 +22,6 @@ from typing import Any
 from engine import __version__
 from engine.catalog import Catalog
 from engine.export.features import yaml_features
-from engine.export.output import CARD as CARD
 from engine.selections import Params, default_params
 
 COVERAGE = (

@@ -3,22 +3,95 @@
 A loader that infers a schema from the first rows (``datasets`` reads a JSON file's first
 block) fails on a later row holding a field the first ones lacked (a message's
 ``reasoning_content``, a tool call's argument). The card declares the features instead,
-merged over every row written: a JSON object is a struct of every key any row gave it, a
-list a list of its merged items, integers and floats together floats, a missing or null
-value no constraint; values no Arrow type holds together (text here, a list there) are
-``json`` (``datasets``' ``Json`` feature: the value as it is). Shapes are nested tuples:
-``("value", dtype)``, ``("list", item)``, ``("struct", ((name, shape), ...))``, ``("json",)``,
-``NULL``.
+merged over every row of every file written (:class:`RowShapes`): a JSON object is a
+struct of every key any row gave it, a list a list of its merged items, integers and
+floats together floats, a missing or null value no constraint; values no Arrow type holds
+together (text here, a list there) are ``json`` (``datasets``' ``Json`` feature: the
+value as it is). Shapes are nested tuples: ``("value", dtype)``, ``("list", item)``,
+``("struct", ((name, shape), ...))``, ``("json",)``, ``NULL``.
 """
 
 from __future__ import annotations
 
+import io
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pajson
 
 NULL = ("value", "null")
 JSON = ("json",)
 _SCALARS = {bool: ("value", "bool"), int: ("value", "int64"), float: ("value", "float64"), str: ("value", "string")}
+CHUNK = 4 << 20  # bytes of rows Arrow types at a time
+BLOCK = 1 << 20  # Arrow's JSON reader parses a chunk in blocks of this size, on every core
+
+
+class RowShapes:
+    """The shape of the JSON lines added, merged. Arrow's JSON reader types a chunk of them at a
+    time (C++, without the GIL: ~250 MB/s here, against ~20 MB/s walking rows in Python) on a
+    thread of its own, so the rows go on being made meanwhile; a chunk whose values Arrow cannot
+    type together (text here, a list there) is walked in Python instead."""
+
+    def __init__(self) -> None:
+        self._shape = NULL
+        self._buffer = bytearray()
+        self._pending: list[Future] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="row-shapes")
+
+    def add(self, line: bytes) -> None:
+        """One row: a line of compact JSON ending with a newline."""
+        self._buffer += line
+        if len(self._buffer) >= CHUNK:
+            self._submit()
+
+    def shape(self) -> tuple:
+        """Every row's shape merged (the rows added so far; waits for what is being typed)."""
+        self._submit()
+        while self._pending:
+            self._shape = merge(self._shape, self._pending.pop(0).result())
+        return self._shape
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+    def _submit(self) -> None:
+        while self._pending and self._pending[0].done():  # (their chunks freed as they are merged)
+            self._shape = merge(self._shape, self._pending.pop(0).result())
+        if self._buffer:
+            self._pending.append(self._pool.submit(chunk_shape, bytes(self._buffer)))
+            self._buffer = bytearray()
+
+
+def chunk_shape(chunk: bytes) -> tuple:
+    """The shape of the rows of a chunk of JSON lines."""
+    try:
+        schema = pajson.read_json(io.BytesIO(chunk), read_options=pajson.ReadOptions(block_size=BLOCK)).schema
+        return _arrow_shape(pa.struct(list(schema)))
+    except pa.ArrowInvalid:
+        shape = NULL
+        for line in chunk.splitlines():
+            shape = merge(shape, shape_of(json.loads(line)))
+        return shape
+
+
+def _arrow_shape(kind: pa.DataType) -> tuple:
+    if pa.types.is_struct(kind):
+        return ("struct", tuple((f.name, _arrow_shape(f.type)) for f in kind))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return ("list", _arrow_shape(kind.value_type))
+    if pa.types.is_null(kind):
+        return NULL
+    if pa.types.is_boolean(kind):
+        return ("value", "bool")
+    if pa.types.is_integer(kind):
+        return ("value", "int64")
+    if pa.types.is_floating(kind):
+        return ("value", "float64")
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_temporal(kind):
+        return ("value", "string")  # (a text Arrow read as a time is text in the row)
+    return JSON
 
 
 def shape_of(value: Any) -> tuple:

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from engine.export.features import NULL, merge, shape_of
+from engine.export.features import RowShapes
 from ingest.errors import InputError, OutputError, os_problem
 
 MANIFEST = "manifest.json"
@@ -59,7 +59,7 @@ class ExportDir:
         check_out(self.out, overwrite)
         self.staging = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
         self.files: dict[str, dict[str, Any]] = {}
-        self.shape = NULL  # every row's features merged (the dataset card declares them)
+        self.shapes = RowShapes()  # every row's features merged (the dataset card declares them)
         self._open: tuple[str, BinaryIO, Any] | None = None
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ class ExportDir:
         line = (json.dumps(sample, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode()
         fh.write(line)
         digest.update(line)
-        self.shape = merge(self.shape, shape_of(sample))
+        self.shapes.add(line)
         self.files[name]["samples"] += 1
 
     def end(self) -> None:
@@ -101,6 +101,7 @@ class ExportDir:
     def commit(self, manifest: dict[str, Any], card: str) -> Path:
         """Write the manifest and the dataset card and move the export into place (replacing an earlier one)."""
         self.end()
+        self.shapes.close()
         (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         (self.staging / CARD).write_text(card)
         if self.out.exists():
@@ -115,6 +116,7 @@ class ExportDir:
 
     def abandon(self) -> None:
         """Remove the staging directory (an export that failed leaves nothing)."""
+        self.shapes.close()
         if self._open is not None:
             self._open[1].close()
             self._open = None

@@ -33,11 +33,11 @@ train on: it is left out and counted (``no_answer``).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
@@ -125,6 +125,16 @@ class SupervisedRun:
 
     def fields(self, tree_id: str, edge_id: str) -> dict[str, Any]:
         return {"edge_id": edge_id, **self.attempts[(tree_id, edge_id)]}
+
+    def turn_prompt(self, tree_id: str, edge_id: str) -> list[dict[str, Any]] | None:
+        """What the attempt's first turn recorded before its model's first answer (its turn prompt); None
+        when the turn recorded no conversation."""
+        first = self.turns.get((tree_id, edge_id))
+        if not first or (edge_id, first[0]) not in self.conversations:
+            return None
+        turn = self.conversations.parsed(tree_id, (edge_id, first[0]))
+        own = turn.messages[max(0, turn.turn_start - turn.base) :]
+        return list(itertools.takewhile(lambda m: m.get("role") != "assistant", own))
 
 
 def prepare_supervised(
@@ -273,7 +283,7 @@ def supervised_samples(
 ) -> Iterator[dict[str, Any]]:
     """Yield each sample of ``run`` in the recorded order, tallying in ``written`` what is written and left out."""
     base = {"run_id": run.run_id, "selection_id": run.chosen["selection_id"], "rule": run.chosen["rule"]}
-    for _tree, rows in groupby(run.rows, key=itemgetter("tree_id")):  # a tree at a time (its turns parsed once)
+    for _tree, rows in itertools.groupby(run.rows, key=itemgetter("tree_id")):  # a tree at a time (kto's flag)
         for row, sample in _tree_samples(run, fmt, list(rows), base, workspace, reasoning, written):
             if sample is None:
                 continue
@@ -294,14 +304,14 @@ def _tree_samples(run, fmt, rows, base, workspace, reasoning, written):
         for row in rows:
             yield row, _pair(run, row, base | _where(row, workspace), reasoning, written)
     elif fmt == "kto":
-        made = [run.attempt(row["tree_id"], row["node_id"], row["edge_id"]) for row in rows]
-        prompts: dict[str, set[str]] = {}  # node -> the turn prompts its attempts received
-        for row, attempt in zip(rows, made, strict=True):
-            if attempt is not None and (answer := _answer_at(*attempt)) is not None:
-                conv, start = attempt
-                prompts.setdefault(row["node_id"], set()).add(json.dumps(conv.messages[start:answer], sort_keys=True))
-        for row, attempt in zip(rows, made, strict=True):
-            shared = len(prompts.get(row["node_id"], ())) <= 1
+        prompts: dict[str, list[list[dict[str, Any]]]] = {}  # node -> the turn prompts its attempts read
+        for row in rows:
+            if (prompt := run.turn_prompt(row["tree_id"], row["edge_id"])) is not None:
+                prompts.setdefault(row["node_id"], []).append(prompt)
+        for row in rows:
+            read = prompts.get(row["node_id"], [])
+            shared = all(p == read[0] for p in read)
+            attempt = run.attempt(row["tree_id"], row["node_id"], row["edge_id"])
             yield row, _label(run, row, attempt, shared, base | _where(row, workspace), reasoning, written)
     else:
         for row in rows:

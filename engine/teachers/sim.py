@@ -417,8 +417,9 @@ def _conversation(request: TurnRequest, prompt: str, lines: list[str], inherited
 
 
 def _call_id(request: TurnRequest, call_no: int) -> str:
-    """A call's id, as a model server makes one: unique, and naming nothing of the run."""
-    return "call_" + hashlib.sha256(f"{request.edge_id}|{request.turn}|{call_no}".encode()).hexdigest()[:16]
+    """A call's id: unique along a path (a path has one edge a layer), the same in every attempt from a node
+    (as the prompt), naming nothing of the run (and compressing as well as the edge id did)."""
+    return f"call_{request.parent_id.count('.') + 1}_{request.turn}_{call_no}"
 
 
 def _commit(request: TurnRequest) -> str:
