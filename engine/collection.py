@@ -20,6 +20,9 @@ else is refused before it runs. The instance has external access disabled, with
 only the collection's runs' log directories and their own derived states readable, no temporary
 directory (nothing spills to disk, so no directory of DuckDB's own is readable or
 writable either), and its configuration locked, so a query cannot undo any of it.
+DuckDB's allowed directories are writable as well as readable, so the instance is
+never handed out (``runs.con`` is an error): an unchecked statement on it could COPY
+into a run's log; every query goes through the check.
 A query has a memory limit and a time limit
 (``Limits``; options of ``sql``, or the environment).
 
@@ -69,6 +72,10 @@ if TYPE_CHECKING:
 # Variables each run's config gives its views (its defaults, see variables.py): one value
 # serves every run's views queried from the main database, so the runs must agree on it.
 RUN_DEFAULTS = ("knowledge_path_regex", "knowledge_command_regex")
+NO_CONNECTION = (
+    "a collection hands out no DuckDB connection (one that reads the runs' logs could write into them): "
+    "query with .sql(query), .query(query) or .result(query), read-only"
+)
 
 
 class Collection:
@@ -121,7 +128,7 @@ class Collection:
         con.execute("set global parquet_metadata_cache = true")  # every cursor's: files read again and again
         con.execute("set lock_configuration = true")  # no query can change any of the above
         self._bound = {}
-        self.con = con
+        self._con = con  # never handed out: a query on it is not checked, and COPY could write to the logs
 
     @property
     def damaged(self) -> list[DamagedRun]:
@@ -173,7 +180,7 @@ class Collection:
         derived together with them, stored states lacking some are read together (each view evaluated once
         for them all), not a view at a time as each query comes (each then restoring every run's catalog).
         The queries are checked as when they run."""
-        cursor = self.con.cursor()
+        cursor = self._con.cursor()
         try:
             names = set().union(*(check_query(q, cursor).relations for q in queries)) & set(self.views)
         finally:
@@ -333,7 +340,7 @@ class Collection:
                 if only is not None:
                     cursor.execute(f'create or replace temp view "{name}" as {scan}')
                 elif self._bound.get(name) != listed:
-                    self.con.execute(f'create or replace view main."{name}" as {scan}')
+                    self._con.execute(f'create or replace view main."{name}" as {scan}')
                     self._bound[name] = listed
             if only is None:
                 cursor.begin()
@@ -357,7 +364,7 @@ class Collection:
         a time); only binding the views holds a lock. The time limit runs from the query's
         start to the end of this block: the caller's fetching and formatting count.
         """
-        cursor = self.con.cursor()
+        cursor = self._con.cursor()
         expired = Cancel()  # fired by a timer at the time limit
         timer = threading.Timer(self.limits.timeout_s, expired)
         timer.daemon = True
@@ -426,6 +433,8 @@ class Collection:
         return pl.from_arrow(self.arrow(query))
 
     def __getattr__(self, name: str) -> pl.DataFrame:
+        if name == "con":
+            raise AttributeError(NO_CONNECTION)
         if name.startswith("_") or name not in self.__dict__.get("views", ()):
             raise AttributeError(name)
         return self.sql(f"select * from {name}")

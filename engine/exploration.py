@@ -28,6 +28,7 @@ from engine.teachers import Teacher, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import RootAdded, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.names import RUN, claimed, refuse_clashes
 from ingest.paths import command_line
 from ingest.snapshots import read_snapshot, root_problem
 
@@ -226,16 +227,17 @@ def new_run(
     plan = plan_run(data_dir, source, config, run_id, select)
     if executor == "local":
         check_memory(turn_memory_mb(plan.config), plan.config.parallel)
-    teacher = make_teacher(plan.config, EventLog(data_dir, plan.run_id).dir)  # fails before the run exists
-    try:
-        plan.copy_roots()
-        with LogWriter.create(data_dir, plan.run_id) as writer:
-            catalog = plan.begin(writer, teacher.version)
-            if on_start:
-                on_start(plan.run_id, plan.config)
-            _explore(writer, catalog, plan.config, teacher, on_progress, False, executor, ray_address)
-    finally:
-        teacher.close()
+    with claimed(data_dir, [(RUN, plan.run_id)], "choose another --run-id"):  # its directory, gone if no event
+        teacher = make_teacher(plan.config, EventLog(data_dir, plan.run_id).dir)  # fails before the run exists
+        try:
+            plan.copy_roots()
+            with LogWriter.create(data_dir, plan.run_id) as writer:
+                catalog = plan.begin(writer, teacher.version)
+                if on_start:
+                    on_start(plan.run_id, plan.config)
+                _explore(writer, catalog, plan.config, teacher, on_progress, False, executor, ray_address)
+        finally:
+            teacher.close()
     return run_summary(data_dir, plan.run_id, resumed=False)
 
 
@@ -265,6 +267,7 @@ def _start(
 def _refuse_existing(data_dir: Path, run_id: str) -> None:
     if EventLog(data_dir, run_id).exists():
         raise InputError(f"run {run_id!r} already exists - choose another --run-id or --resume it")
+    refuse_clashes(data_dir, RUN, run_id, "choose another --run-id")  # a campaign's name, another case
 
 
 EXECUTORS = ("local", "ray")

@@ -29,6 +29,7 @@ from ingest import coral_run
 from ingest.errors import InputError, OptionError, OutputError, ProjectError, os_problem
 from ingest.events import RunStarted, SnapshotSeen, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.names import RUN, claimed, clashes, refuse_clashes
 from ingest.schema import to_arrow
 from ingest.snapshots import DIRECTIONS, NAME_RE, read_direction, read_metadata, scan
 
@@ -55,7 +56,7 @@ def default_run_id(data_dir: Path, prefix: str, task: str) -> str:
     safe_task = re.sub(r"\.\.+", "_", re.sub(r"[^A-Za-z0-9_.-]", "_", task))[:60]
     base = check_run_id(f"{prefix}-{safe_task}-{stamp}")
     candidate, n = base, 1
-    while EventLog(data_dir, candidate).exists():
+    while EventLog(data_dir, candidate).exists() or clashes(data_dir, RUN, candidate):
         n += 1
         candidate = f"{base}-{n}"
     return candidate
@@ -276,7 +277,7 @@ def picked_detail(catalog: Catalog, task: str) -> list[dict[str, Any]]:
 def record_selection(data_dir: Path, run_id: str, selection: Selection) -> SnapshotsPicked:
     """Create the run, append the facts and the SnapshotsPicked decision."""
     task = selection.config.task
-    with LogWriter.create(data_dir, run_id) as writer:
+    with claimed(data_dir, [(RUN, run_id)], "choose another --run-id"), LogWriter.create(data_dir, run_id) as writer:
         writer.append([selection.started, *selection.facts], expected_seq=0)
         decision = SnapshotsPicked(watermark=writer.tail, task=task, detail=picked_detail(selection.catalog, task))
         selection.catalog.insert(writer.append([decision]))
@@ -375,6 +376,7 @@ def select_snapshots(
     run_id = check_run_id(run_id) if run_id else default_run_id(data_dir, "select", task)
     if EventLog(data_dir, run_id).exists():
         raise InputError(f"run {run_id!r} already exists - choose another --run-id")
+    refuse_clashes(data_dir, RUN, run_id, "choose another --run-id")  # a campaign's name, another case
     config = load_config(None, {"task": task, "direction": direction, "selection": {"num_roots": num_roots}})
     try:
         selection = plan_selection(all_snapshots, config, "select-snapshots", run_id, data_dir)

@@ -30,6 +30,7 @@ from ingest.encoding import canonical, encode_part, narrow
 from ingest.errors import LogError, PartDamagedError, SeqConflictError, WriterLockedError
 from ingest.events import Event
 from ingest.faults import crash_point
+from ingest.names import CAMPAIGN, RUN, claim
 from ingest.parts import Part, content_digest, part_name
 from ingest.paths import fsync_dir, log_command
 from ingest.reader import EventLog, read_whole, same_events
@@ -116,9 +117,12 @@ class LogWriter:
     # -- opening and closing
 
     @classmethod
-    def create(cls, data_dir: Path | str, run_id: str) -> LogWriter:
-        """Open a new, empty run for appending; refuse a run that has events."""
+    def create(cls, data_dir: Path | str, run_id: str, kind: str = RUN) -> LogWriter:
+        """Open a new, empty run for appending; refuse a run that has events, or whose name clashes with another
+        run's or a campaign's (:mod:`ingest.names`). ``kind`` campaign: a campaign's log, ``data_dir`` the
+        data directory's ``campaigns``."""
         log = EventLog(data_dir, run_id)
+        claim(Path(data_dir).parent if kind == CAMPAIGN else data_dir, [(kind, run_id)])
         log.log_dir.mkdir(parents=True, exist_ok=True)
         writer = cls(log)
         writer._acquire()

@@ -380,3 +380,41 @@ def test_a_query_made_to_look_checked_is_checked_again(data):
     relabelled = CheckedQuery("select count(*) as n from trees", frozenset({"nodes"}))  # what it reads: not nodes
     assert runs.query(relabelled) == trees != []
     assert unchanged(before, hashes(data))
+
+
+def test_the_notebook_api_hands_out_no_connection_that_could_write(data):
+    """Issue 52, finding 8: ``runs.con`` was the collection's DuckDB connection, and DuckDB's allowed directories
+    (the runs' logs) are writable: a COPY on it wrote a file into a run's log. No attribute of the collection is a
+    connection now, and every query is checked."""
+    import duckdb
+
+    runs = open_runs(data)
+    log = EventLog(data, "rounds").log_dir
+    copy = f"copy (select 1 as x) to '{log}/x.parquet' (format parquet)"
+    before = hashes(data)
+    with pytest.raises(AttributeError, match=r"no DuckDB connection .*\.sql\(query\)"):
+        runs.con.execute(copy)
+    public = {n: v for n, v in vars(runs).items() if not n.startswith("_")}
+    assert public and not [n for n, v in public.items() if isinstance(v, duckdb.DuckDBPyConnection)]
+    for ask in (runs.sql, runs.query, runs.arrow):
+        with pytest.raises(RefusedQueryError, match="not a statement of type COPY"):
+            ask(copy)
+    with pytest.raises(RefusedQueryError), runs.result(copy):
+        pass
+    assert hashes(data) == before and not (log / "x.parquet").exists()
+
+
+@pytest.mark.slow
+def test_the_notebook_api_works_as_views_md_shows_it(data):
+    """VIEWS.md, "In a notebook": every line of its example, on the collection's checked queries alone."""
+    import polars as pl
+
+    runs = open_runs(data)
+    assert {"coverage", "learnability", "trees"} <= set(runs.views)
+    assert runs.coverage.filter(pl.col("stratum") == "stage").height > 0
+    flagged = runs.sql("select run_id, tree_id, band from learnability where flagged")
+    assert flagged.columns == ["run_id", "tree_id", "band"]
+    runs.set(path_diversity=0.5)
+    assert runs.trees.height == runs.query("select count(*) as n from trees")[0]["n"] > 0
+    assert runs.damaged == []
+    assert verify_log(EventLog(data, "rounds")).ok

@@ -20,6 +20,7 @@ from engine.runset import CAMPAIGN_VIEWS, campaign_log, campaign_runs, open_camp
 from ingest.errors import InputError
 from ingest.events import CampaignTaskAdded, RunResumed, RunStarted
 from ingest.log import EventLog, LogWriter, check_run_id
+from ingest.names import CAMPAIGN, RUN, claimed, refuse_clashes
 from ingest.paths import campaigns_dir
 
 
@@ -55,14 +56,19 @@ def new_campaign(
     name = check_run_id(name or Path(path).stem)
     if campaign_log(data_dir, name).exists():
         raise InputError(f"campaign {name!r} already exists - choose another --name or --resume it")
-    taken = [r for t in config.tasks if EventLog(data_dir, r := task_run_id(name, t.name)).exists()]
+    runs = [task_run_id(name, t.name) for t in config.tasks]
+    taken = [r for r in runs if EventLog(data_dir, r).exists()]
     if taken:
         raise InputError(
             f"campaign {name!r}: its runs' ids are taken already ({', '.join(taken)}) - choose another --name"
         )
+    names, hint = [(CAMPAIGN, name), *((RUN, r) for r in runs)], "choose another --name (its runs are <name>-<task>)"
+    for kind, new in names:  # another's name, or one differing only in case
+        refuse_clashes(data_dir, kind, new, hint)
     # Every task's snapshots are selected before anything is written: a bad source is refused whole.
     plans = {t.name: plan_task(data_dir, name, config, t) for t in config.tasks}
-    with LogWriter.create(campaigns_dir(data_dir), name) as writer:
+    # Its name and its runs' claimed before anything is written; all free again if its log gets no event.
+    with claimed(data_dir, names, hint), LogWriter.create(campaigns_dir(data_dir), name, CAMPAIGN) as writer:
         started = RunStarted(command="campaign", config=config.model_dump(mode="json"), tool_version=__version__)
         tasks = [
             CampaignTaskAdded(task=t.name, task_run=task_run_id(name, t.name), source=t.source) for t in config.tasks
