@@ -514,7 +514,7 @@ def serve(port: int, host: str) -> None:
     parts land), each tree's nodes and turns, each path's conversation as `export`
     writes it, and the read-only SQL of `sql`. No page changes a run; nothing is fetched
     from the network. Every request needs the token printed at start, on any address
-    (opening the address printed sets it); a query runs only when the SQL page sends it.
+    (the address printed carries it: every page is under it); a query runs only when the SQL page sends it.
 
     \b
     Example:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 Row = dict[str, Any]
+SPOOL_BYTES = 16 * 2**20  # characters of printed rows (and of a table's cells) held in memory, then in a temporary file
 WIDE = 100  # a terminal narrower than this gets plain lines from watch
 
 
@@ -67,23 +68,65 @@ def table_chunks(
 ) -> Iterator[str]:
     """:func:`table`'s lines (each ending with a newline) of rows given in batches, a batch at a time.
 
-    Every row is laid out before the first line (the columns' widths); ``check`` is called
-    before each batch's lines (a time limit: see ``Result.check``).
+    Every row is laid out before the first line (the columns' widths), so the cells are held
+    (:class:`_Cells`: in memory up to SPOOL_BYTES, then in a temporary file); ``check`` is
+    called before each batch's lines (a time limit: see ``Result.check``).
     """
-    parts, widths = [], [len(c) for c in columns]
-    for batch in batches:
-        part = [[cell(v) for v in row] for row in batch]
-        if part:
-            widths = [max(w, *map(len, values)) for w, values in zip(widths, zip(*part, strict=True), strict=True)]
-        parts.append(part)
+    widths = [len(c) for c in columns]
+    with _Cells() as cells:
+        for batch in batches:
+            part = [[cell(v) for v in row] for row in batch]
+            if part:
+                lengths = [list(map(len, values)) for values in zip(*part, strict=True)]
+                widths = [max(w, *n) for w, n in zip(widths, lengths, strict=True)]
+                cells.add(part, sum(map(sum, lengths)) + 60 * len(part) * len(columns))
 
-    def line(values: list[str]) -> str:
-        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip() + "\n"
+        def line(values: list[str]) -> str:
+            return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip() + "\n"
 
-    yield line(columns)
-    for part in parts:
-        check()
-        yield "".join(map(line, part))
+        yield line(columns)
+        for part in cells:
+            check()
+            yield "".join(map(line, part))
+
+
+class _Cells:
+    """A table's cells, a batch (a list of rows) at a time: kept in memory until they take SPOOL_BYTES, then
+    every batch in an unnamed temporary file of this process (pickled: read back only by it)."""
+
+    def __init__(self) -> None:
+        self._held: list[list[list[str]]] = []
+        self._size = 0
+        self._file = None
+
+    def __enter__(self) -> _Cells:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def add(self, part: list[list[str]], size: int) -> None:
+        self._held.append(part)
+        self._size += size
+        if self._size > SPOOL_BYTES:
+            import pickle
+            import tempfile
+
+            self._file = self._file or tempfile.TemporaryFile()  # noqa: SIM115 - closed by __exit__
+            for held in self._held:
+                pickle.dump(held, self._file, pickle.HIGHEST_PROTOCOL)
+            self._held = []
+
+    def __iter__(self) -> Iterator[list[list[str]]]:
+        if self._file is not None:
+            import pickle
+
+            end = self._file.tell()
+            self._file.seek(0)
+            while self._file.tell() < end:
+                yield pickle.load(self._file)  # noqa: S301 - what add() wrote
+        yield from self._held
 
 
 def cell(value: Any) -> str:
@@ -108,8 +151,7 @@ def csv_chunks(header: list[str], batches: Iterable[list[Sequence[Any]]]) -> Ite
     for batch in batches:
         csv.writer(out).writerows([csv_cell(v) for v in row] for row in batch)
         yield out.getvalue()
-        out.seek(0)
-        out.truncate()
+        out = io.StringIO()  # (not truncated: a StringIO that was seeks holds 4 bytes a character)
     yield out.getvalue()
 
 
@@ -137,21 +179,24 @@ def row_chunks(
         yield from table_chunks(columns, batches, check)
 
 
-SPOOL_BYTES = 64 * 2**20  # printed rows are held in memory up to this, then in a temporary file
-
-
 def print_rows(fmt: str, out: TextIO, result: Any) -> None:
     """A query's rows (a ``Result``) printed to ``out`` as ``sql`` prints them, once they are all formatted.
 
-    Fetching and formatting go a batch at a time, the query's limits checked between
-    batches (``result.check``); the text is spooled, so a query stopped prints nothing.
+    Fetching and formatting go a batch at a time (bounded in rows and bytes), the query's
+    limits checked between batches (``result.check``); the text is spooled, so a query
+    stopped prints nothing. Rows this process cannot hold (a MemoryError): QueryLimitError.
     """
     import shutil
     import tempfile
 
+    from engine.results import Limits, QueryLimitError
+
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES, "w+", encoding="utf-8", newline="") as spool:
-        for chunk in row_chunks(fmt, result.columns, result.batches(), result.check):
-            spool.write(chunk)
+        try:
+            for chunk in row_chunks(fmt, result.columns, result.batches(), result.check):
+                spool.write(chunk)
+        except MemoryError:
+            raise QueryLimitError(Limits.output_memory_message()) from None
         result.check()
         spool.seek(0)
         shutil.copyfileobj(spool, out)

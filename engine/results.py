@@ -4,7 +4,10 @@ A query of a :class:`~engine.collection.Collection` runs on a cursor of its own 
 connection serves one thread at a time), so queries run at once. Its :class:`Result`
 is fetched a batch at a time: a reader holds a batch, not the result, and the query's
 limits (:class:`Limits`: memory, and time from its start) are checked before each batch,
-so the time a reader spends formatting counts as DuckDB's does. A :class:`Cancel` stops
+so the time a reader spends formatting counts as DuckDB's does. A batch is bounded in bytes
+as well as rows (about BATCH_BYTES of Python values): rows of long values come a few at a
+time, so neither the memory a reader holds nor the time between two checks grows with
+them. A :class:`Cancel` stops
 queries from another thread (a web client gone). ``write_parquet`` writes a result a
 batch at a time, renamed into place once whole.
 """
@@ -51,7 +54,18 @@ class QueryCancelledError(QueryError):
 
 
 CANCELLED = "the query was cancelled (its reader went away) - nothing more was read"
-BATCH_ROWS = 10_000  # rows a batched read fetches at a time (sql's output, serve's CSV)
+BATCH_ROWS = 10_000  # rows a batched read fetches at a time at most (sql's output, serve's CSV)
+BATCH_BYTES = 16 * 2**20  # about the bytes of Python values a batch holds (rows of long values: fewer rows)
+FIRST_VALUES = 20_000  # values of the first batch of short values (a row, when values can be long)
+GROWTH = 8  # a batch has at most this many times the rows of the one before (each sized by the weight of the last)
+VALUE_BYTES = 40  # a short value's bytes in a row (a Python int or float and its slot)
+
+# Types whose values are short whatever the query; a value of any other (text, blob, list, struct, map...) may
+# be long, and is weighed.
+SHORT_TYPES = re.compile(
+    r"(BOOLEAN|U?(TINY|SMALL|BIG|HUGE)?INT(EGER)?|FLOAT|DOUBLE|DECIMAL\(\d+, ?\d+\)|DATE|TIME|"
+    r"TIME WITH TIME ZONE|TIMESTAMP(_S|_MS|_NS)?|TIMESTAMP WITH TIME ZONE|INTERVAL|UUID|\"NULL\")"
+)
 
 
 class Cancel:
@@ -139,26 +153,37 @@ class Result:
         self._started = how
         return found
 
+    def described(self) -> tuple[list[str], list[str]]:
+        """The result's column names and DuckDB types (``VARCHAR``, ``INTEGER[]``), the query bound, not run."""
+        self.check()
+        relation = self._cursor.sql(self._query)
+        return relation.columns, [str(t) for t in relation.types]
+
     @property
     def columns(self) -> list[str]:
         """The result's column names (the query starts if it has not)."""
         self._start("rows", lambda: self._cursor.execute(self._query))
         return [d[0] for d in self._cursor.description]
 
-    def batches(self, size: int = BATCH_ROWS) -> Iterator[list[tuple]]:
-        """The rows, ``size`` at a time (the last batch may be shorter); the limits checked before each."""
+    def batches(self, size: int = BATCH_ROWS, limit: int | None = None) -> Iterator[list[tuple]]:
+        """The rows, at most ``size`` and about BATCH_BYTES at a time (``limit``: no more rows in all); the
+        limits checked before each batch."""
         self._start("rows", lambda: self._cursor.execute(self._query))
-        while True:
+        long = [not SHORT_TYPES.fullmatch(str(d[1])) for d in self._cursor.description]
+        step, left = 1 if any(long) else max(1, min(size, FIRST_VALUES // max(1, len(long)))), limit
+        while left is None or left > 0:
             self.check()
-            batch = self._cursor.fetchmany(size)
+            batch = self._cursor.fetchmany(step if left is None else min(step, left))
             if not batch:
                 break
+            left = None if left is None else left - len(batch)
             yield batch
+            step = max(1, min(size, GROWTH * len(batch), len(batch) * BATCH_BYTES // max(1, weight(batch, long))))
         self.check()
 
     def head(self, n: int) -> list[tuple]:
         """The first ``n`` rows (fewer if there are fewer): the rest is never fetched."""
-        return next(self.batches(n), [])
+        return [row for batch in self.batches(n, limit=n) for row in batch]
 
     def record_batches(self, size: int = BATCH_ROWS * 10):
         """The rows as an Arrow RecordBatchReader (``schema``, then its batches; the limits checked before each)."""
@@ -183,6 +208,25 @@ class Result:
             self.check()
 
         return pa.RecordBatchReader.from_batches(reader.schema, checked())
+
+
+def weight(batch: list[tuple], long: list[bool]) -> int:
+    """About the bytes of Python values ``batch`` holds (``long``: the columns whose values are weighed)."""
+    columns = [i for i, is_long in enumerate(long) if is_long]
+    total = len(batch) * (56 + VALUE_BYTES * (len(long) - len(columns)))
+    for row in batch:
+        total += sum(_size(row[i]) for i in columns)
+    return total
+
+
+def _size(value) -> int:
+    if isinstance(value, str | bytes):
+        return 49 + len(value)
+    if isinstance(value, list | tuple):
+        return 56 + sum(8 + _size(v) for v in value)
+    if isinstance(value, dict):
+        return 64 + sum(16 + _size(k) + _size(v) for k, v in value.items())
+    return VALUE_BYTES
 
 
 @dataclass(frozen=True)
@@ -216,10 +260,26 @@ class Limits:
         return cls(int(float(m[1]) * UNITS[m[2] or "b"]), seconds, memory.strip())
 
     def memory_message(self, err: Exception) -> str:
-        """What a query stopped at its memory limit (DuckDB's ``err``) says."""
+        """What a query stopped at its memory limit (DuckDB's ``err``) says; or, when the machine refused the memory
+        (an allocation failed below the limit: a ulimit, a container's limit), that."""
+        if "(bad allocation)" in str(err):
+            return (
+                f"the query needed more memory than this process could get (below its limit of {self.memory_text}: "
+                f"the machine's or the process's own limit refused it) and was stopped - nothing was written: "
+                f"{first_line(err)}"
+            )
         return (
             f"the query needed more memory than its limit of {self.memory_text} and was stopped - "
             f"nothing was written (give more with --memory-limit or ${MEMORY_ENV}): {first_line(err)}"
+        )
+
+    @staticmethod
+    def output_memory_message() -> str:
+        """What a query whose rows this process ran out of memory holding (a MemoryError) says."""
+        return (
+            "the query's rows needed more memory than this process could get and the query was stopped - "
+            "nothing was written (a value or a row too large to hold: select fewer or shorter columns, e.g. "
+            "left(text, 1000))"
         )
 
     def time_message(self) -> str:
@@ -262,5 +322,8 @@ def write_parquet(batches, path: Path, data_dir: Path, overwrite: bool = False) 
                 writer.write_batch(batch)
                 written += batch.num_rows
 
-    write_atomically(path, write, "the result")
+    try:
+        write_atomically(path, write, "the result")
+    except MemoryError:  # (Arrow's too): a clear error, the file not written
+        raise QueryLimitError(Limits.output_memory_message()) from None
     return written

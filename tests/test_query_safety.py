@@ -85,16 +85,20 @@ def test_serve_on_the_loopback_needs_its_token(two_runs, tmp_path):  # noqa: F81
             status, _, body = call(server, path, form, token=False)
             assert status == 403 and b"needs its token" in body, (path, status, body)
         status, _, _ = call(server, "/", headers={"Cookie": f"teacher-mcts-token-1={server.token}"}, token=False)
-        assert status == 403  # the cookie of a server on another port
-        # The first visit sets the cookie (its name has the server's port: one per server) and leaves the token out.
+        assert status == 403  # a cookie opens nothing: the token is in the path or a header
+        # The address of before is redirected under the token's prefix, where every page is; no cookie is set.
         cookies = urllib.request.HTTPCookieProcessor()
         opener = urllib.request.build_opener(cookies)
+        home = f"{server.base}/t/{server.token}"
         with opener.open(f"{server.base}/?token={server.token}", timeout=120) as response:
-            assert response.status == 200 and response.url == server.base + "/"
-        port = server.base.rsplit(":", 1)[1]
-        assert {c.name: c.value for c in cookies.cookiejar} == {f"teacher-mcts-token-{port}": server.token}
-        with opener.open(f"{server.base}/run/rounds", timeout=120) as response:
+            assert response.status == 200 and response.url == home + "/"
+            assert f'href="/t/{server.token}/run/rounds"' in response.read().decode()  # its links keep the prefix
+        assert list(cookies.cookiejar) == []
+        with opener.open(f"{home}/run/rounds", timeout=120) as response:
             assert response.status == 200
+        for path in ("/", "/run/rounds"):
+            status, _, body = call(server, f"/t/{server.token[:-1]}{path}", token=False)
+            assert status == 403 and b"needs its token" in body, (path, status, body)
 
 
 @pytest.mark.slow
@@ -288,7 +292,7 @@ def test_a_damaged_campaign_is_named_beside_the_healthy_runs(tmp_path, page):  #
             f"left out, damaged: campaign camp is damaged and was not read: {record}: line 1 is damaged (not JSON) - "
             f"'python {ROOT / 'cli.py'} --data {data} verify camp' says what is intact"  # (serve ran as that)
         ]
-        answer = page.goto(f"{server.base}/campaign/camp")
+        answer = page.goto(f"{server.base}/t/{server.token}/campaign/camp")
         shot(page, "campaign-damaged")
         assert answer.status == 200
         assert page.locator("h1").inner_text() == "Campaign camp is damaged"

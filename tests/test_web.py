@@ -2,7 +2,7 @@
 
 Each test starts ``python cli.py serve`` as a process of its own on a free port and
 waits until it answers; the browser opens the address with the token the server printed
-(which sets its cookie); pages are read through the DOM. A screenshot of each page goes
+(every page is under it: engine/web/gate.py); pages are read through the DOM. A screenshot of each page goes
 to /tmp/web-shots/.
 """
 
@@ -81,7 +81,7 @@ def served(data: Path, tmp: Path, host: str = "127.0.0.1", env: dict[str, str] |
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "the server did not answer within 120 s:\n" + log.read_text()
             time.sleep(0.1)
-        found = re.search(r"\?token=(\S+)", log.read_text())
+        found = re.search(r"/t/([A-Za-z0-9_-]+)/", log.read_text())
         assert found, "the server printed no token:\n" + log.read_text()
         yield Served(base, found[1], proc, log)
     finally:
@@ -254,7 +254,7 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
             assert page.locator(f"#p{k}").get_attribute("data-leaf") == leaf
             assert shown_messages(page, f"#p{k} .msg") == sample_messages(rest)
         shot(page, "compare-paths")
-        page.goto(f"{base}/run/rounds/tree/T001")
+        page.goto(f"{base}/t/{token}/run/rounds/tree/T001")
         # A pair's node compares its attempts side by side, each as export --format kto writes it.
         node_id = next(c[0] for c in cells if {c[3], c[7]} & {"retry", "pruned"})  # a failed attempt in a pair
         page.locator("table.pairs a", has_text=node_id).first.click()
@@ -287,7 +287,7 @@ def test_navigate_collection_run_tree_path_shows_the_exported_sample(two_runs, t
         assert "#" + page.evaluate("document.querySelector(':target').id") == last
         top, bottom = page.locator(last).evaluate(where)
         assert bottom > 0 and top < page.viewport_size["height"]  # scrolled into view
-        page.goto(f"{base}/run/rounds/tree/T001")
+        page.goto(f"{base}/t/{token}/run/rounds/tree/T001")
         page.locator("table.nodes a", has_text="#1").first.click()
         page.wait_for_url(re.compile(r"/run/rounds/path\?"))
         shot(page, "path")
@@ -480,10 +480,10 @@ def test_a_search_finds_a_string_planted_in_one_tool_result_and_opens_its_messag
         assert {hits.nth(i).locator("td").nth(0).inner_text() for i in range(hits.count())} == {"hand"}
         assert page.locator("table.hits mark").first.inner_text() == needle
         # Filters narrow it: another run has none; a verdict no attempt with it has.
-        page.goto(f"{base}/search?q={needle}&run=rounds")
+        page.goto(f"{base}/t/{token}/search?q={needle}&run=rounds")
         assert page.locator("#search-count").inner_text() == "0 hits."
         # Its link opens the message on its node's compare page, scrolled to and marked.
-        page.goto(f"{base}/search?q={needle}")
+        page.goto(f"{base}/t/{token}/search?q={needle}")
         edge_id, index = planted[0]
         page.locator("table.hits a.hit").first.click()
         page.wait_for_url(re.compile(r"/run/hand/tree/T1/compare\?node=.*#e\d+-\d+-m\d+$"))
@@ -507,12 +507,15 @@ def test_a_non_local_bind_refuses_requests_without_its_token(two_runs, tmp_path,
                 urllib.request.urlopen(base + path, timeout=30)
             assert refused.value.code == 403
             assert b"needs its token" in refused.value.read()
-        with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(f"{base}/?token={token}x", timeout=30)
-        page.goto(f"{base}/?token={token}")  # sets the cookie, then leaves the token out of the address
-        assert "token" not in page.url
+        for wrong in (f"{base}/?token={token}x", f"{base}/t/{token}x/", f"{base}/t/{token[:-1]}/run/rounds"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(wrong, timeout=30)
+            assert refused.value.code == 403
+        page.goto(f"{base}/?token={token}")  # the address of before: the same page under the token's prefix
+        assert page.url == f"{base}/t/{token}/"
         assert page.locator("table.runs tbody tr").count() == 2
-        page.goto(base + "/run/rounds")
+        page.goto(base + "/run/rounds")  # typed without the token: the gate page forwards it under the prefix
+        page.wait_for_url(f"{base}/t/{token}/run/rounds")
         assert page.locator("svg.tree").count() == 4
 
 
@@ -578,7 +581,7 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         assert page.locator(".eval").count() == 4  # each turn's eval after its last message
         # The root's attempts side by side: where they differ, and the code each changed (git, in the
         # tree's repository: from the root's commit to the attempt's last turn's).
-        page.goto(f"{base}/run/oc/tree/T001")
+        page.goto(f"{base}/t/{token}/run/oc/tree/T001")
         root_row = page.locator("tbody.node").nth(0)
         root_row.locator("button.open").click()
         root_row.locator("a.compare-link").click()

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from engine.web.app import create_app
+from engine.web.gate import PREFIX
 from ingest.errors import InputError
 
 __all__ = ["create_app", "serve"]
@@ -31,9 +32,10 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
     token = secrets.token_urlsafe(24)
     app = create_app(Path(data_dir), token, host)
     shown = f"[{host}]" if ":" in host else host
-    print(f"serving {data_dir} at http://{shown}:{port}/?token={token}", file=sys.stderr, flush=True)
+    print(f"serving {data_dir} at http://{shown}:{port}{PREFIX}{token}/", file=sys.stderr, flush=True)
     print(
-        "  (every request needs that token: open the address above once, it sets a cookie)",
+        "  (every request needs that token: the pages live under that address - keep it, every link of a page"
+        " does - and scripts send 'Authorization: token <it>')",
         file=sys.stderr,
         flush=True,
     )

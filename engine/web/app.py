@@ -14,7 +14,6 @@ Pages read at once (no lock is held while a query runs); the SQL page is
 
 from __future__ import annotations
 
-import hmac
 import json
 from pathlib import Path
 
@@ -23,27 +22,32 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.report import CSS as TREE_CSS
 from engine.report import LEGEND, drawn_trees
 from engine.web import data, sql
+from engine.web.gate import SameOrigin, TokenGate
 from engine.web.live import run_events
-from engine.web.pages import HEADERS, HERE, TEMPLATES, page, problem
+from engine.web.pages import HEADERS, HERE, TEMPLATES, bad_name, page, problem
 from engine.web.search import search_page
 from ingest.errors import ProjectError
-from ingest.log import RUN_ID_RE
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-COOKIE = "teacher-mcts-token"
 
 
-def _run_id(request: Request) -> str | None:
+class NoSuchName(Exception):
+    """A path names no run or campaign (not a name one can have): the page says so, 404."""
+
+
+def _run_id(request: Request) -> str:
+    """The run the path names; NoSuchName when it is no run's name (``a..b``)."""
     run_id = request.path_params["run_id"]
-    return run_id if RUN_ID_RE.match(run_id) else None
+    if (why := bad_name(run_id, "run")) is not None:
+        raise NoSuchName(why)
+    return run_id
 
 
 # ------------------------------------------------------------------- pages
@@ -76,8 +80,10 @@ def campaign(request: Request) -> HTMLResponse:
 
     name = request.path_params["name"]
     data_dir = request.app.state.source.data_dir
-    if not RUN_ID_RE.match(name) or not is_campaign(data_dir, name):
-        return problem(request, "no such campaign")
+    if (why := bad_name(name, "campaign")) is not None:
+        raise NoSuchName(why)
+    if not is_campaign(data_dir, name):
+        return problem(request, f"no such campaign: {name!r} under {data_dir}")
     try:
         shown = data.campaign_page(data_dir, name, request.app.state.source.collection())
     except ProjectError as err:  # a damaged campaign: a page that says what is damaged
@@ -90,22 +96,20 @@ def campaign(request: Request) -> HTMLResponse:
 
 def run(request: Request) -> HTMLResponse:
     run_id = _run_id(request)
-    if run_id is None:
-        return problem(request, "no such run id")
-    return page(request, "run.html", run_id=run_id, live=_live(request.app.state.source, run_id))
+    return page(request, "run.html", run_id=run_id, live=_live(request, run_id))
 
 
 def run_live(request: Request) -> HTMLResponse:
     """The part of the run page that follows the run (fetched again on each event)."""
     run_id = _run_id(request)
-    if run_id is None:
-        return problem(request, "no such run id")
-    return HTMLResponse(_live(request.app.state.source, run_id), headers=HEADERS)
+    return HTMLResponse(_live(request, run_id), headers=HEADERS)
 
 
-def _live(source: data.Source, run_id: str) -> Markup:
+def _live(request: Request, run_id: str) -> Markup:
     from ingest.log import EventLog
 
+    source: data.Source = request.app.state.source
+    base = request.scope.get("root_path", "")  # the links' prefix (engine.web.gate)
     if not EventLog(source.data_dir, run_id).exists():
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, data_dir=source.data_dir))
     try:
@@ -116,13 +120,11 @@ def _live(source: data.Source, run_id: str) -> Markup:
         return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, problem=str(err)))
     drawings = [(t, Markup(svg), n) for t, svg, n in drawings]  # the report's drawing: escaped where it is made
     live = TEMPLATES.get_template("run_live.html")
-    return Markup(live.render(run_id=run_id, drawings=drawings, legend=Markup(LEGEND), **shown))
+    return Markup(live.render(run_id=run_id, base=base, drawings=drawings, legend=Markup(LEGEND), **shown))
 
 
 def tree(request: Request) -> HTMLResponse:
     run_id, tree_id = _run_id(request), request.path_params["tree_id"]
-    if run_id is None:
-        return problem(request, "no such run id")
     try:
         runs = request.app.state.source.collection()
         shown = data.tree_page(runs, run_id, tree_id)
@@ -157,7 +159,7 @@ def compare(request: Request) -> HTMLResponse:
     """A node's finished attempts side by side, from the conversation they were forked from."""
     run_id, tree_id = _run_id(request), request.path_params["tree_id"]
     node_id = request.query_params.get("node")
-    if run_id is None or not node_id:
+    if not node_id:
         return problem(request, "a compare page needs a run, a tree and ?node=", 400)
     try:
         shown = request.app.state.source.attempts(run_id, tree_id, node_id)
@@ -172,7 +174,7 @@ def compare_paths(request: Request) -> HTMLResponse:
     """Two or more selected paths of a tree side by side from where their conversations part."""
     run_id, tree_id = _run_id(request), request.path_params["tree_id"]
     leaves = list(dict.fromkeys(request.query_params.getlist("leaf")))
-    if run_id is None or not 2 <= len(leaves) <= 4:
+    if not 2 <= len(leaves) <= 4:
         return problem(request, "comparing paths needs a run, a tree and two to four ?leaf= (selected paths)", 400)
     source: data.Source = request.app.state.source
     try:
@@ -187,7 +189,7 @@ def path(request: Request) -> HTMLResponse:
     run_id = _run_id(request)
     tree_id, leaf_id = request.query_params.get("tree"), request.query_params.get("leaf")
     selection = request.query_params.get("selection") or None
-    if run_id is None or not tree_id or not leaf_id:
+    if not tree_id or not leaf_id:
         return problem(request, "a path page needs a run, ?tree= and ?leaf=", 400)
     source: data.Source = request.app.state.source
     try:
@@ -234,70 +236,8 @@ def tree_css(_request: Request) -> Response:
     return Response(TREE_CSS, media_type="text/css", headers=HEADERS)
 
 
-# -------------------------------------------------------------------- safety
-
-
-class TokenGate:
-    """Let through requests carrying the token: ``?token=`` (which sets a cookie, then
-    redirects to the address without it), the cookie, or ``Authorization: token <t>``.
-
-    The cookie's name has the server's port in it: cookies do not tell ports apart, and
-    two servers on one host each keep their own.
-    """
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token
-
-    def _matches(self, given: str | None) -> bool:
-        return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        cookie = f"{COOKIE}-{(scope.get('server') or ('', ''))[1]}"
-        header = request.headers.get("authorization", "")
-        if self._matches(request.query_params.get("token")):
-            url = request.url.remove_query_params("token")
-            response: Response = RedirectResponse(url.path + (f"?{url.query}" if url.query else ""), 303)
-            response.set_cookie(cookie, self.token, httponly=True, samesite="strict")
-        elif self._matches(request.cookies.get(cookie)) or self._matches(header.removeprefix("token ")):
-            await self.app(scope, receive, send)
-            return
-        else:
-            response = PlainTextResponse(
-                "403: this server needs its token - open the address it printed when it started (.../?token=...)\n", 403
-            )
-        await response(scope, receive, send)
-
-
-class SameOrigin:
-    """Refuse a request other than GET or HEAD (the SQL page's query) that another site's page sent.
-
-    Its ``Origin``, when sent, must be this server's own; its ``Sec-Fetch-Site``, when
-    sent, ``same-origin`` (this server's page) or ``none`` (typed by the user).
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
-            request = Request(scope)
-            own = f"{request.url.scheme}://{request.headers.get('host', '')}".lower()
-            origin, site = request.headers.get("origin"), request.headers.get("sec-fetch-site")
-            problem = None
-            if origin is not None and origin.lower() != own:
-                problem = f"it was sent by a page of {origin}, not of this server ({own})"
-            elif site is not None and site not in ("same-origin", "none"):
-                problem = f"it was sent by a page of another site (Sec-Fetch-Site: {site})"
-            if problem:
-                message = f"403: refused - {problem}; run queries from this server's SQL page\n"
-                await PlainTextResponse(message, 403)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+async def _no_such(request: Request, err: Exception) -> HTMLResponse:
+    return problem(request, str(err), 404)
 
 
 async def _failed(request: Request, err: Exception) -> HTMLResponse:
@@ -328,6 +268,6 @@ def create_app(data_dir: Path, token: str, host: str = "127.0.0.1") -> Starlette
     if host in LOOPBACK:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost", "[::1]", "::1"]))
     middleware += [Middleware(TokenGate, token=token), Middleware(SameOrigin)]
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={Exception: _failed})
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={NoSuchName: _no_such, Exception: _failed})
     app.state.source = data.Source(Path(data_dir))
     return app

@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 
 import watchfiles
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
 from engine.watch import follow
+from engine.web.pages import bad_name
 from ingest.errors import ProjectError
-from ingest.log import RUN_ID_RE, EventLog
+from ingest.log import EventLog
 
 PERIOD_S = 5.0  # seconds between looks when no part is noticed (as watch's default)
 
@@ -86,12 +87,10 @@ async def _frames(data_dir, run_id: str) -> AsyncIterator[str]:
         stop.set()
 
 
-async def run_events(request: Request) -> StreamingResponse:
+async def run_events(request: Request) -> Response:
     run_id = request.path_params["run_id"]
-    if not RUN_ID_RE.match(run_id):
-        return StreamingResponse(
-            iter([_event("problem", {"message": "no such run id"})]), media_type="text/event-stream"
-        )
+    if (why := bad_name(run_id, "run")) is not None:
+        return PlainTextResponse(why + "\n", 404)
     data_dir = request.app.state.source.data_dir
     return StreamingResponse(
         _frames(data_dir, run_id),

@@ -14,6 +14,8 @@ from jinja2 import Environment, FileSystemLoader
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from ingest.paths import RUN_ID_RE
+
 HERE = Path(__file__).parent
 FOLD_CHARS, FOLD_LINES = 1200, 20  # longer outputs are folded
 HEADERS = {
@@ -98,9 +100,21 @@ TEMPLATES.filters.update(
 
 
 def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-    """The template ``name`` drawn with ``context``, with the headers every page carries."""
+    """The template ``name`` drawn with ``context``, with the headers every page carries; ``base``: the prefix of
+    every link (``/t/<token>`` under the capability prefix, see engine.web.gate)."""
+    context.setdefault("base", request.scope.get("root_path", ""))
     body = TEMPLATES.get_template(name).render(request=request, **context)
     return HTMLResponse(body, status_code=status, headers=HEADERS)
+
+
+def bad_name(name: str, kind: str) -> str | None:
+    """Why ``name`` in a path can name no run or campaign (``kind``), or None when it can."""
+    if RUN_ID_RE.match(name) and ".." not in name:
+        return None
+    return (
+        f"no such {kind}: {name!r} is not a {kind}'s name (1 to 128 letters, digits, '_', '-' and '.', "
+        "starting with a letter or digit, without '..')"
+    )
 
 
 def problem(request: Request, message: str, status: int = 404) -> HTMLResponse:

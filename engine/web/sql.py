@@ -1,10 +1,11 @@
 """The SQL page: a query POSTed by its form runs in a thread of its own while other pages answer.
 
 A GET shows the form (the query of ``?q=`` in it, not run). A query is interrupted when its
-client goes away; the page fetches only the rows it shows (SHOWN_ROWS, and one more to know
-there are more), and the CSV download streams every row a batch at a time, within the
-query's time limit: a limit passed midway leaves the download unfinished (the client sees
-it fail), never a short file that looks whole.
+client goes away; the page fetches only what it shows, bounded in rows and characters, a long
+value cut by DuckDB (engine.web.sql_cells: a cut value's ``show all`` runs the query again for
+it alone), and the CSV download streams every row a batch at a time, within the query's time
+limit: a limit passed midway leaves the download unfinished (the client sees it fail), never a
+short file that looks whole.
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ from engine.catalog.definitions import read_views
 from engine.catalog.queries import check_query
 from engine.collection import Cancel, QueryCancelledError
 from engine.render import csv_chunks
-from engine.web import data
-from engine.web.pages import HEADERS, page, problem
+from engine.web import data, sql_cells
+from engine.web.pages import HEADERS, TEMPLATES, page, problem
+from engine.web.sql_cells import CELL_CHARS, FULL_CHARS, PAGE_CHARS, SHOWN_COLUMNS, SHOWN_ROWS, Cut
 from ingest.errors import ProjectError
 
-SHOWN_ROWS = 500  # rows of a query shown on the SQL page (the only ones fetched; the CSV has them all)
 CSV_BATCH_ROWS = 2_000  # rows of a CSV download fetched and sent at a time
 CSV_AHEAD = 4  # batches of a CSV download made ahead of what its client has taken
 FORM_BYTES = 2**20  # the largest form (a query) the SQL page takes
 T = TypeVar("T")
+TEMPLATES.tests["cut"] = lambda value: isinstance(value, Cut)  # (the page marks a value shown cut)
 
 
 async def sql(request: Request) -> Response:
-    """GET: the form (the query of ``?q=`` in it, not run); POST: run the form's query (``format=csv``: download it)."""
+    """GET: the form (the query of ``?q=`` in it, not run); POST: run the form's query (``format=csv``: download
+    it; ``cell=<key>``: show one value whole)."""
     if request.method == "GET":
         return _sql_page(request, request.query_params.get("q", ""))
     form = await _form(request)
@@ -50,34 +53,57 @@ async def sql(request: Request) -> Response:
         return _sql_page(request, "")
     if form.get("format") == "csv":
         return await _download(request, query)
-    source: data.Source = request.app.state.source
+    if "cell" in form:
+        return await _show_all(request, query, form["cell"])
+    collection = request.app.state.source.collection()
+    shown = await _running(request, query, lambda cancel: sql_cells.first_rows(collection, query, cancel))
+    return shown if isinstance(shown, Response) else _sql_page(request, query, result=shown)
+
+
+async def _running(request: Request, query: str, work: Callable[[Cancel], T]) -> T | Response:
+    """``work(cancel)`` in a thread, stopped if the client goes away; its error: the page saying it."""
     cancel = Cancel()
-
-    def first_rows() -> tuple[list[str], list[tuple]]:
-        checked = check_query(query)  # refused before any run is read
-        with source.collection().result(checked, cancel=cancel) as result:
-            return result.columns, result.head(SHOWN_ROWS + 1)
-
     started = time.monotonic()
     try:
-        columns, rows = await _unless_gone(request, cancel, lambda: run_in_threadpool(first_rows))
+        return await _unless_gone(request, cancel, lambda: run_in_threadpool(work, cancel))
     except QueryCancelledError:
         _note_gone(query, started)
         return Response(status_code=499)  # (nobody reads it)
     except ProjectError as err:
         return _sql_page(request, query, error=str(err))
-    return _sql_page(request, query, columns=columns, rows=rows[:SHOWN_ROWS], more=len(rows) > SHOWN_ROWS)
 
 
-def _sql_page(request: Request, query: str, error: str | None = None, **result: Any) -> HTMLResponse:
+async def _show_all(request: Request, query: str, key: str) -> Response:
+    """The page with one value of the query's result whole (within FULL_CHARS): the cell ``key`` names."""
+    try:
+        row, column, length, shown = key.split(":")
+        row, column, length = int(row), int(column), int(length)
+    except ValueError:
+        return _sql_page(request, query, error=f"{key!r} names no cell of a result (row:column:length:digest)")
+    collection = request.app.state.source.collection()
+    whole = await _running(request, query, lambda cancel: sql_cells.one_cell(collection, query, row, column, cancel))
+    if isinstance(whole, Response):
+        return whole
+    if whole is None or (whole.length, sql_cells.digest(whole.text)) != (length, shown):
+        error = (
+            f"row {row + 1}, column {column + 1} of the query's result is not the value shown before (the query was "
+            "edited, or it gave its rows in another order: ORDER BY keeps one) - Run it again"
+        )
+        return _sql_page(request, query, error=error)
+    return _sql_page(request, query, whole=whole)
+
+
+def _sql_page(request: Request, query: str, error: str | None = None, **shown: Any) -> HTMLResponse:
     return page(
         request,
         "sql.html",
         status=400 if error else 200,
         query=query,
         error=error,
-        result=result or None,
+        result=shown.get("result"),
+        whole=shown.get("whole"),
         shown=SHOWN_ROWS,
+        limits={"cell": CELL_CHARS, "page": PAGE_CHARS, "full": FULL_CHARS, "columns": SHOWN_COLUMNS},
         views=list(read_views().values()),
     )
 

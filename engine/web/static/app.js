@@ -1,12 +1,22 @@
 // The web app's one script: no build step, nothing fetched but this server's pages.
 "use strict";
 
+// Every link of a page keeps its prefix: /t/<token> under the capability prefix (engine/web/gate.py).
+const BASE = ((document.currentScript && document.currentScript.getAttribute("src")) || "")
+  .replace(/\/static\/app\.js$/, "");
+
+// This origin's own storage (no other port's page can read it, and it is never sent) keeps the token, so
+// that an address typed without it is forwarded by the gate page to the same page under the prefix.
+if (BASE.startsWith("/t/")) {
+  try { localStorage.setItem("teacher-mcts-token", BASE.slice(3)); } catch (e) { /* storage refused: no forwarding */ }
+}
+
 // Run page: follow the run as parts land (server-sent events), replacing the part of
 // the page that shows it, without a reload; stop once the run has finished.
 function followRun(live) {
   const run = live.dataset.run;
   const state = document.getElementById("state");
-  const base = "/run/" + encodeURIComponent(run);
+  const base = BASE + "/run/" + encodeURIComponent(run);
   let chain = Promise.resolve();
   const refresh = () => {
     chain = chain.then(() => fetch(base + "/live", {cache: "no-store"}))
@@ -79,7 +89,7 @@ document.addEventListener("click", (e) => {
       const card = node.closest("[data-tree]");
       const live = document.getElementById("live");
       if (card && live) {
-        location.href = "/run/" + encodeURIComponent(live.dataset.run) + "/tree/" +
+        location.href = BASE + "/run/" + encodeURIComponent(live.dataset.run) + "/tree/" +
           encodeURIComponent(card.dataset.tree) + "#node-" + encodeURIComponent(id);
       }
     }
