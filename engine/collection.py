@@ -298,7 +298,7 @@ class Collection:
 
     def _checked_file(self, state: State, view: str) -> bool:
         path = self._files.get((state.dir, view))
-        return path is not None and self.derived.unchanged(path)
+        return path is not None and self.derived.checks.unchanged(path)
 
     def set(self, **values: Any) -> None:
         """Set view variables (None: reset) for every run, e.g. reselection weights."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 
-from engine.catalog import DECISION_THREADS, Catalog
+from engine.catalog import DECISION_THREADS, Catalog, sandbox
 from engine.config import recorded_config
 from ingest.reader import EventLog
 
@@ -61,7 +61,8 @@ def over_runs(
     """
     logs = [EventLog(data_dir, run_id).require() for run_id in dict.fromkeys(run_ids)]
     workers = max(1, workers or os.cpu_count() or 1)
-    con = duckdb.connect()
+    con = duckdb.connect(config={"temp_directory": ""})
+    sandbox(con, [Path(data_dir) / "runs"])  # the logs: no other file
     Catalog.template(con)  # made once, before the threads copy it
 
     def one(i: int, log: EventLog) -> T:

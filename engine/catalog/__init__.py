@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -299,6 +300,14 @@ class Catalog:
         """The largest seq the catalog holds (of ``run_id``'s events when given; 0 when none)."""
         self._apply_incoming()
         return self.log.tail_seq(run_id)
+
+
+def sandbox(con: duckdb.DuckDBPyConnection, dirs: Iterable[Path]) -> None:
+    """Let ``con``'s instance touch files under ``dirs`` only, for good (DuckDB's allowed directories with
+    external access off: no other file read or written, no extension, no network). Every connection that
+    evaluates views over a data directory has it, as users' queries do."""
+    con.execute("set allowed_directories = ?", [[f"{Path(d).resolve()}/" for d in dirs]])
+    con.execute("set enable_external_access = false")
 
 
 def template_name(views_dir: Path) -> str:

@@ -35,16 +35,18 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from engine.catalog import sandbox
 from engine.catalog.definitions import VIEWS_DIR, load_graph
+from engine.derived.catalogs import template_dir
 from engine.derived.files import (
+    Checked,
     Damaged,
     Listings,
     Outdated,
     Roots,
-    check_named,
+    discard,
     dump_json,
     load_json,
-    stat_key,
     unwritable,
 )
 from engine.derived.keys import (
@@ -96,8 +98,10 @@ class Derived:
         self.dropped: list[str] = []
         self.con = duckdb.connect(config={"temp_directory": ""})  # builds states; never queried by users
         self.con.execute("set global parquet_metadata_cache = true")  # every cursor's (parts, tables read in place)
+        # The runs' logs, their states (in every root it may use) and this user's template of the views: nothing else.
+        sandbox(self.con, [self.data_dir / "runs", *self.roots.candidates, template_dir(self.digest)])
         self._lock = threading.Lock()
-        self._verified: dict[Path, tuple] = {}  # file -> its stat when its digest was checked
+        self.checks = Checked()  # the files checked, each by its stat then
         self._listed = Listings()  # each state's views/, listed once while it is unchanged
         self._catalogs: Catalogs | None = None  # of stored states, kept for their next views (made when needed)
 
@@ -144,7 +148,7 @@ class Derived:
         except Damaged as why:
             self._note(cache, str(why), "dropped")
             with contextlib.suppress(OSError):
-                cache.unlink(missing_ok=True)
+                discard(cache)
             held = {}
         if held.get("record") == list(record):
             with contextlib.suppress(KeyError, TypeError, OSError):
@@ -294,9 +298,7 @@ class Derived:
         files (each checked: Damaged when one is not what its name records); _Moved when the log no longer
         holds the state's events (a part quarantined since). ``in_place``: both read where they lie
         (:meth:`Catalog.restore`), for a catalog that only reads views."""
-        files = state.table_files()
-        for path in files.values():
-            self._check(path, state.relative)
+        files = self.checked_tables(state)
         tables = {name: [path] for name, path in files.items()}
         catalog.restore([(log, state.source.tail)], tables, state.values, state.explicit, in_place)
         if catalog.tail_seq() != state.source.tail:
@@ -315,7 +317,7 @@ class Derived:
             final = place / source.key
             try:
                 place.mkdir(parents=True, exist_ok=True)
-                tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=place))
+                tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP}{os.getpid()}-", dir=place))
                 try:
                     relative = f"{run_id}/{flavour}/{source.key}"
                     write_state(held.catalog, tmp, relative, source, variables, self.digest, views=views, batch=batch)
@@ -378,12 +380,12 @@ class Derived:
             for name in self._listed.files(directory).get(view, ()):
                 path = directory / name
                 try:
-                    self._check(path, state.relative)
+                    self.checks.check(path, state.relative)
                 except FileNotFoundError:
                     continue
                 except Damaged as why:
                     self._note(path, str(why), "dropped")
-                    path.unlink(missing_ok=True)
+                    discard(path)
                     continue
                 return path
         return None
@@ -417,8 +419,7 @@ class Derived:
         finally:
             if mine:
                 self.catalogs.keep(state.dir, held)
-        with self._lock:
-            self._verified[path] = stat_key(path)
+        self.checks.add(path)
         return path
 
     def open(self, run_id: str, variables: dict[str, Any] | None = None) -> Catalog:
@@ -461,23 +462,15 @@ class Derived:
     def _forget(self, directory: Path) -> None:
         if self._catalogs is not None:
             self._catalogs.forget(directory)
-        with self._lock:
-            for path in [p for p in self._verified if p.is_relative_to(directory)]:
-                del self._verified[path]
+        self.checks.forget(directory)
 
-    def _check(self, path: Path, relative: str) -> None:
-        """Damaged unless ``path`` holds the bytes its name records (checked once while the file is unchanged)."""
-        before = stat_key(path)
-        if before is not None and self._verified.get(path) == before:
-            return
-        check_named(path, relative)
-        if stat_key(path) == before:
-            with self._lock:
-                self._verified[path] = before
-
-    def unchanged(self, path: Path) -> bool:
-        """Whether a file checked by this instance is still the file it checked (its size, times, inode)."""
-        return path in self._verified and stat_key(path) == self._verified[path]
+    def checked_tables(self, state: State) -> dict[str, Path]:
+        """The state's table files, each checked; Damaged for one damaged, or missing while its state is there."""
+        files = state.table_files()
+        there = "its state is there" if os.path.lexists(state.dir / STATE_FILE) else None
+        for path in files.values():
+            self.checks.check(path, state.relative, missing=there)
+        return files
 
     def _drop(self, path: Path, why: str) -> None:
         """Remove a damaged state (one line on stderr); the next read derives it again from the log."""

@@ -137,8 +137,7 @@ def view_rows_together(
             try:
                 files: dict[str, list[Path]] = {}
                 for state in states:
-                    for name, path in state.table_files().items():
-                        derived._check(path, state.relative)  # noqa: SLF001 - read as any state's files are
+                    for name, path in derived.checked_tables(state).items():
                         files.setdefault(name, []).append(path)
                 logs = [(EventLog(derived.data_dir, s.run_id), s.source.tail) for s in states]
                 held.catalog.restore(logs, files, states[0].values, set(states[0].explicit), in_place=True)
@@ -161,7 +160,7 @@ def view_rows_together(
                             where=only,
                             relation=rows,
                         )
-                        derived._check(path, state.relative)  # noqa: SLF001 - as written, now known checked
+                        derived.checks.check(path, state.relative)  # as written, now known checked
                         written.setdefault(state.run_id, {})[view] = path
             except (Damaged, LogError, OSError, duckdb.Error):
                 continue

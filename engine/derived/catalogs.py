@@ -8,8 +8,10 @@ newest last, the others dropped (detached) as new ones come.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from engine.derived.files import Damaged, write_named
+from engine.derived.files import Damaged, discard, write_named
+from engine.derived.trust import cache_dir
 from ingest.text import sql_text
 
 if TYPE_CHECKING:
@@ -98,7 +101,14 @@ class Catalogs:
             h.close()
 
 
-TEMPLATES = "_templates"  # <derived>/_templates/<views digest>/: the empty catalog of the views, stored
+TEMPLATES = "_templates"  # <derived>/_templates: where the empty catalog of the views was once kept
+STALE_TEMPLATE_S = 7 * 86400  # another views' template unused this long is removed
+
+
+def template_dir(digest: str) -> Path:
+    """Where this user keeps the empty catalog of the views ``digest`` names: their SQL is code, so it is kept
+    outside every data directory (``trust.cache_dir()``), signed by this user's key like any stored file."""
+    return cache_dir() / "templates" / digest[:16]
 
 
 def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None:
@@ -107,19 +117,21 @@ def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None
     from engine.catalog import Catalog, template_name
 
     name, relative = template_name(derived.views_dir), f"{TEMPLATES}/{derived.digest}"
-    for root in derived.roots.all:
-        for path in sorted((root / TEMPLATES / derived.digest[:16]).glob("catalog-*.duckdb")):
-            try:
-                derived._check(path, relative)
-                cursor.execute(f'attach {sql_text(path)} as "{name}" (read_only)')
-                return
-            except (Damaged, duckdb.Error) as why:
-                derived._note(path, str(why).splitlines()[0], "dropped")
-                path.unlink(missing_ok=True)
-            except FileNotFoundError:
-                continue
+    shutil.rmtree(derived.root / TEMPLATES, ignore_errors=True)  # where it was kept in data directories: never read
+    place = template_dir(derived.digest)
+    for path in sorted(place.glob("catalog-*.duckdb")):
+        try:
+            derived.checks.check(path, relative)
+            cursor.execute(f'attach {sql_text(path)} as "{name}" (read_only)')
+            with contextlib.suppress(OSError):
+                os.utime(place)  # in use (see below)
+            return
+        except (Damaged, duckdb.Error) as why:
+            derived._note(path, str(why).splitlines()[0], "dropped")
+            discard(path)
+        except FileNotFoundError:
+            continue
     Catalog.template(cursor, derived.views_dir)
-    place = derived.roots.writable / TEMPLATES / derived.digest[:16]
 
     def save(tmp: Path) -> None:
         cursor.execute(f"attach {sql_text(tmp)} as template_saved")
@@ -129,8 +141,10 @@ def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None
             cursor.execute("detach template_saved")
 
     with contextlib.suppress(OSError, duckdb.Error):
-        place.mkdir(parents=True, exist_ok=True)
+        place.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_named(place, "catalog", relative, save, suffix=".duckdb")
-        for other in place.parent.iterdir():  # the templates of other views: no reader of these reads them
-            if other != place:
-                shutil.rmtree(other, ignore_errors=True)
+        stale = time.time() - STALE_TEMPLATE_S
+        for other in place.parent.iterdir():  # other views' (other checkouts or versions): kept while in use
+            with contextlib.suppress(OSError):
+                if other != place and other.stat().st_mtime < stale:
+                    shutil.rmtree(other, ignore_errors=True)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from engine.derived.files import Damaged, write_named
+from engine.derived.files import Damaged, discard, sweep_tmp, write_named
 from ingest.text import sql_text
 
 if TYPE_CHECKING:
@@ -58,13 +58,13 @@ def combined_file(derived: Derived, view: str, files: list[str]) -> str | None:
     for root in derived.roots.all:
         for path in sorted((root / relative).glob(f"{view}-*.parquet")):
             try:
-                derived._check(path, relative)
+                derived.checks.check(path, relative)
                 return str(path)
             except FileNotFoundError:
                 continue
             except Damaged as why:
                 derived._note(path, str(why), "dropped")
-                path.unlink(missing_ok=True)
+                discard(path)
     if not _worth_it(files):
         return None
     directory = derived.roots.writable / relative
@@ -79,10 +79,11 @@ def combined_file(derived: Derived, view: str, files: list[str]) -> str | None:
     finally:
         cursor.close()
     try:
-        derived._check(path, relative)
+        derived.checks.check(path, relative)
     except (Damaged, FileNotFoundError):  # (not what was just written: the per-run files serve)
         return None
     _keep_newest(directory.parent)
+    sweep_tmp(directory.parent)
     return str(path)
 
 

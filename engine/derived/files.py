@@ -1,14 +1,17 @@
 """The files of derived state: each one checked when read, written whole or not at all, and where they live.
 
 Every data file of a state is named by its digest, ``<stem>-<digest>.parquet``: the
-SHA-256 of the state's identity (``<run>/<flavour>/<source>``), the file's stem and its
-bytes. A reader hashes the bytes before using them (the files are the size of the
-answers: hashing runs at ~1.4 GB/s here) and drops the state when they do not match -
-a byte changed, a file truncated, a file copied from another run's state or renamed
-to another view's. A JSON document (``state.json``, the source cache) carries the
-digest of its identity and content in its ``check`` field. A digest stops damage, not
-someone who rewrites the digests too: recorded decisions and exports' facts never
-rest on these files alone (DECISIONS, "Derived state").
+HMAC-SHA-256, under this user's key (:mod:`engine.derived.trust`), of the state's
+identity (``<run>/<flavour>/<source>``), the file's stem and its bytes. A reader hashes
+the bytes before using them (the files are the size of the answers: hashing runs at
+~1.4 GB/s here) and drops the state when they do not match - a byte changed, a file
+truncated, a file copied from another run's state or renamed to another view's, a file
+another user or machine wrote (or forged, its digest recomputed without the key). A JSON
+document (``state.json``, the source cache) carries the digest of its identity and
+content in its ``check`` field. Only regular files are read (a directory, a FIFO, a
+link where a file should be is damage, found without opening it: nothing blocks), and
+a document only up to a size and a depth. Recorded decisions and exports' facts never
+rest on these files (DECISIONS, "Derived state").
 
 A file is written under a temporary name, hashed, fsynced and renamed to its digest's
 name, so a reader killed mid-write leaves only a temporary file no reader trusts.
@@ -23,19 +26,23 @@ import atexit
 import contextlib
 import errno
 import hashlib
+import hmac
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine.derived.trust import secret
 from ingest.errors import OutputError
 
-_PREFIX = b"teacher-mcts derived state v2\n"
+_PREFIX = b"teacher-mcts derived state v3\n"
 DIGEST_CHARS = 32  # of the hex SHA-256 in a file's name: 128 bits
 _TMP_MARK = ".tmp-"
 # The errors that say a directory cannot hold the state: move to the next root.
@@ -55,7 +62,7 @@ class Outdated(Damaged):
 
 
 def file_digest(identity: str, stem: str, data: bytes) -> str:
-    h = hashlib.sha256(_PREFIX)
+    h = hmac.new(secret(), _PREFIX, hashlib.sha256)
     h.update(f"{identity}\n{stem}\n".encode())
     h.update(data)
     return h.hexdigest()[:DIGEST_CHARS]
@@ -98,45 +105,151 @@ def check_named(path: Path, identity: str) -> None:
     found = split_name(path.name, path.suffix)
     if found is None:
         raise Damaged(f"{path.name} is not a name this version writes")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise  # gone (its state replaced meanwhile): not damage
-    except OSError as err:
-        raise Damaged(f"{path.name} cannot be read ({err.strerror or err})") from err
+    data = read_regular(path)  # (FileNotFoundError: gone, its state replaced meanwhile - not damage)
     if file_digest(identity, found[0], data) != found[1]:
-        raise Damaged(f"{path.name} does not hold the bytes its digest records")
+        raise Damaged(f"{path.name} does not hold the bytes its digest records (or another user made it)")
 
 
 def _check(identity: str, body: dict[str, Any]) -> str:
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(_PREFIX + f"{identity}\n".encode() + text.encode()).hexdigest()
+    return hmac.new(secret(), _PREFIX + f"{identity}\n".encode() + text.encode(), hashlib.sha256).hexdigest()
+
+
+MAX_DOCUMENT = 64 << 20  # bytes of a checked document read at most (a state's is a few KB; a source cache grows
+# with a run's parts: ~100 bytes a part)
 
 
 def dump_json(identity: str, body: dict[str, Any]) -> str:
-    """``body`` as a checked document: its ``check`` field is the digest of its identity and content."""
-    return json.dumps(body | {"check": _check(identity, body)}, indent=1, sort_keys=True, default=str) + "\n"
+    """``body`` as a checked document: its ``check`` field is the keyed digest of its identity and content."""
+    return (
+        json.dumps(body | {"check": _check(identity, body), "keyed": True}, indent=1, sort_keys=True, default=str)
+        + "\n"
+    )
 
 
 def load_json(path: Path, identity: str) -> dict[str, Any] | None:
-    """The checked document at ``path`` (None: there is none); Damaged when it is not whole or not its identity's."""
+    """The checked document at ``path`` (None: there is none); Damaged when it is not whole, not its identity's
+    or not this user's, not a regular file, too large or nested too deep; Outdated when an earlier version
+    wrote it."""
     try:
-        text = path.read_text()
+        data = read_regular(path, MAX_DOCUMENT)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except (OSError, UnicodeDecodeError) as err:
-        raise Damaged(f"{path.name} cannot be read ({err})") from err
     try:
-        held = json.loads(text)
-        body = {k: v for k, v in held.items() if k != "check"}
+        held = json.loads(data.decode())
+        body = {k: v for k, v in held.items() if k not in ("check", "keyed")}
         matches = held.get("check") == _check(identity, body)
-    except (ValueError, AttributeError) as err:
+    except (ValueError, AttributeError, RecursionError) as err:  # (RecursionError: nested beyond Python's stack)
         raise Damaged(f"{path.name} is not a JSON document") from err
-    if "check" not in held:
+    if "check" not in held or held.get("keyed") is not True:
         raise Outdated(f"{path.name} was written by an earlier version")
     if not matches:
-        raise Damaged(f"{path.name} does not match its check (changed, or another state's)")
+        raise Damaged(f"{path.name} does not match its check (changed, another state's, or not made by this user)")
     return body
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (a link is not followed); Damaged when it is anything else
+    (a directory, a FIFO, a socket, a device: found without blocking) or larger than ``limit``;
+    FileNotFoundError when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as err:  # ELOOP: a link; EISDIR...
+        raise Damaged(f"{path.name} cannot be read ({err.strerror or err})") from err
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Damaged(f"{path.name} is not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise Damaged(f"{path.name} is larger than any this version writes ({st.st_size} bytes)")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    except OSError as err:
+        raise Damaged(f"{path.name} cannot be read ({err.strerror or err})") from err
+    finally:
+        os.close(fd)
+
+
+ABANDONED_S = 600  # a temporary file of a process gone is removed once this old (another node's may be live)
+FORGOTTEN_S = 3600  # any temporary file this old is (no write of a state takes so long)
+
+
+def sweep_tmp(directory: Path, depth: int = 4) -> None:
+    """Remove the temporary files and directories left under ``directory`` by writers that are gone: a killed
+    reader's, a write the disk refused (``<name>.tmp-<pid>-...``: its process gone and the file 10 minutes
+    old, or any such file an hour old)."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if is_tmp(entry.name):
+                with contextlib.suppress(OSError):
+                    age = now - entry.stat(follow_symlinks=False).st_mtime
+                    if age > FORGOTTEN_S or (age > ABANDONED_S and not _alive(entry.name)):
+                        discard(Path(entry.path))
+            elif depth > 1 and entry.is_dir(follow_symlinks=False):
+                sweep_tmp(Path(entry.path), depth - 1)
+
+
+def _alive(name: str) -> bool:
+    """Whether the process a temporary name carries (``...tmp-<pid>-...``) runs here (True when it has none)."""
+    pid = name.split(_TMP_MARK, 1)[1].split("-", 1)[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # another user's, or no process id at all: not ours to judge
+        return True
+    return True
+
+
+def discard(path: Path) -> None:
+    """Remove what lies at ``path`` whatever it is (a file, a link, a FIFO, a directory); nothing if nothing."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
+
+
+class Checked:
+    """Files whose digests this process checked, each by the stat it had then: one unchanged since (size,
+    times, inode) is not read again."""
+
+    def __init__(self) -> None:
+        self._held: dict[Path, tuple[int, ...] | None] = {}
+        self._lock = threading.Lock()
+
+    def check(self, path: Path, identity: str, missing: str | None = None) -> None:
+        """Damaged unless ``path`` holds the bytes its name records (or is missing and ``missing`` says why that
+        is damage; else FileNotFoundError: gone, its state replaced meanwhile)."""
+        before = stat_key(path)
+        if before is None and missing is not None:
+            raise Damaged(f"{path.name} is missing ({missing})")
+        if before is not None and self._held.get(path) == before:
+            return
+        check_named(path, identity)
+        if stat_key(path) == before:
+            with self._lock:
+                self._held[path] = before
+
+    def add(self, path: Path) -> None:
+        """A file this process wrote and checked as it did."""
+        with self._lock:
+            self._held[path] = stat_key(path)
+
+    def unchanged(self, path: Path) -> bool:
+        """Whether a file checked here is still the file it checked."""
+        return path in self._held and stat_key(path) == self._held[path]
+
+    def forget(self, place: Path) -> None:
+        """Every file checked under ``place`` (a directory, or one file)."""
+        with self._lock:
+            for path in [p for p in self._held if p.is_relative_to(place)]:
+                del self._held[path]
 
 
 class Listings:

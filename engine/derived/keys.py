@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog.definitions import VIEWS_DIR
+from engine.derived.files import _TMP_MARK
 from ingest.errors import LogError
 from ingest.listing import located
 from ingest.paths import run_dir
@@ -20,7 +21,7 @@ from ingest.record import RECORD, read_record
 
 DERIVED = "derived"
 # Bump to rebuild every stored state (the code deriving a state is in its key too: CODE).
-VERSION = 2  # 2: no events in a state; tables as Parquet; every file checked by its digest
+VERSION = 3  # 2: no events in a state; tables as Parquet; every file checked by its digest. 3: digests keyed (HMAC)
 ROOT = Path(__file__).resolve().parent.parent.parent
 # The code a state is derived by: the event schema and the log's reading (ingest/), the
 # catalog (its tables, their refresh), the check of the recorded config and this module.
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived/*.py", "engine/runs.py", "engine/config.py")
 NOW = {"asof_points": "now"}
 AT_DECISIONS = {"asof_points": "decisions"}
-_TMP = ".tmp-"
+_TMP = _TMP_MARK  # (one mark of a temporary name, engine.derived.files's)
 WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
 KEPT_FLAVOURS = 4  # per run, besides now and at decisions: the newest states of variables a caller set
 SOURCE_CACHE = "source.json"  # per run: its source as last parsed from its record

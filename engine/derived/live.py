@@ -17,7 +17,8 @@ reader that found the run's record changed since its last read leaves
 0.1 s, the next waits 0.5 s); so a run nobody reads pays one state at its end. Such a part's
 readers never read it as the state kept before it: the writer withdraws its mark first
 (:meth:`Keeper.publishing`), and a reader in between catches up from the log. A state
-that cannot be stored (``derived/`` read-only or full) stops the keeping with one note:
+that cannot be stored (``derived/`` read-only or full), or took longer than ``DEADLINE``, stops the
+keeping with one note (stored files are read only if regular, without blocking):
 readers then derive from the log, as for a run whose writer is gone. What is recorded
 never depends on it.
 """
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.derived.files import Damaged, Listings, dump_json, load_json
+from engine.derived.files import MAX_DOCUMENT, Damaged, Listings, discard, dump_json, load_json, read_regular
 from engine.derived.keys import _TMP, DERIVED, NOW, SOURCE_CACHE, Source, State, flavour_key, source_from
 from ingest.paths import run_dir
 from ingest.record import read_record
@@ -45,6 +46,7 @@ BUDGET = 0.2  # the share of the writer's time its states may take
 KEEPER = "keeper.json"  # per run: the last state its live writer kept, and the writer's process
 GRACE = 1.0  # seconds a kept state is read as of beyond the writer's next chance to keep another
 MAX_LAG = 60.0  # seconds a kept state is read as of at most, whatever a mark says
+DEADLINE = 30.0  # seconds a state may take to keep; one that takes longer ends the keeping
 
 
 class Keeper:
@@ -72,6 +74,9 @@ class Keeper:
             self._stop(str(err))
             return
         cost = time.monotonic() - started
+        if cost > DEADLINE:  # (a stored file that blocks or a disk that stalls: not the writer's to wait on)
+            self._stop(f"keeping a state took {cost:.0f} s")
+            return
         self._next = started + cost / self.budget
         if state is not None:
             self.kept += 1
@@ -142,7 +147,7 @@ class Keeper:
         path = self.data_dir / DERIVED / self.run_id / KEEPER
         with contextlib.suppress(OSError):
             if body is None:
-                path.unlink(missing_ok=True)
+                discard(path)
                 return
             tmp = path.with_name(f".{KEEPER}{_TMP}{os.getpid()}")
             tmp.write_text(dump_json(f"{self.run_id}/{KEEPER}", body | {"until": until}))
@@ -193,8 +198,8 @@ def mark_stamp(data_dir: Path, run_id: str) -> tuple | None:
     path = Path(data_dir) / DERIVED / run_id / KEEPER
     try:
         st = path.stat()
-        until = json.loads(path.read_text()).get("until")
-    except (OSError, ValueError, AttributeError):
+        until = json.loads(read_regular(path, MAX_DOCUMENT)).get("until")
+    except (OSError, ValueError, AttributeError, RecursionError, Damaged):
         return None
     return st.st_mtime_ns, st.st_ino, not isinstance(until, int) or time.time_ns() > until
 

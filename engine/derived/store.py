@@ -3,17 +3,23 @@ stored state a new one may start from, and what no reader will read again."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from engine.derived.files import Damaged, dump_json, is_tmp, load_json, write_named
+from engine.derived.files import (
+    MAX_DOCUMENT,
+    Damaged,
+    dump_json,
+    load_json,
+    read_regular,
+    sweep_tmp,
+    write_named,
+)
 from engine.derived.keys import (
     _TMP,
     AT_DECISIONS,
@@ -174,7 +180,7 @@ def collect(flavour: Path, keep: State, digest: str) -> None:
     and the newest other (a reader may still be scanning one just replaced: one that finds
     its files gone reads again), the run's flavours derived by other views or code, all but
     the newest KEPT_FLAVOURS others of variables set by a caller (now and at decisions stay),
-    and temporary directories a killed builder left (older than an hour)."""
+    and the temporary files and directories writers that are gone left (:func:`sweep_tmp`)."""
     run = flavour.parent
     mine = {flavour_key(digest, NOW), flavour_key(digest, AT_DECISIONS), flavour.name}
     others = []
@@ -193,17 +199,13 @@ def collect(flavour: Path, keep: State, digest: str) -> None:
             others.append((states[0][0], path))
     for _when, path in sorted(others, reverse=True)[KEPT_FLAVOURS:]:
         shutil.rmtree(path, ignore_errors=True)
-    cutoff = time.time() - 3600
-    for tmp in [*run.glob(f"*/{_TMP}*"), *run.glob("*/*/views/.*")]:
-        with contextlib.suppress(OSError):
-            if is_tmp(tmp.name) and tmp.stat().st_mtime < cutoff:
-                shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
+    sweep_tmp(run)
 
 
 def _digest_of(state_dir: Path) -> str | None:
     try:
-        return json.loads((state_dir / STATE_FILE).read_text()).get("digest")
-    except (OSError, ValueError, AttributeError):
+        return json.loads(read_regular(state_dir / STATE_FILE, MAX_DOCUMENT)).get("digest")
+    except (OSError, ValueError, AttributeError, RecursionError, Damaged):
         return None
 
 

@@ -33,13 +33,13 @@ import duckdb
 
 from engine.derived.files import (
     _TMP_MARK,
+    Checked,
     Damaged,
     Outdated,
-    check_named,
+    discard,
     dump_json,
     load_json,
     split_name,
-    stat_key,
     unwritable,
     write_named,
 )
@@ -113,7 +113,7 @@ class Transcripts:
         self.derived = derived
         self.code = code_key()
         self._lock = threading.Lock()  # one builder of a run's segments at a time in this process
-        self._verified: dict[Path, tuple] = {}  # segment -> its stat when its digest was checked
+        self.checks = Checked()  # the segments checked, each by its stat then
         self.built = 0  # segments written by this instance (a test counts them)
 
     def files(self, run_id: str) -> list[Path]:
@@ -144,7 +144,7 @@ class Transcripts:
                 if not current and (record is None or not record.extends(held["entries"], held["last_sha"])):
                     continue
                 for path in segments:
-                    self._check(path, identity, missing_is_damage)
+                    self.checks.check(path, identity, f"named by {INDEX}" if missing_is_damage else None)
                 if current:
                     return segments
                 if base is None or held["tail"] > base["tail"]:
@@ -216,7 +216,7 @@ class Transcripts:
 
         path = write_named(place, stem, identity, lambda tmp: pq.write_table(rows, tmp, compression="zstd"))
         self.built += 1
-        self._verified[path] = stat_key(path)
+        self.checks.add(path)
         return path.name
 
     def _merge(self, place: Path, identity: str, segments: list[list]) -> str:
@@ -225,26 +225,14 @@ class Transcripts:
         rows = pq.read_table([str(place / name) for name, _f, _l in segments])
         return self._write(place, identity, f"seg0_{segments[-1][2]}", rows)
 
-    def _check(self, path: Path, identity: str, missing_is_damage: bool) -> None:
-        before = stat_key(path)
-        if before is None:
-            if missing_is_damage:
-                raise Damaged(f"{path.name}, named by {INDEX}, is missing")
-            raise FileNotFoundError(path)
-        if self._verified.get(path) == before:
-            return
-        check_named(path, identity)
-        self._verified[path] = before
-
     def _collect(self, place: Path, keep: set[str]) -> None:
         """Remove the segments the index no longer names (a reader holding one reads again when it is gone)."""
         for path in place.glob("seg*.parquet"):
             if split_name(path.name) is not None and path.name not in keep:
-                path.unlink(missing_ok=True)
-                self._verified.pop(path, None)
+                discard(path)
+                self.checks.forget(path)
 
     def _drop(self, place: Path, why: str) -> None:
         print(f"note: derived state {place} dropped ({why}); derived again from the log", file=sys.stderr)
         shutil.rmtree(place, ignore_errors=True)
-        for path in [p for p in self._verified if p.is_relative_to(place)]:
-            del self._verified[path]
+        self.checks.forget(place)

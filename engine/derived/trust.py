@@ -1,0 +1,106 @@
+"""What makes stored derived state this user's: a secret kept outside every data directory.
+
+Every stored file's digest (its name's, or a document's ``check``) is an HMAC keyed by
+this secret, so a file that another user, another machine or a hand wrote - its digest
+recomputed or not - does not verify, and is dropped and derived again like damage: a
+data directory copied from a colleague, or on a file system others write, is rebuilt,
+never trusted. The secret is 32 random bytes in ``$TEACHER_MCTS_KEY`` (a file's path),
+else ``$XDG_CONFIG_HOME/teacher-mcts/derived.key`` (``~/.config/...``), made on first use
+owner-only; a key file another user owns or others may read is not used. Where no key
+file can be kept, the process uses a key of its own (its states serve that process only)
+and says so once. The views' empty catalog, which holds their SQL (code), is cached
+beside it (:func:`cache_dir`), never in a data directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+import threading
+from pathlib import Path
+
+KEY_ENV = "TEACHER_MCTS_KEY"
+KEY_BYTES = 32
+_lock = threading.Lock()
+_held: dict[str, bytes] = {}
+
+
+def config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/teacher-mcts`` (``~/.config/teacher-mcts``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "teacher-mcts"
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/teacher-mcts`` (``~/.cache/teacher-mcts``): this user's, outside any data directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "teacher-mcts"
+
+
+def key_path() -> Path:
+    return Path(os.environ.get(KEY_ENV) or config_dir() / "derived.key")
+
+
+def secret() -> bytes:
+    """This user's key (read once a process and path; made on first use)."""
+    path = key_path()
+    with _lock:
+        if str(path) not in _held:
+            _held[str(path)] = _load(path)
+        return _held[str(path)]
+
+
+def _load(path: Path) -> bytes:
+    try:
+        return _read(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        return _own(f"{path} cannot be used ({err.strerror or err})")
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, os.urandom(KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # whole or not at all; another process that made one first wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        return _read(path)
+    except OSError as err:
+        return _own(f"{path} cannot be made ({err.strerror or err})")
+
+
+def _read(path: Path) -> bytes:
+    """The key in ``path``: a regular file of KEY_BYTES that this user owns and no one else may read or write."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise OSError(0, "another user owns it or others may read it (chmod 600 it, or remove it)")
+        data = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) != KEY_BYTES:
+        raise OSError(0, f"it does not hold {KEY_BYTES} bytes")
+    return data
+
+
+def _own(why: str) -> bytes:
+    with contextlib.suppress(OSError):
+        print(
+            f"note: the key that marks derived state as this user's: {why} - this process uses a key of its own, "
+            f"so no state is kept for other processes (set ${KEY_ENV} to a file it can keep)",
+            file=sys.stderr,
+        )
+    return os.urandom(KEY_BYTES)
