@@ -11,6 +11,7 @@ the fresh derivation's even when the digests are rewritten to match the forgery.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -126,6 +127,39 @@ def states_of_two_runs_swapped(data: Path) -> None:
     (data / "derived" / "swap").rename(b)
 
 
+@contextlib.contextmanager
+def another_users_key(where: Path):
+    """Everything in the block keyed by another user's key (a file of its own under ``where``)."""
+    key = where / "another-user.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
+    mine = os.environ.get("TEACHER_MCTS_KEY")
+    os.environ["TEACHER_MCTS_KEY"] = str(key)
+    try:
+        yield
+    finally:
+        if mine is None:
+            del os.environ["TEACHER_MCTS_KEY"]
+        else:
+            os.environ["TEACHER_MCTS_KEY"] = mine
+
+
+def forged_by_another_user(data: Path) -> None:
+    """Issue 52: every stored file made by another user (a data directory copied from a colleague), then
+    forged - a view's and the tables' values rewritten - with every digest and check recomputed as the code
+    computes them, under that user's key: nothing but the key tells it from this user's own."""
+    shutil.rmtree(data / "derived")
+    with another_users_key(data.parent):
+        for reader in (read_sql, read_audit, read_paths, read_notebook):
+            reader(data, data.parent)
+        forge_with_digests(data)
+        for path in _files(data, "*/*/*/views/trees-*.parquet"):
+            relative = "/".join(path.parent.parent.parts[-3:])
+            _rewrite_parquet(path, "select * replace (best_score + 1000 as best_score) from t")
+            path.rename(path.with_name(f"trees-{file_digest(relative, 'trees', path.read_bytes())}.parquet"))
+
+
 TAMPERS = [
     forged_value_of_a_view,
     forged_value_of_a_table,
@@ -135,6 +169,7 @@ TAMPERS = [
     truncated_state_document,
     forged_source_cache,
     states_of_two_runs_swapped,
+    forged_by_another_user,
 ]
 
 
