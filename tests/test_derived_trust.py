@@ -187,6 +187,29 @@ def test_a_fifo_where_a_stored_file_should_be_blocks_no_reader(warm, fresh, tmp_
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
+def test_a_fifo_under_derived_holds_no_exploration_up(tmp_path):
+    """Finding 4, the writer: a FIFO among a run's stored states stopped ``explore`` in its state keeper
+    (looking for a state to start from) before it recorded its selection and its end."""
+    from conftest import SMALL, SNAPSHOTS
+
+    from ingest.log import EventLog
+
+    data = tmp_path / "data"
+    for where in ("now/planted/state.json", "now/planted/views", "source.json"):
+        path = data / "derived" / "fifo" / where
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+    config = tmp_path / "small.toml"
+    config.write_text(SMALL)
+    args = [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "explore", str(SNAPSHOTS), "--select"]
+    args += ["--task", "kernel-speedup", "--num-roots", "2", "--run-id", "fifo", "--config", str(config)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    kinds = set(EventLog(data, "fifo").read_table().column("kind").to_pylist())
+    assert {"paths_selected", "run_finished"} <= kinds, kinds
+
+
 @pytest.mark.parametrize("name", ["source.json", "state.json"])
 def test_a_document_nested_beyond_any_depth_is_damage_not_a_traceback(warm, fresh, tmp_path, name):  # noqa: F811
     """Finding 6: deeply nested JSON in a stored document raised RecursionError in every reader."""
