@@ -436,7 +436,7 @@ def test_verify_names_each_damaged_state_and_what_a_read_does_with_it(warm, tmp_
     assert r.exit_code == 0, r.output  # the log is whole: a read heals the state
     assert r.stdout.splitlines()[-1].startswith("verify: "), r.stdout  # (the log's verdict stays last)
     assert (
-        "2 stored (2 of the log as it is now); 1 damaged or not made by this user - the next read drops it and "
+        "2 stored (2 of the log as it is now); 1 damaged or not made by this user - the next read drops each and "
         "derives it again"
     ) in r.stdout
     assert len(re.findall(r"DAMAGED  \S+/derived/rounds/\S+: trees-[0-9a-f]{32}\.parquet does not hold", r.stdout)) == 1

@@ -148,7 +148,7 @@ def test_a_state_missing_a_table_file_heals_on_the_read_that_meets_it(warm, fres
         if what == "directory":
             path.mkdir()
     r = invoke(data, "verify", RUN)
-    assert "the next read drops it" in r.stdout, r.stdout
+    assert "the next read drops each" in r.stdout, r.stdout
     before = log_bytes(data)
     r = invoke(data, "paths", RUN, "--json")
     assert r.exit_code == 0 and "dropped" in r.stderr, r.output

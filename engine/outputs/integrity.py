@@ -74,7 +74,7 @@ def _derived_lines(run_id: str, derived: list[Any]) -> list[str]:
     if not damaged:
         return [f"{head}; every file as its digest records, under this user's key"]
     lines = [
-        f"{head}; {len(damaged)} damaged or not made by this user - the next read drops it and derives it again "
+        f"{head}; {len(damaged)} damaged or not made by this user - the next read drops each and derives it again "
         "from the log:"
     ]
     return lines + [f"  DAMAGED  {d.path}: {'; '.join(d.problems)}" for d in damaged]
