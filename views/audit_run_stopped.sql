@@ -7,6 +7,8 @@
 -- due again), an EdgeStarted or RunFinished at the seq before it. A stop must be due
 -- with its reason and error; no edge may start and the run may not finish while a
 -- stop is due, nor while the newest grader check before it did not pass.
+-- The newest check and verdict at a point's watermark are found by ASOF joins (a
+-- range join kept every earlier verdict of every point: quadratic in the edges).
 with points as (
     select run_id, seq, watermark, 'stop' as point, reason || ': ' || error as recorded, 'run' as subject
     from stg_run_stopped
@@ -26,8 +28,7 @@ checks as (
         c.outcome,
         c.problem
     from points as p
-    inner join int_grader_checks as c on c.run_id = p.run_id and c.seq <= p.watermark
-    qualify row_number() over (partition by p.run_id, p.seq order by c.seq desc) = 1
+    asof inner join int_grader_checks as c on c.run_id = p.run_id and c.seq <= p.watermark
 ),
 
 edges as (
@@ -38,8 +39,7 @@ edges as (
         e.streak,
         e.stop_error
     from points as p
-    inner join int_edges__eval_errors as e on e.run_id = p.run_id and e.judged_seq <= p.watermark
-    qualify row_number() over (partition by p.run_id, p.seq order by e.judged_seq desc) = 1
+    asof inner join int_edges__eval_errors as e on e.run_id = p.run_id and e.judged_seq <= p.watermark
 ),
 
 due as (
