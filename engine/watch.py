@@ -13,8 +13,6 @@ frame would be shown for good).
 
 from __future__ import annotations
 
-import fcntl
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ import watchfiles
 from engine.catalog import Catalog
 from engine.derived import Derived
 from ingest.errors import LogError
+from ingest.listing import being_written
 from ingest.log import EventLog
 from ingest.paths import command_line
 
@@ -122,21 +121,5 @@ def _frames(data_dir, log: EventLog, catalog, period: float, stop: threading.Eve
 
 
 def writer_alive(log: EventLog) -> bool:
-    """Whether a process holds the run's writer lock (``ingest.log.WriterLock``: ``flock`` on ``writer.lock``).
-
-    Tested by taking a shared lock on a descriptor of our own without waiting, and
-    releasing it at once: the writer's exclusive lock refuses it. (A writer starting
-    in those microseconds would find the run locked and say so, and can be started
-    again; the lock dies with its process, so a killed writer is seen at once.)
-    """
-    try:
-        fd = os.open(log.dir / "writer.lock", os.O_RDONLY)
-    except FileNotFoundError:  # never written by a writer of this version
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # (closing the descriptor releases a lock it took)
-    return False
+    """Whether a process holds the run's writer lock (``ingest.listing.being_written``)."""
+    return being_written(log.dir)

@@ -6,6 +6,7 @@ and their parts with these alone, opening no part.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -13,6 +14,28 @@ from ingest.errors import LogError
 from ingest.parts import Part
 from ingest.paths import RUN_ID_RE, run_dir
 from ingest.record import RECORD, Record, list_parts, locate, read_record
+
+
+def being_written(run_directory: Path) -> bool:
+    """Whether a process holds the run's writer lock (``ingest.writer.WriterLock``: ``flock`` on ``writer.lock``).
+
+    Tested by taking a shared lock on a descriptor of our own without waiting, and
+    releasing it at once: the writer's exclusive lock refuses it. (A writer starting
+    in those microseconds would find the run locked and say so, and can be started
+    again; the lock dies with its process, so a killed writer is seen at once.) The
+    file is opened without following a link or blocking: a directory is data.
+    """
+    try:
+        fd = os.open(run_directory / "writer.lock", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:  # none (never written by a writer of this version), or not a file a writer made
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # (closing the descriptor releases a lock it took)
+    return False
 
 
 def has_log(log_dir: Path, run_id: str) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ingest.errors import InputError
-from ingest.listing import has_log
+from ingest.listing import being_written, has_log
 from ingest.paths import CAMPAIGNS
 
 RUN, CAMPAIGN = "run", "campaign"
@@ -145,20 +145,5 @@ def release(data_dir: Path | str, made: list[Path]) -> None:
     directory whose log has one, or that another process writes under the same name, is left as it is)."""
     with _locked(Path(data_dir)):
         for path in made:
-            if not has_log(path / "log", path.name) and not _being_written(path):
+            if not has_log(path / "log", path.name) and not being_written(path):
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _being_written(path: Path) -> bool:
-    """Whether a process holds the writer lock (``writer.lock``, ``ingest.writer.WriterLock``) in ``path``."""
-    try:
-        fd = os.open(path / "writer.lock", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
