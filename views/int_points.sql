@@ -1,6 +1,7 @@
 -- The points in time at which tree state is evaluated: now, plus every recorded decision in replay.
 -- grain: run_id, tree_id, asof_seq
 -- sources: stg_root_added, stg_log_tail, stg_node_selected, stg_tree_stopped, stg_paths_selected, stg_block_granted, stg_grants_closed
+-- materialized: table
 --
 -- "now" is the last seq of the prefix. With `set variable asof_points = 'decisions'`
 -- the watermark of every NodeSelected and TreeStopped decision is a point of its

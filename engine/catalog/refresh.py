@@ -21,6 +21,8 @@ from engine.catalog.tables import KIND_COLUMNS, Arrivals
 from ingest.errors import ViewBuildError
 from ingest.text import sql_text
 
+NOW = "stg_log_tail"  # the view of each run's last seq: "now" for the tree views
+
 # Optimizers that cost more planning time than they save on a few trees' rows.
 # CTE inlining and the CTE filter pusher stay on: without them a CTE is computed
 # for every tree and filtered afterwards (measured on a 300-tree log: the refresh
@@ -32,6 +34,20 @@ SMALL_REFRESH_OFF = (
 )
 
 
+def read_through_views(graph: ViewGraph, name: str) -> set[str]:
+    """The relations a view's rows are computed from: what it reads, through views but not through tables."""
+    read, seen, todo = set(), set(), list(graph.reads[name])
+    while todo:
+        dep = todo.pop()
+        if dep in seen:
+            continue
+        seen.add(dep)
+        read.add(dep)
+        if dep in graph.reads and dep not in graph.tables:
+            todo.extend(graph.reads[dep])
+    return read
+
+
 def event_kinds(graph: ViewGraph, name: str) -> set[str]:
     """The event kinds a view's rows derive from (through views, not through tables).
 
@@ -40,17 +56,7 @@ def event_kinds(graph: ViewGraph, name: str) -> set[str]:
     path selection: of every tree), so a catalog that takes one in - a stored state
     caught up across it - must recompute what it evaluates there.
     """
-    kinds, seen, todo = set(), set(), list(graph.reads[name])
-    while todo:
-        dep = todo.pop()
-        if dep in seen:
-            continue
-        seen.add(dep)
-        if dep.startswith("log_") and dep[4:] in KIND_COLUMNS:
-            kinds.add(dep[4:])
-        elif dep in graph.reads and dep not in graph.tables:
-            todo.extend(graph.reads[dep])
-    return kinds
+    return {dep[4:] for dep in read_through_views(graph, name) if dep.startswith("log_") and dep[4:] in KIND_COLUMNS}
 
 
 class RefreshPlan:
@@ -65,6 +71,9 @@ class RefreshPlan:
         self.kinds = {n: event_kinds(graph, n) for n in self.tables}
         upstream = {n: {t for t in self.tables if t != n and t in graph.reached(graph.reads[n])} for n in self.tables}
         self.downstream = {n: {d for d in self.tables if n in upstream[d]} for n in self.tables}
+        # Tables holding "now" (they read the log's tail): a tree's rows are as of when they were computed, so
+        # they are computed again whenever a table reading them is (as if that table's SQL held theirs).
+        self.now_tables = {n for n in self.tables if NOW in read_through_views(graph, n)}
         self._whole: set[str] = set()  # tables to recompute whole (all trees)
         self._stale: dict[str, set[str]] = {n: set() for n in self.tables}  # table -> trees
         # Whether a refresh of a few trees turns optimizers off (a setting): a collection
@@ -116,6 +125,7 @@ class RefreshPlan:
         What reads a table marked whole is marked whole too (see :meth:`invalidate`).
         """
         wanted = [n for n in self.tables if tables is None or n in tables]
+        self._follow_now(wanted)
         if self._whole.isdisjoint(wanted):
             self._refresh_trees(wanted, scoped)
             return
@@ -128,6 +138,17 @@ class RefreshPlan:
                 self._whole.discard(name)
             else:
                 self._refresh_trees([name], scoped)
+
+    def _follow_now(self, wanted: list[str]) -> None:
+        """A table holding "now" is stale wherever a table reading it (among ``wanted``) is or will be (made
+        stale by a table it reads)."""
+        for name in self.now_tables & set(wanted):
+            readers = self.downstream[name] & set(wanted)
+            if readers & self._whole:
+                self._whole.add(name)
+                continue
+            feeders = {u for u in wanted if u in readers or self.downstream[u] & readers}
+            self._stale[name] |= set().union(*(self._stale[u] for u in feeders))
 
     def _refresh_trees(self, wanted: list[str], scoped: Callable) -> None:
         if not any(self._stale[n] for n in wanted):
