@@ -185,10 +185,10 @@ def test_a_query_computes_only_the_tables_it_reads(sim_log):
     live.insert(events.slice(0, cut))  # holds RunStarted: every table is computed whole
     live.query("select count(*) from event_log")
     # Nothing computed: a table reading the run's config or events is stale whole, one
-    # reading only tree facts (int_edges__evals) for every tree whose facts arrived.
+    # reading only tree facts (int_edges__evals, int_points) for every tree whose facts arrived.
     trees = [r["tree_id"] for r in live.query("select distinct tree_id from stg_eval_finished order by 1")]
     assert set(live.stale()) == set(live.tables) and all(v in (["*"], trees) for v in live.stale().values())
-    assert [n for n, v in live.stale().items() if v != ["*"]] == ["int_edges__evals"]
+    assert sorted(n for n, v in live.stale().items() if v != ["*"]) == ["int_edges__evals", "int_points"]
     live.query("select * from int_turns")
     assert "int_turns" not in live.stale() and live.stale()["int_nodes__asof"] == ["*"]
     live.insert(events.slice(cut))  # int_turns: some trees stale; the tree tables: whole
@@ -330,3 +330,49 @@ def test_grain_is_unique_on_a_real_run(sim_run, name):
     assert dupes == [], f"{name}: grain ({grain}) repeats"
     if name.startswith("audit_"):
         assert rows == 0, sim_run.query(f"select * from {name} limit 3")
+
+
+def definitions(catalog: Catalog) -> list[tuple]:
+    """Everything a catalog defines: views with their SQL, tables with their columns, macros, comments."""
+    import re
+
+    con = catalog.con
+    views = con.execute("select view_name, sql, comment from duckdb_views() where not internal order by 1").fetchall()
+
+    def ordered(sql: str) -> str:  # DuckDB prints an EXCLUDE list in no fixed order
+        return re.sub(r"EXCLUDE \(([^)]*)\)", lambda m: f"EXCLUDE ({', '.join(sorted(m[1].split(', ')))})", sql)
+
+    return [
+        *[(name, ordered(sql), comment) for name, sql, comment in views],
+        *con.execute(
+            "select table_name, column_name, data_type, column_index from duckdb_columns() "
+            "where database_name = current_database() order by 1, 4"
+        ).fetchall(),
+        *con.execute("select table_name, comment, has_primary_key from duckdb_tables() order by 1").fetchall(),
+        *con.execute(
+            "select function_name, macro_definition from duckdb_functions() "
+            "where function_type = 'macro' and database_name = current_database() order by 1, 2"
+        ).fetchall(),
+    ]
+
+
+def test_a_later_catalog_of_the_process_is_copied_from_its_file_and_equals_one_built(tmp_path):
+    """Catalog.empty copies this process's empty catalog (a file) rather than binding every view again; a
+    file that cannot be used is dropped and the catalog built from the SQL."""
+    import duckdb
+
+    from engine.catalog import templates
+    from engine.catalog.definitions import load_graph
+
+    built = Catalog(duckdb.connect())  # from the views' SQL, no file
+    Catalog.empty()  # the process keeps a file (when none was kept yet)
+    key = next(k for k in templates._FILES if k[1] == templates.digest(load_graph()))
+    path = templates._FILES[key]
+    assert path.parent.stat().st_mode & 0o777 == 0o700  # only this user enters it
+    copied = Catalog.empty()
+    assert definitions(copied) == definitions(built) and len(definitions(built)) > 300
+    path.write_bytes(b"not a database")  # damaged: the next catalog is built, and kept again
+    again = Catalog.empty()
+    assert definitions(again) == definitions(built)
+    assert templates._FILES[key] == path and path.read_bytes()[:4] != b"not "
+    assert definitions(Catalog.empty()) == definitions(built)
