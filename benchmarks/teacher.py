@@ -10,7 +10,10 @@ sessions from one root run at once through the backend's ``run_turn``, their req
 through the recorder. Printed per width and way: the wall time and turns per minute, and
 over the turns the phases each recorded (``TurnFinished``): start-up until the first
 request to the model, the model's time, and the overhead outside the model and the tools
-(wall - model - tools), p50 and p95; the peak proportional set size (PSS) of every process
+(wall - model - tools), p50 and p95; the CPU seconds a turn of every process of the run (the
+benchmark's own threads, the servers and what they ran), their utilisation of the cores (CPU
+seconds / (wall x cores)) and the machine's busy share over the turns (/proc/stat: other work
+too); the peak proportional set size (PSS) of every process
 of the run (the server, OpenCode processes, tools, evals), in all, its fixed base (the
 idle server) and per concurrent turn beyond it. A width the memory check refuses for a
 way is named, not run.
@@ -18,7 +21,7 @@ way is named, not run.
 Targets (issue 35): overhead p50 <= 1 s and p95 <= 3 s at 16 concurrent turns, <= 150 MB
 a session beyond a fixed base, 64 concurrent turns on a 24 GB, 2-core machine.
 
-    python benchmarks/teacher.py [--widths 1,4,16,64] [--delay 1.0] [--ways served,process]
+    python benchmarks/teacher.py [--widths 1,4,16,64] [--delay 1.0] [--ways served,process] [--server-width N]
 """
 
 from __future__ import annotations
@@ -63,6 +66,38 @@ def pss_mb(marker: bytes) -> int:
     return total // 1024
 
 
+def marked_cpu_s(marker: bytes) -> float:
+    """CPU seconds the live processes whose environment holds ``marker`` used so far (with their waited children)."""
+    total, tick = 0, os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if marker not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        except OSError:
+            continue
+    return total / tick
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and its waited children (a reaped server brings its tools' with it)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def machine_busy() -> tuple[int, int]:
+    """The machine's busy and total jiffies so far (/proc/stat)."""
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
 def quantiles(values: list[float]) -> tuple[float, float]:
     ordered = sorted(values)
     if len(ordered) == 1:
@@ -70,7 +105,7 @@ def quantiles(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), statistics.quantiles(ordered, n=20, method="inclusive")[18]
 
 
-def width(n: int, delay: float, work: Path, serve: bool) -> dict[str, float]:
+def width(n: int, delay: float, work: Path, serve: bool, server_width: int | None = None) -> dict[str, float]:
     """N concurrent turn 1s; their phases, wall time and peak PSS."""
     work = work / ("served" if serve else "process")
     roots = work / f"roots-{n}"
@@ -81,7 +116,10 @@ def width(n: int, delay: float, work: Path, serve: bool) -> dict[str, float]:
     model = FakeModel(local_script).start()
     model.delay_s = delay
     options = {"model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m", "serve": serve}
-    teacher = OpenCodeTeacher(RunConfig(task="bench", backend="opencode", backend_options=options), work / f"run-{n}")
+    if server_width is not None:
+        options["server_width"] = server_width
+    config = RunConfig(task="bench", backend="opencode", backend_options=options, parallel=n)
+    teacher = OpenCodeTeacher(config, work / f"run-{n}")
     marker = f"TEACHER_MCTS_RUN={(work / f'run-{n}').resolve()}".encode()
     base = 0
     if teacher.servers is not None:  # the server started and settled: the fixed base
@@ -104,6 +142,8 @@ def width(n: int, delay: float, work: Path, serve: bool) -> dict[str, float]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    cpu0 = own_cpu_s() - marked_cpu_s(marker)  # what the idle server used before is not the turns'
+    busy0 = machine_busy()
     t0 = time.monotonic()
     try:
         threads = [threading.Thread(target=turn, args=(k + 1,)) for k in range(n)]
@@ -113,10 +153,13 @@ def width(n: int, delay: float, work: Path, serve: bool) -> dict[str, float]:
             t.join()
     finally:
         wall = time.monotonic() - t0
+        busy1 = machine_busy()
         done.set()
         sampler.join()
         teacher.close()
         model.stop()
+    cpu = own_cpu_s() - cpu0  # the servers are reaped by now: their CPU and their tools' is in ours
+    cores = len(os.sched_getaffinity(0))
     assert len(finished) == n and all(f.outcome == "completed" for f in finished), [f.error for f in finished]
     startup = quantiles([f.startup_seconds for f in finished])
     model_time = quantiles([f.model_seconds for f in finished])
@@ -132,6 +175,9 @@ def width(n: int, delay: float, work: Path, serve: bool) -> dict[str, float]:
         "pss": peak[0],
         "base": base,
         "pss_per_turn": (peak[0] - base) / n,
+        "cpu_per_turn": cpu / n,
+        "utilisation": cpu / (wall * cores),
+        "machine": (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]),
     }
 
 
@@ -140,6 +186,7 @@ def main() -> None:
     parser.add_argument("--widths", default="1,4,16,64", help="concurrent turns, comma-separated")
     parser.add_argument("--delay", type=float, default=1.0, help="seconds the model takes for each answer")
     parser.add_argument("--ways", default="served,process", help="served, process or both (comma-separated)")
+    parser.add_argument("--server-width", type=int, default=None, help="turns one server runs (default: the backend's)")
     args = parser.parse_args()
     os.environ["PATH"] = f"{ROOT / 'tests' / 'fixtures' / 'bin'}{os.pathsep}{os.environ['PATH']}"
     print(
@@ -147,7 +194,7 @@ def main() -> None:
     )
     print(
         "way      turns  wall s  turns/min  startup p50/p95 s  model p50 s  overhead p50/p95 s"
-        "  peak PSS MB  base MB  per turn MB"
+        "  peak PSS MB  base MB  per turn MB  CPU-s/turn  util  machine"
     )
     with tempfile.TemporaryDirectory(prefix="teacher-bench-") as tmp:
         for n in (int(w) for w in args.widths.split(",")):
@@ -159,12 +206,13 @@ def main() -> None:
                 except InputError as err:
                     print(f"{way:7s}  {n:5d}  refused by the memory check: {err}", flush=True)
                     continue
-                r = width(n, args.delay, Path(tmp), serve)
+                r = width(n, args.delay, Path(tmp), serve, args.server_width)
                 print(
                     f"{way:7s}  {n:5d}  {r['wall']:6.1f}  {r['per_minute']:9.1f}"
                     f"  {r['startup_p50']:7.2f} / {r['startup_p95']:6.2f}  {r['model_p50']:11.2f}"
                     f"  {r['overhead_p50']:8.2f} / {r['overhead_p95']:6.2f}  {r['pss']:11,d}  {r['base']:7,d}"
-                    f"  {r['pss_per_turn']:11.0f}",
+                    f"  {r['pss_per_turn']:11.0f}  {r['cpu_per_turn']:10.2f}  {r['utilisation']:4.0%}"
+                    f"  {r['machine']:7.0%}",
                     flush=True,
                 )
     print("targets (issue 35): overhead p50 <= 1 s, p95 <= 3 s at 16 turns; <= 150 MB a session beyond a base")
