@@ -56,6 +56,7 @@ from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
     OpenCodeOptions,
     check_eval_command,
     resolve_options,
+    sized_width,
 )
 from engine.teachers.opencode.processes import RUN_ENV, Companion, Finished, Supervisor, kill_marked
 from engine.teachers.opencode.recorder import (
@@ -70,15 +71,7 @@ from engine.teachers.opencode.sessions import bring_session, export_session, hol
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from engine.teachers.protocol import RootInfo, TurnCancelled, TurnRequest
 from ingest import coral_eval
-from ingest.events import (
-    EvalFinished,
-    Event,
-    GraderChecked,
-    MessageWritten,
-    StepFinished,
-    ToolCalled,
-    TurnFinished,
-)
+from ingest.events import EvalFinished, Event, GraderChecked, MessageWritten, StepFinished, ToolCalled, TurnFinished
 from ingest.opencode_stream import StreamParser, session_lines
 
 
@@ -90,7 +83,7 @@ class OpenCodeTeacher:
     def __init__(self, config: Any, run_dir: Path, node: str | None = None) -> None:
         self.opts = OpenCodeOptions.model_validate(resolve_options(dict(config.backend_options)))
         self.task = config.task or "task"
-        self.node = node
+        self.node, self.parallel = node, getattr(config, "parallel", 1)
         check_eval_command(self.opts.eval_command)  # before anything is created
         if self.opts.endpoint:
             check_endpoint(
@@ -131,10 +124,11 @@ class OpenCodeTeacher:
         self.recorder = Recorder(self.opts.endpoint, self.opts.turn_timeout_s) if self.opts.endpoint else None
         self.servers = None
         self._discarded: list[Path] = []  # edge dirs of discarded worktrees (served turns)
+        self._lost: dict[tuple[str, int], str | None] = {}  # a turn's server that died under it
         if self.opts.serve:
             url = self.recorder.served_url() if self.recorder else None
-            width, turns = self.opts.server_width, self.opts.server_turns
-            self.servers = Servers(self.environment, self.processes, width, turns, url)
+            width = sized_width(self.parallel, self.opts.server_width)
+            self.servers = Servers(self.environment, self.processes, width, self.opts.server_turns, url)
             if self.recorder is not None:
                 self.recorder.parent_of = self.servers.parent_of
 
@@ -272,6 +266,7 @@ class OpenCodeTeacher:
                 model_seconds=model,
                 tool_seconds=parser.summary.tool_seconds(),
                 eval_seconds=coral_eval.eval_seconds(parser.summary.shell_calls, self.opts.eval_command.split()[0]),
+                lost_server=self._lost.pop((request.edge_id, request.turn), None),
                 prompt=prompt,
                 transcript="".join(lines),
             )
@@ -403,6 +398,7 @@ class OpenCodeTeacher:
                 on_line(line)
             parser.summary.session_id = served.session
             finished, why = Finished(served.outcome, 0), served.why
+            self._lost[(request.edge_id, request.turn)] = served.lost  # its loss counts once (int_turns__failing)
         else:
             finished = self._process(request, edge_dir, worktree, source, prompt, cancel, companions, token, on_line)
         facts.extend(parser.finish())  # the tool calls a killed turn's stream ended with

@@ -69,7 +69,12 @@ class OpenCodeOptions(BaseModel):
         description="drive turns through one long-lived `opencode serve` of the store (false: an `opencode run` "
         "process a turn)",
     )
-    server_width: int = Field(16, ge=1, description="turns one server runs at once (more start another)")
+    server_width: int | None = Field(
+        None,
+        ge=1,
+        description="turns one server runs at once (more start another); default: sized by the machine "
+        "(sized_width: --parallel spread over one server a core, at most 16 a server)",
+    )
     server_turns: int = Field(200, ge=1, description="turns a server takes before a new one replaces it")
     turn_memory_mb: int | None = Field(
         None,
@@ -79,6 +84,27 @@ class OpenCodeOptions(BaseModel):
     )
     grader_check: bool = Field(True, description="with coral_dir: grade a root's own code before the first turn")
     grader_check_tolerance: GraderTolerance = GraderTolerance()
+
+
+MAX_WIDTH = 16  # one server given 64 new instances at once stalled (server.Servers)
+
+
+def machine_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def sized_width(parallel: int, explicit: int | None = None, cores: int | None = None) -> int:
+    """Turns one ``opencode serve`` carries: ``explicit`` when set, else the run's ``parallel`` turns
+    spread over one server a core (a server is one event loop: one carrying every turn left the
+    other core idle), at most ``MAX_WIDTH`` a server (benchmarks/README.md, issue 53)."""
+    if explicit is not None:
+        return explicit
+    cores = cores or machine_cores()
+    return max(1, min(MAX_WIDTH, -(-parallel // cores)))
 
 
 def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
