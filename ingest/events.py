@@ -306,7 +306,9 @@ class TurnFinished(Event):
     the turn's phases (None where the backend cannot tell): ``startup_seconds`` from the
     turn's start to its first request to the model, ``model_seconds`` the time the model
     took to answer, ``tool_seconds`` the time some tool call ran, ``eval_seconds`` the
-    time its eval commands ran (part of the tool time).
+    time its eval commands ran (part of the tool time). ``lost_server`` names the Teacher
+    process (an ``opencode serve`` incarnation) whose loss failed the turn (outcome
+    ``error``): the turns one loss failed count once in ``int_turns__failing``.
     """
 
     tree_id: str
@@ -323,6 +325,7 @@ class TurnFinished(Event):
     model_seconds: float | None = None
     tool_seconds: float | None = None
     eval_seconds: float | None = None
+    lost_server: str | None = None
     prompt: str = Field(default="", json_schema_extra=HEAVY)
     transcript: str = Field(default="", json_schema_extra=HEAVY)
 

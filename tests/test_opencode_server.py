@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fake_model import FakeModel
+from fake_model import FakeModel, Stall
 from test_opencode_e2e import (  # noqa: F401 - fixtures
     coral_on_path,
     explore_opencode,
@@ -189,6 +189,62 @@ def test_a_served_turn_whose_server_dies_is_a_backend_error_and_the_next_gets_a_
     assert len([f for f in second if isinstance(f, ToolCalled)]) == 4
     assert teacher.servers.live() == [] and not server.alive() and after is not server
     assert marked_processes(Path(tmp_path / "run").resolve()) == []
+
+
+def losing_the_server(carried: int, deadline_s: float = 600.0):
+    """A script whose first ``carried`` turn 1s each wait at their first step until all are in flight,
+    then the first kills their server (SIGKILL), the others' answers held until it is gone."""
+    arrived, everyone = set(), threading.Condition()
+
+    def script(edge: str, turn: int, step: int, workdir: str):
+        first = {f"/e{k}-1" for k in range(1, carried + 1)}
+        if turn != 1 or step != 0 or edge[edge.rindex("/") :] not in first:
+            return local_script(edge, turn, step, workdir)
+        with everyone:
+            arrived.add(edge)
+            everyone.notify_all()
+            everyone.wait_for(lambda: len(arrived) == carried, timeout=deadline_s)
+        if edge.endswith("/e1-1"):
+            return [("bash", {"command": "kill -9 $PPID; sleep 600"})]
+        return Stall()
+
+    return script
+
+
+@pytest.mark.slow
+def test_a_server_lost_with_several_turns_counts_once_toward_the_backend_error_limit(
+    tmp_path,
+    roots,  # noqa: F811
+    coral_on_path,  # noqa: F811
+):
+    """One ``opencode serve`` carries four turns and is killed under them: the four are backend
+    errors naming that server, and they count once in the streak (int_turns__failing), so a limit
+    of 2 does not stop the run; the edges run again on a new server and the run ends well."""
+    model = FakeModel(losing_the_server(4)).start()
+    config = tmp_path / "lose.toml"
+    config.write_text(
+        "parallel = 4\nbackend_error_limit = 2\n[tree]\nroot_children = 4\nmax_children = 4\nmax_depth = 1\n"
+        "[backend_options]\nserver_width = 4\nturn_memory_mb = 150\n"  # (one server carries all four)
+    )
+    data = tmp_path / "data"
+    try:
+        r = explore_opencode(data, roots, model, config, "lose", "--eval-command", "local-eval -m")
+    finally:
+        model.stop()
+    assert r.exit_code == 0, r.output
+    cat = Catalog.for_log(EventLog(data, "lose"))
+    failed = cat.query("select seq, edge_id, error, lost_server from stg_turn_finished where outcome = 'error'")
+    assert sorted(f["edge_id"] for f in failed) == [f"T001/e{k}-1" for k in range(1, 5)], failed
+    assert all("opencode serve lost the turn: opencode serve exited with -9" in f["error"] for f in failed), failed
+    assert len({f["lost_server"] for f in failed}) == 1 and failed[0]["lost_server"] is not None
+    # At the last of them the streak was one loss (four turns), under the limit of 2 ...
+    cat.variables.set(watermark=max(f["seq"] for f in failed))
+    assert cat.query("select streak, turns from int_turns__failing") == [{"streak": 1, "turns": 4}]
+    cat.variables.set(watermark=None)
+    # ... and the edges ran again and were kept or pruned by their evals
+    again = cat.query("select count(*) as n from stg_turn_finished where outcome = 'completed'")[0]["n"]
+    assert again >= 4 and cat.query("select streak from int_turns__failing") == [{"streak": 0}]
+    assert marked_processes(EventLog(data, "lose").dir) == []
 
 
 @pytest.mark.slow

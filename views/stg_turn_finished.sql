@@ -18,6 +18,7 @@ select
     startup_seconds,
     model_seconds,
     tool_seconds,
-    eval_seconds
+    eval_seconds,
+    lost_server
 from log_turn_finished
 where in_prefix(seq) and in_scope(tree_id)

@@ -28,7 +28,8 @@ Backend errors. A turn whose Teacher process failed (``int_turns__failing``) is 
 a rollout result worth keeping until another turn shows the backend works: while
 the trailing streak of such turns is above zero nothing is published, and when it
 reaches ``backend_error_limit`` the run stops with the error (exit 1), its failed
-turns unpublished, so ``--resume`` after the fix runs them again.
+turns unpublished, so ``--resume`` after the fix runs them again. The turns one lost
+Teacher process carried (a killed ``opencode serve``) count once in the streak.
 
 A grader that cannot grade. Before the first turn (and on a resume whose last check
 failed) a backend that can (``check_grader``: OpenCode with ``--coral-dir``) grades
@@ -324,11 +325,12 @@ class Explorer:
 
         While the streak is open, publishing waits (only turn facts change it).
         """
-        row = self._query("select streak, last_error from int_turns__failing")[0]
+        row = self._query("select streak, turns, last_error from int_turns__failing")[0]
         self._held = row["streak"] > 0
         if row["streak"] >= self.config.backend_error_limit:
+            lost = f" ({row['streak']} failures: a lost server counts once)" if row["turns"] > row["streak"] else ""
             msg = (
-                f"the last {row['streak']} turns failed with a backend error, the last one: "
+                f"the last {row['turns']} turns failed with a backend error{lost}, the last one: "
                 f"{row['last_error']} - nothing of them was recorded; fix the cause and continue "
                 f"with '{self._resume_hint()}'"
             )

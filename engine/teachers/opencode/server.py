@@ -1,11 +1,10 @@
 """Turns driven through long-lived ``opencode serve`` processes of the store, over their HTTP API.
 
-A turn of ``opencode run`` starts a whole OpenCode (about 5 CPU-seconds and 500-700 MB before its
-first request to the model, measured on 1.18.33). A server started once holds the store; a turn then
-costs a session (created, or forked from the recorded one), a prompt, and the server's instance for
-the turn's worktree (2-3 CPU-seconds and 130-290 MB with its tools, disposed when the turn ends:
-measured by benchmarks/teacher.py). What was measured on the pinned version, and what this module
-relies on:
+A turn of ``opencode run`` starts a whole OpenCode (about 5 CPU-seconds and 500-700 MB before its first request
+to the model, measured on 1.18.33). A server started once holds the store; a turn then costs a session (created,
+or forked from the recorded one), a prompt, and the server's instance for the turn's worktree (2-3 CPU-seconds and
+130-290 MB with its tools, disposed when the turn ends: benchmarks/teacher.py). What was measured on the pinned
+version, and what this module relies on:
 
 - ``POST /session?directory=D`` creates a session bound to ``D``; ``POST /session/S/fork`` copies
   ``S`` whole into a new session bound to ``S``'s directory, and ``S`` is left as it was. The fork's
@@ -23,10 +22,10 @@ relies on:
 Each server writes a database of its own (a lane: ``Servers`` says why and how a turn finds the lane
 of its source session).
 
-The server carries the run's and the supervisor's marks, so a resumed run and the watchdog stop it and
-every tool process it started, as they stop ``opencode run``. A server that served ``recycle_turns``
-turns takes no more (Bun's heap grows with every instance it made): the next turn starts a new one,
-and the old one is stopped when its last turn ends.
+The server carries the run's and the supervisor's marks, so a resumed run and the watchdog stop it and every
+tool process it started, as they stop ``opencode run``. A server that served ``recycle_turns`` turns takes no
+more (Bun's heap grows with every instance it made): the next turn starts a new one, and the old one is stopped
+when its last turn ends. The turns a server's loss fails name it (``Served.lost``): it counts once.
 """
 
 from __future__ import annotations
@@ -87,6 +86,7 @@ class Server:
             stderr=self.log,
         )
         self._supervisor = supervisor
+        self.name = f"{self.proc.pid}-{secrets.token_hex(3)}"  # this incarnation, named in what its loss failed
         self.url = self._listening(START_S)
         self._auth = "Basic " + base64.b64encode(f"opencode:{self.password}".encode()).decode()
         self.stalled: str | None = None  # why the watchdog killed it
@@ -275,8 +275,7 @@ class Server:
 
     def _wake_all(self) -> None:
         with self._lock:
-            for idle in self._idle.values():
-                idle.set()
+            [idle.set() for idle in self._idle.values()]
 
 
 def _free_port() -> int:
@@ -404,13 +403,14 @@ class Servers:
 @dataclass
 class Served:
     """How a served turn ended (``completed``, ``timeout``, ``startup``, ``cancelled`` or ``gone``: the server
-    exited, or could not start or fork it; ``why`` says, else the session's error, if any), its session and
-    the session's messages (empty when gone)."""
+    exited, or could not start or fork it; ``why`` says, else the session's error, if any), its session, the
+    session's messages (empty when gone) and, when the server died under it, that server's ``Server.name``."""
 
     outcome: str
     session: str | None
     messages: list[dict[str, Any]]
     why: str | None = None
+    lost: str | None = None
 
 
 def run_served(
@@ -451,7 +451,7 @@ def run_served(
             bind(session)
             idle = server.prompt(session, prompt, model)
         except (ServerGone, ProjectError, sqlite3.Error, subprocess.SubprocessError) as err:  # a backend failure
-            return Served("gone", session, [], str(err))
+            return Served("gone", session, [], str(err), None if server.alive() else server.name)
         outcome, messages, woken, quiet_since, check_at = "completed", None, False, None, 0.0
         while True:
             if idle.wait(0.1):
@@ -459,7 +459,7 @@ def run_served(
                 woken = True
                 if not server.alive():
                     why = server.stalled or f"opencode serve exited with {server.proc.returncode}"
-                    return Served("gone", session, [], why)
+                    return Served("gone", session, [], why, server.name)
             now = time.monotonic()
             if woken and now >= check_at:  # idle once: wait for its answer to be stored
                 check_at = now + 0.2
@@ -492,7 +492,7 @@ def run_served(
         try:
             messages = messages if outcome == "completed" and messages is not None else server.messages(session)
         except (ServerGone, ProjectError) as err:
-            return Served("gone", session, [], str(err))
+            return Served("gone", session, [], str(err), None if server.alive() else server.name)
         return Served(outcome, session, messages, server.error(session))
     finally:
         if session is not None:
