@@ -19,8 +19,7 @@ version, and what this module relies on:
 - ``OPENCODE_SERVER_PASSWORD`` guards the API (basic auth, user ``opencode``): the server listens on
   loopback, and anyone who can reach it can run a shell.
 
-Each server writes a database of its own (a lane: ``Servers`` says why and how a turn finds the lane
-of its source session).
+Each server writes a database of its own (a lane: ``Servers`` says why, and how a turn finds its source's).
 
 The server carries the run's and the supervisor's marks, so a resumed run and the watchdog stop it and every
 tool process it started, as they stop ``opencode run``. A server that served ``recycle_turns`` turns takes no
@@ -275,7 +274,8 @@ class Server:
 
     def _wake_all(self) -> None:
         with self._lock:
-            [idle.set() for idle in self._idle.values()]
+            for idle in self._idle.values():
+                idle.set()
 
 
 def _free_port() -> int:
