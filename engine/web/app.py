@@ -171,11 +171,11 @@ def compare(request: Request) -> HTMLResponse:
 
 
 def compare_paths(request: Request) -> HTMLResponse:
-    """Two or more selected paths of a tree side by side from where their conversations part."""
+    """Two to four paths of a tree (selected or not) side by side from where their conversations part."""
     run_id, tree_id = _run_id(request), request.path_params["tree_id"]
     leaves = list(dict.fromkeys(request.query_params.getlist("leaf")))
     if not 2 <= len(leaves) <= 4:
-        return problem(request, "comparing paths needs a run, a tree and two to four ?leaf= (selected paths)", 400)
+        return problem(request, "comparing paths needs a run, a tree and two to four ?leaf= (paths of the tree)", 400)
     source: data.Source = request.app.state.source
     try:
         shown = source.paths(run_id, tree_id, leaves)

@@ -25,7 +25,7 @@ from engine.collection import Collection, Limits, open_runs
 from engine.derived.keys import record_stat
 from engine.derived.live import mark_stamp
 from engine.derived.transcripts import Transcripts
-from ingest.errors import ProjectError
+from ingest.errors import InputError, LogError, ProjectError
 from ingest.log import EventLog, run_ids
 from ingest.paths import command_line
 from ingest.text import sql_text
@@ -98,15 +98,23 @@ class Source:
         return found
 
     def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None, catalog=None):
-        """The export's chat sample of a path and its conversation, kept while the run's log is unchanged
+        """The export's chat sample of a path and its conversation (a path the selection does not hold: its
+        walk as of now, :func:`~engine.export.candidates.candidate_sample`), kept while the run's log is unchanged
         (``catalog``: the run's, open already; else one is opened when the sample is not kept)."""
         from engine.derived import Derived
-        from engine.export import sample_in
+        from engine.export import DEFAULT_WORKSPACE, sample_in
+        from engine.export.candidates import candidate_sample
 
         def make():
             log = EventLog(self.data_dir, run_id).require()
             with contextlib.nullcontext(catalog) if catalog else Derived(self.data_dir).open(run_id) as opened:
-                return sample_in(log, opened, tree_id, leaf_id, selection=selection)
+                try:
+                    return sample_in(log, opened, tree_id, leaf_id, selection=selection)
+                except (InputError, LogError):  # (no such path in it, or no selection yet)
+                    if selection is not None:  # (a path of the selection named, which it does not hold)
+                        raise
+                # A path no selection holds (not selected, or the run selected none yet): its walk as of now.
+                return candidate_sample(log, opened, tree_id, leaf_id, DEFAULT_WORKSPACE)
 
         return self._kept((self.fingerprint([run_id]), tree_id, leaf_id, selection), make)
 
@@ -283,14 +291,20 @@ def tree_page(runs: Collection, run_id: str, tree_id: str) -> dict[str, Any]:
 
 
 def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict[str, Any]:
-    """A path's row of ``paths`` and the run's PathScore weights."""
+    """A path's row of ``paths`` (selected or not, its rank), the run's PathScore weights, and the verdict of
+    each edge on it with the parts that decided it (``path_turns``)."""
     scope = f"run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)} and leaf_id = {sql_text(leaf_id)}"
     found = runs.query(f"select * from paths where {scope}", run_id)
     weights = runs.query(
         f"select w_path_max, w_path_avg, w_path_clean, w_path_know from run_config where run_id = {sql_text(run_id)}",
         run_id,
     )
-    return {"path": found[0] if found else None, "weights": weights[0] if weights else {}}
+    edges = runs.query(
+        "select distinct node_id, depth, edge_id, verdict, s1, s2, soft, improved, edge_outcome, cleanliness, "
+        f"knowledge, regression_stability from path_turns where {scope} and edge_id is not null order by depth",
+        run_id,
+    )
+    return {"path": found[0] if found else None, "weights": weights[0] if weights else {}, "edges": edges}
 
 
 def path_costs(runs: Collection, run_id: str, tree_id: str) -> dict[str, dict[str, Any]]:

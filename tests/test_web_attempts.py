@@ -1,0 +1,67 @@
+"""The viewer shows every attempt and every failure (issue 54), in a real browser (Playwright, the system
+Chromium) against a ``serve`` process of its own, as tests/test_web.py does."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+from test_web import browser, page, served, shot, two_runs  # noqa: F401 - fixtures
+
+from engine.catalog import Catalog
+from ingest.log import EventLog
+
+
+def _status(url: str, token: str) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.mark.slow
+def test_every_leaf_link_of_a_tree_opens_its_path_selected_or_not(two_runs, tmp_path, page):  # noqa: F811
+    catalog = Catalog.for_log(EventLog(two_runs, "rounds"))
+    paths = catalog.query("select tree_id, leaf_id, selected, rank from paths order by tree_id, leaf_id")
+    assert {p["selected"] for p in paths} == {True, False}  # (the run has paths it did not select)
+    with served(two_runs, tmp_path) as server:
+        base = f"{server.base}/t/{server.token}"
+        page.goto(f"{base}/run/rounds/tree/T001")
+        links = page.locator("form.compare-paths table.paths tbody a").evaluate_all("as => as.map(a => a.href)")
+        assert len(links) == sum(p["tree_id"] == "T001" for p in paths)
+        for tree in sorted({p["tree_id"] for p in paths}):  # every leaf of every tree answers
+            for p in (p for p in paths if p["tree_id"] == tree):
+                url = f"{server.base}/run/rounds/path?tree={tree}&leaf={p['leaf_id']}"
+                assert _status(url, server.token) == 200, url
+        unselected = next(p for p in paths if p["tree_id"] == "T001" and not p["selected"])
+        page.locator("table.paths a", has_text=re.compile(f"^{re.escape(unselected['leaf_id'])}$")).click()
+        page.wait_for_url(re.compile(r"/run/rounds/path\?"), timeout=60_000)
+        banner = page.locator("#selection")
+        assert "unselected" in banner.get_attribute("class")
+        assert banner.inner_text().startswith("not selected")  # a label, readable without colour
+        assert f"rank {unselected['rank']}" in banner.inner_text()
+        depth = catalog.query(
+            "select depth from paths where tree_id = 'T001' and leaf_id = ?", [unselected["leaf_id"]]
+        )[0]["depth"]
+        verdicts = page.locator("table.verdicts tbody tr, table.verdicts > tr")
+        assert verdicts.count() == depth  # an edge per node below the root, each with its verdict
+        assert page.locator(".conversation .msg").count() > 0 and page.locator(".conversation .eval").count() > 0
+        shot(page, "path-unselected")
+        selected = next(p for p in paths if p["tree_id"] == "T001" and p["selected"])
+        page.goto(f"{base}/run/rounds/path?tree=T001&leaf={selected['leaf_id']}")
+        assert page.locator("#selection").inner_text().startswith("selected")
+        assert f"#{selected['rank']}" in page.locator("#selection").inner_text()
+        # A selected and an unselected path compared side by side.
+        page.goto(f"{base}/run/rounds/tree/T001")
+        page.locator(f'input[name="leaf"][value="{selected["leaf_id"]}"]').check()
+        page.locator(f'input[name="leaf"][value="{unselected["leaf_id"]}"]').check()
+        page.locator("form.compare-paths button").click()
+        page.wait_for_url(re.compile(r"/paths\?leaf="), timeout=60_000)
+        assert page.locator("section.path-column").count() == 2
+        # A leaf the tree does not have: a clear 404, not a 500.
+        assert _status(f"{server.base}/run/rounds/path?tree=T001&leaf=T001.9.9", server.token) == 404
+        assert _status(f"{server.base}/run/rounds/path?tree=T001&leaf=%00..%2F", server.token) == 404
