@@ -65,3 +65,52 @@ def test_every_leaf_link_of_a_tree_opens_its_path_selected_or_not(two_runs, tmp_
         # A leaf the tree does not have: a clear 404, not a 500.
         assert _status(f"{server.base}/run/rounds/path?tree=T001&leaf=T001.9.9", server.token) == 404
         assert _status(f"{server.base}/run/rounds/path?tree=T001&leaf=%00..%2F", server.token) == 404
+
+
+@pytest.mark.slow
+def test_failures_are_marked_counted_and_jumped_to_in_every_transcript(two_runs, tmp_path, page):  # noqa: F811
+    catalog = Catalog.for_log(EventLog(two_runs, "rounds"))
+    # The path with the most failures, and how many the views count on it.
+    counts = catalog.query(
+        "select w.tree_id, w.leaf_id, count(f.seq) filter (where f.kind = 'tool') as tools, "
+        "count(f.seq) filter (where f.kind = 'eval') as evals from path_turns as w left join failures as f "
+        "on f.tree_id = w.tree_id and f.edge_id = w.edge_id and f.turn = w.turn where w.turn > 0 "
+        "group by all order by tools + evals desc, w.leaf_id limit 1"
+    )[0]
+    assert counts["tools"] > 1 and counts["evals"] >= 1, counts  # (the sim fails calls and crashes graders)
+    with served(two_runs, tmp_path) as server:
+        base = f"{server.base}/t/{server.token}"
+        page.goto(f"{base}/run/rounds/path?tree={counts['tree_id']}&leaf={counts['leaf_id']}")
+        failed = page.locator('.conversation .msg.failed[data-role="tool"]')
+        assert failed.count() == counts["tools"]
+        assert page.locator(".conversation .eval.failed").count() == counts["evals"]
+        assert failed.first.locator(".label.failure").text_content() == "failed call"  # words, not only colour
+        assert page.locator(".conversation .msg:not(.failed) .label.failure").count() == 0
+        total = counts["tools"] + counts["evals"]
+        assert f"{total} failures on this path" in page.locator("#failures").inner_text()
+        # Jump from failure to failure through plain anchors: each lands on the next, the last says so.
+        page.locator("#failures a.next-failure").click()
+        seen = []
+        for _ in range(total):
+            target = page.evaluate("document.querySelector(':target').id")
+            assert target not in seen
+            seen.append(target)
+            mark = page.locator(f"[id='{target}']")
+            assert "failed" in mark.get_attribute("class")
+            nxt = mark.locator("a.next-failure")
+            if nxt.count() == 0:
+                break
+            nxt.first.click()
+        assert len(seen) == total
+        shot(page, "path-failures")
+        # The compare page: a crashed or timed-out grader shows its status, not only "no score".
+        node = catalog.query(
+            "select e.parent_id from failures as f join edges as e using (run_id, tree_id, edge_id) "
+            "where f.kind = 'eval' and e.verdict is not null order by f.seq limit 1"
+        )[0]["parent_id"]
+        tree = node.split(".")[0]
+        page.goto(f"{base}/run/rounds/tree/{tree}/compare?node={node}")
+        crashed = page.locator(".eval.failed")
+        assert crashed.count() >= 1
+        assert crashed.first.locator(".eval-status").inner_text() in ("crashed", "timeout")
+        assert crashed.first.locator(".label.failure").text_content().startswith("eval ")

@@ -167,6 +167,24 @@ def compare(request: Request) -> HTMLResponse:
         return problem(request, str(err))
     if not shown["attempts"]:
         return problem(request, f"node {node_id!r} of tree {tree_id!r} has no finished attempt")
+    edges = [a["edge_id"] for a in shown["attempts"]]
+    source: data.Source = request.app.state.source
+    try:
+        runs = source.collection()
+        found = data.failures(runs, run_id, tree_id, edges)
+        evals = data.turn_evals(runs, run_id, tree_id, edges)
+    except ProjectError as err:
+        return problem(request, str(err))
+    feedback = source.feedback(run_id, set(evals))
+    for a in shown["attempts"]:
+        col = a["edge_id"].rsplit("/", 1)[1]
+        items = [dict(it) for it in a["messages"] or []]
+        for it, after in zip(items, [*items[1:], None], strict=True):
+            it["ends"] = after is None or after["owner"] != it["owner"]
+            it["eval"] = evals.get(tuple(it["owner"])) if it["ends"] else None
+            it["feedback"] = feedback.get(tuple(it["owner"])) if it["ends"] else None
+        a["failed"], a["first_failure"] = data.mark_failures(items, found, lambda it, col=col: f"{col}-m{it['idx']}")
+        a["shown"] = items
     return page(request, "compare.html", run_id=run_id, tree_id=tree_id, node_id=node_id, **shown)
 
 
@@ -215,8 +233,11 @@ def path(request: Request) -> HTMLResponse:
                 "eval": turns.get(owner) if ends else None,
                 "feedback": feedback.get(owner) if ends else None,
                 "starts": owner is not None and before != owner,
+                "ends": ends,
             }
         )
+    found = data.failures(source.collection(), run_id, tree_id, sorted({e for e, _turn in turns}))
+    failed, first_failure = data.mark_failures(items, found, lambda it: f"m{it['index']}")
     return page(
         request,
         "path.html",
@@ -227,6 +248,8 @@ def path(request: Request) -> HTMLResponse:
         meta=meta,
         tools=json.loads(sample["tools"]),
         call_names=data.call_names(sample["messages"]),
+        failed=failed,
+        first_failure=first_failure,
         **rows,
     )
 

@@ -307,6 +307,53 @@ def path_rows(runs: Collection, run_id: str, tree_id: str, leaf_id: str) -> dict
     return {"path": found[0] if found else None, "weights": weights[0] if weights else {}, "edges": edges}
 
 
+def failures(runs: Collection, run_id: str, tree_id: str, edge_ids: list[str]) -> dict[tuple, dict[str, Any]]:
+    """The ``failures`` of these attempts: a failed tool call under (edge_id, turn, call_id), a crashed or timed
+    out eval under (edge_id, turn, None)."""
+    if not edge_ids:
+        return {}
+    listed = ", ".join(sql_text(e) for e in edge_ids)
+    rows = runs.query(
+        f"select * from failures where run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)} "
+        f"and edge_id in ({listed}) order by seq",
+        run_id,
+    )
+    return {(r["edge_id"], r["turn"], r["call_id"]): r for r in rows}
+
+
+def turn_evals(runs: Collection, run_id: str, tree_id: str, edge_ids: list[str]) -> dict[tuple, dict[str, Any]]:
+    """The ``turns`` rows of these attempts (each turn's eval: score and status), by (edge_id, turn)."""
+    listed = ", ".join(sql_text(e) for e in edge_ids) or "null"
+    rows = runs.query(
+        f"select * from turns where run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)} "
+        f"and edge_id in ({listed})",
+        run_id,
+    )
+    return {(r["edge_id"], r["turn"]): r for r in rows}
+
+
+def mark_failures(items: list[dict[str, Any]], found: dict[tuple, dict[str, Any]], anchor) -> tuple[int, str | None]:
+    """Mark the failures among ``items`` (messages, each with its ``owner`` (edge_id, turn) and ``ends`` when it
+    is its turn's last): a tool result of a failed call gets ``failure`` (its row of ``failures``), a turn's last
+    message ``eval_failure`` when its eval failed; each mark its element's id (``anchor(item)``: the message's)
+    and the next mark's (``..._next``: a jump without script). The number of marks and the first one's id."""
+    marks = []
+    for it in items:
+        owner, m = it.get("owner"), it["message"]
+        if owner is None:
+            continue
+        if m.get("role") == "tool" and (row := found.get((*owner, m.get("tool_call_id")))) is not None:
+            it["failure"] = row
+            marks.append((it, "failure", anchor(it)))
+        if it.get("ends") and (row := found.get((*owner, None))) is not None:
+            it["eval_failure"] = row
+            marks.append((it, "eval_failure", f"{anchor(it)}-eval"))
+    following = [mark[2] for mark in marks[1:]] + [None]
+    for (it, key, element), after in zip(marks, following, strict=False):
+        it[f"{key}_id"], it[f"{key}_next"] = element, after
+    return len(marks), marks[0][2] if marks else None
+
+
 def path_costs(runs: Collection, run_id: str, tree_id: str) -> dict[str, dict[str, Any]]:
     """The ``cost_paths`` row of each selected path of a tree, by leaf."""
     scope = f"run_id = {sql_text(run_id)} and tree_id = {sql_text(tree_id)}"
