@@ -114,3 +114,33 @@ def test_failures_are_marked_counted_and_jumped_to_in_every_transcript(two_runs,
         assert crashed.count() >= 1
         assert crashed.first.locator(".eval-status").inner_text() in ("crashed", "timeout")
         assert crashed.first.locator(".label.failure").text_content().startswith("eval ")
+
+
+@pytest.mark.slow
+def test_a_search_for_failed_calls_alone_counts_each_once_by_attempt_and_pages_on(two_runs, tmp_path, page):  # noqa: F811
+    failed = []
+    for run in ("rounds", "async"):
+        catalog = Catalog.for_log(EventLog(two_runs, run))
+        failed += catalog.query("select run_id, edge_id, call_id from failures where kind = 'tool'")
+    attempts = {(f["run_id"], f["edge_id"]) for f in failed}
+    assert len(failed) > 200  # (more than a page)
+    with served(two_runs, tmp_path) as server:
+        page.goto(f"{server.base}/t/{server.token}/search")
+        page.locator('input[name="errors"]').check()  # no text, no tool: failed calls alone
+        page.locator("form.search button").click()
+        page.wait_for_url(re.compile(r"/search\?"), timeout=60_000)
+        count = page.locator("#search-count").inner_text()
+        assert count.startswith(f"{len(failed)} hits in {len(attempts)} attempts"), count
+        assert page.locator("table.attempts tbody tr").count() == min(len(attempts), 100)
+        listed = page.locator("table.attempts tbody tr td:last-child").all_inner_texts()
+        assert sum(int(n) for n in listed) == len(failed) or len(attempts) > 100
+        rows = page.locator("table.hits tbody tr")
+        kinds = rows.locator("td:nth-child(7)").all_inner_texts()
+        assert rows.count() == 200 and all(k.startswith("result") for k in kinds)  # a failed call once: its result
+        shot(page, "search-failures")
+        page.locator("#pages a[rel=next]").click()
+        page.wait_for_url(re.compile(r"page=2"), timeout=60_000)
+        assert page.locator("table.hits tbody tr").count() == len(failed) - 200
+        assert "page 2 of 2" in page.locator("#search-count").inner_text()
+        page.goto(f"{server.base}/t/{server.token}/search?errors=1&page=-1")
+        assert "is not a page number" in page.locator("#search-error").inner_text()

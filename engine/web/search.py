@@ -2,11 +2,13 @@
 filtered by their text and by what the views say of their attempts.
 
 A search reads each run's transcript segments (checked, caught up as the run grows)
-and the rows of ``edges`` and ``trees`` (and ``tool_calls`` for the tool-error and
-knowledge filters) through the collection, then runs one query over them on a
-connection of its own. The text matches case-insensitively as a plain substring (no
-pattern syntax). A turn recorded twice counts once: its last record. Each hit links to
-its message on the compare page of the attempt's node (``#e<slot>-<attempt>-m<idx>``).
+and the rows of ``edges`` and ``trees`` (and ``failures`` for the failed-calls filter,
+which keeps each failed call's result, once; ``tool_calls`` for the knowledge filter)
+through the collection, then runs one query over them on a connection of its own. The
+text matches case-insensitively as a plain substring (no pattern syntax). A turn
+recorded twice counts once: its last record. Each hit links to its message on the
+compare page of the attempt's node (``#e<slot>-<attempt>-m<idx>``); the hits are
+counted and listed by attempt too, and paged (``?page=``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from engine.web.pages import page
 from ingest.errors import ProjectError
 from ingest.text import sql_text
 
-SHOWN = 200  # hits listed (the count is of every hit)
+SHOWN = 200  # hits listed on a page (the count is of every hit; ?page= shows the others)
+ATTEMPTS_SHOWN = 100  # attempts listed with their hits
 AROUND = 90  # characters of context each side of a match
 KINDS = ("text", "reasoning", "call", "result")
 VERDICTS = ("kept", "kept_exempt", "pruned", "retry")
@@ -55,6 +58,7 @@ class Query:
     max_score: float | None = None
     errors: bool = False
     knowledge: bool = False
+    page: int = 1
     problems: list[str] = field(default_factory=list)
 
     @classmethod
@@ -68,6 +72,11 @@ class Query:
                 setattr(found, name, float(text) if text else None)
             except ValueError:
                 found.problems.append(f"{name.replace('_', ' ')} {text!r} is not a number")
+        text = (params.get("page") or "1").strip()
+        if text.isdigit() and 1 <= int(text) <= 10**6:
+            found.page = int(text)
+        else:
+            found.problems.append(f"page {text!r} is not a page number (1, 2, ...)")
         if found.kind and found.kind not in KINDS:
             found.problems.append(f"kind {found.kind!r} is not one of {', '.join(KINDS)}")
         if found.verdict and found.verdict not in VERDICTS:
@@ -76,8 +85,15 @@ class Query:
 
     @property
     def asked(self) -> bool:
-        """Whether there is anything to search for (a text or a tool name)."""
-        return bool(self.q or self.tool)
+        """Whether there is anything to search for (a text, a tool name, failed calls or knowledge actions)."""
+        return bool(self.q or self.tool or self.errors or self.knowledge)
+
+    def at(self, page: int) -> dict[str, Any]:
+        """The form's fields of this search at another page (a link's query)."""
+        fields = {k: getattr(self, k) for k in ("q", "kind", "tool", "run", "task", "stage", "tree", "verdict")}
+        fields |= {k: getattr(self, k) for k in ("min_score", "max_score") if getattr(self, k) is not None}
+        fields |= {k: "1" for k in ("errors", "knowledge") if getattr(self, k)}
+        return {k: v for k, v in fields.items() if v != ""} | {"page": page}
 
     def where(self) -> tuple[str, list[Any]]:
         """The hits' condition and its parameters."""
@@ -102,6 +118,8 @@ class Query:
         if self.max_score is not None:
             clauses.append("e.edge_score <= ?")
             args.append(self.max_score)
+        if self.errors and not self.kind:  # a failed call once: its result (its call is another row)
+            clauses.append("p.kind = 'result'")
         for flag, table in ((self.errors, "failed_calls"), (self.knowledge, "knowledge_calls")):
             if flag:
                 clauses.append(
@@ -117,7 +135,7 @@ def search(source: Any, query: Query) -> dict[str, Any]:
     names = [query.run] if query.run else list(runs.run_ids)
     files = [str(f) for run_id in names if run_id in runs.run_ids for f in source.transcripts.files(run_id)]
     if not files:
-        return {"hits": [], "total": 0}
+        return {"hits": [], "total": 0, "attempts": [], "attempts_total": 0}
     tables = {
         "attempts": runs.arrow(
             "select e.run_id, e.tree_id, e.edge_id, e.parent_id, e.verdict, e.edge_score, t.task, t.stage "
@@ -125,7 +143,7 @@ def search(source: Any, query: Query) -> dict[str, Any]:
         )
     }
     if query.errors:
-        tables["failed_calls"] = runs.arrow("select run_id, edge_id, call_id from tool_calls where status = 'error'")
+        tables["failed_calls"] = runs.arrow("select run_id, edge_id, call_id from failures where kind = 'tool'")
     if query.knowledge:
         tables["knowledge_calls"] = runs.arrow("select run_id, edge_id, call_id from tool_calls where is_knowledge")
     where, args = query.where()
@@ -134,16 +152,33 @@ def search(source: Any, query: Query) -> dict[str, Any]:
     try:
         for name, table in tables.items():
             con.register(name, table)
-        (total,) = con.execute(f"select count(*) from ({found})", args).fetchone()
-        result = con.execute(f"select * from ({found}) {ORDER} limit {SHOWN}", args)
-        columns = [d[0] for d in result.description]
-        rows = [dict(zip(columns, r, strict=True)) for r in result.fetchall()]
+        (total, attempts_total) = con.execute(
+            f"select count(*), count(distinct (run_id, tree_id, edge_id)) from ({found})", args
+        ).fetchone()
+        offset = (query.page - 1) * SHOWN
+        rows = _rows(con.execute(f"select * from ({found}) {ORDER} limit {SHOWN} offset {offset}", args))
+        attempts = _rows(
+            con.execute(
+                "select run_id, tree_id, edge_id, any_value(parent_id) as parent_id, any_value(verdict) as verdict, "
+                "any_value(edge_score) as edge_score, any_value(task) as task, any_value(stage) as stage, "
+                f"count(*) as hits from ({found}) group by run_id, tree_id, edge_id "
+                f"order by hits desc, run_id, tree_id, edge_id limit {ATTEMPTS_SHOWN}",
+                args,
+            )
+        )
     finally:
         con.close()
     for row in rows:
         row["before"], row["match"], row["after"] = _snippet(row["text"], query.q)
         row["anchor"] = f"{row['edge_id'].rsplit('/', 1)[1]}-m{row['idx']}"
-    return {"hits": rows, "total": total}
+    for row in attempts:
+        row["anchor"] = row["edge_id"].rsplit("/", 1)[1]
+    return {"hits": rows, "total": total, "attempts": attempts, "attempts_total": attempts_total}
+
+
+def _rows(result: Any) -> list[dict[str, Any]]:
+    columns = [d[0] for d in result.description]
+    return [dict(zip(columns, r, strict=True)) for r in result.fetchall()]
 
 
 def _snippet(text: str, q: str) -> tuple[str, str, str]:
@@ -160,7 +195,7 @@ def search_page(request: Request) -> HTMLResponse:
     """The search form, and its hits when something was asked."""
     source = request.app.state.source
     query = Query.of(request.query_params)
-    found: dict[str, Any] = {"hits": [], "total": 0}
+    found: dict[str, Any] = {"hits": [], "total": 0, "attempts": [], "attempts_total": 0}
     error = "; ".join(query.problems) or None
     choices: dict[str, list] = {"runs": [], "tasks": [], "stages": ["early", "middle", "late"]}
     try:
@@ -177,6 +212,7 @@ def search_page(request: Request) -> HTMLResponse:
         query=query,
         error=error,
         shown=SHOWN,
+        attempts_shown=ATTEMPTS_SHOWN,
         kinds=KINDS,
         verdicts=VERDICTS,
         **found,
