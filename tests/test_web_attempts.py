@@ -30,7 +30,10 @@ def test_every_leaf_link_of_a_tree_opens_its_path_selected_or_not(two_runs, tmp_
     assert {p["selected"] for p in paths} == {True, False}  # (the run has paths it did not select)
     with served(two_runs, tmp_path) as server:
         base = f"{server.base}/t/{server.token}"
+        refused = []
+        page.on("response", lambda r: refused.append(r.url) if r.status >= 400 else None)
         page.goto(f"{base}/run/rounds/tree/T001")
+        assert page.locator("p.summary.cost").inner_text().count("time unknown (not measured)") == 1  # not "0 s"
         links = page.locator("form.compare-paths table.paths tbody a").evaluate_all("as => as.map(a => a.href)")
         assert len(links) == sum(p["tree_id"] == "T001" for p in paths)
         for tree in sorted({p["tree_id"] for p in paths}):  # every leaf of every tree answers
@@ -62,6 +65,11 @@ def test_every_leaf_link_of_a_tree_opens_its_path_selected_or_not(two_runs, tmp_
         page.locator("form.compare-paths button").click()
         page.wait_for_url(re.compile(r"/paths\?leaf="), timeout=60_000)
         assert page.locator("section.path-column").count() == 2
+        assert refused == []  # every page's requests answered (its icon is inline: no favicon.ico 404)
+        # A run's name mistyped: 404 "unknown run" (a run on disk, or being written, has its page).
+        answer = page.goto(f"{base}/run/roundz")
+        assert answer.status == 404 and "Unknown run" in page.locator("#unknown-run").inner_text()
+        assert page.goto(f"{base}/run/rounds").status == 200 and page.locator("#unknown-run").count() == 0
         # A leaf the tree does not have: a clear 404, not a 500.
         assert _status(f"{server.base}/run/rounds/path?tree=T001&leaf=T001.9.9", server.token) == 404
         assert _status(f"{server.base}/run/rounds/path?tree=T001&leaf=%00..%2F", server.token) == 404

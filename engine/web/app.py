@@ -95,8 +95,16 @@ def campaign(request: Request) -> HTMLResponse:
 
 
 def run(request: Request) -> HTMLResponse:
+    """A run's page; 404 "unknown run" when no run of that name is on disk or being written (a typo), the page
+    still following it should one start under that name (as the waiting page of a run being started does)."""
+    from ingest.listing import being_written
+    from ingest.log import EventLog
+
     run_id = _run_id(request)
-    return page(request, "run.html", run_id=run_id, live=_live(request, run_id))
+    log = EventLog(request.app.state.source.data_dir, run_id)
+    known = log.exists() or being_written(log.dir)
+    live = _live(request, run_id, unknown=not known)
+    return page(request, "run.html", 200 if known else 404, run_id=run_id, live=live, unknown=not known)
 
 
 def run_live(request: Request) -> HTMLResponse:
@@ -105,13 +113,14 @@ def run_live(request: Request) -> HTMLResponse:
     return HTMLResponse(_live(request, run_id), headers=HEADERS)
 
 
-def _live(request: Request, run_id: str) -> Markup:
+def _live(request: Request, run_id: str, unknown: bool = False) -> Markup:
     from ingest.log import EventLog
 
     source: data.Source = request.app.state.source
     base = request.scope.get("root_path", "")  # the links' prefix (engine.web.gate)
     if not EventLog(source.data_dir, run_id).exists():
-        return Markup(TEMPLATES.get_template("run_waiting.html").render(run_id=run_id, data_dir=source.data_dir))
+        waiting = TEMPLATES.get_template("run_waiting.html")
+        return Markup(waiting.render(run_id=run_id, data_dir=source.data_dir, unknown=unknown))
     try:
         runs = source.collection()
         shown = data.run_page(runs, run_id)

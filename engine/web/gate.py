@@ -45,13 +45,16 @@ FORWARD = (
 )
 _HASH = base64.b64encode(hashlib.sha256(FORWARD.encode()).digest()).decode()
 GATE_HEADERS = {
-    "Content-Security-Policy": f"default-src 'none'; script-src 'sha256-{_HASH}'; frame-ancestors 'none'",
+    "Content-Security-Policy": (
+        f"default-src 'none'; script-src 'sha256-{_HASH}'; img-src data:; frame-ancestors 'none'"
+    ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 GATE_PAGE = (
-    '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>teacher-mcts: this server needs its token'
+    '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+    "<title>teacher-mcts: this server needs its token"
     f'</title></head>\n<body><p id="gate">{REFUSED}</p>\n<script>{FORWARD}</script></body></html>\n'
 )
 
