@@ -507,7 +507,16 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to bind (every request needs the printed token)."
 )
-def serve(port: int, host: str) -> None:
+@click.option(
+    "--token",
+    default=None,
+    metavar="TOKEN",
+    help="The token every request needs (16-128 letters, digits, '_', '-'), instead of the one kept for --data.",
+)
+@click.option(
+    "--new-token", is_flag=True, help="Replace the token kept for --data with a new one (older links then answer 403)."
+)
+def serve(port: int, host: str, token: str | None, new_token: bool) -> None:
     """Serve a local web app over the runs under --data, live while they are written.
 
     The collection and its audit, each run (its trees as `report` draws them, updated as
@@ -516,13 +525,20 @@ def serve(port: int, host: str) -> None:
     from the network. Every request needs the token printed at start, on any address
     (the address printed carries it: every page is under it); a query runs only when the SQL page sends it.
 
+    The token is kept per data directory, so saved links last across restarts: in
+    ~/.config/teacher-mcts/serve-tokens/<digest of the directory's path> ($XDG_CONFIG_HOME),
+    owner-only (0600), never in the data directory. A kept file others may read, or
+    another user owns, is replaced by a new token. --new-token replaces it on purpose.
+
     \b
     Example:
         python cli.py serve --port 8000
     """
     from engine.web import serve as serve_app
 
-    serve_app(data_dir(), host, port)
+    if token is not None and new_token:
+        raise click.UsageError("--token and --new-token: give one (--token is not kept, --new-token keeps a new one)")
+    serve_app(data_dir(), host, port, token, new_token)
 
 
 # ------------------------------------------------------------ sql, audit

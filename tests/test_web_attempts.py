@@ -152,3 +152,30 @@ def test_a_search_for_failed_calls_alone_counts_each_once_by_attempt_and_pages_o
         assert "page 2 of 2" in page.locator("#search-count").inner_text()
         page.goto(f"{server.base}/t/{server.token}/search?errors=1&page=-1")
         assert "is not a page number" in page.locator("#search-error").inner_text()
+
+
+@pytest.mark.slow
+def test_a_saved_link_opens_after_a_restart_and_a_token_others_can_read_is_replaced(two_runs, tmp_path, page):  # noqa: F811
+    import stat
+
+    from engine.web.tokens import token_path
+
+    config = tmp_path / "config"
+    env = {"XDG_CONFIG_HOME": str(config)}
+    link = "/run/rounds/tree/T001"
+    with served(two_runs, tmp_path, env=env) as first:
+        saved = f"{first.base}/t/{first.token}{link}"
+        assert page.goto(saved).status == 200
+    kept = config / "teacher-mcts" / "serve-tokens" / token_path(two_runs.resolve()).name
+    assert kept.read_text().strip() == first.token
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and not list(two_runs.rglob("serve-tokens"))  # (not in data)
+    with served(two_runs, tmp_path, env=env) as second:
+        assert second.token == first.token
+        assert page.goto(saved.replace(first.base, second.base)).status == 200  # the saved link, after a restart
+        assert page.locator("h1").inner_text().startswith("Tree T001")
+    kept.chmod(0o644)  # others may read it: not trusted, replaced
+    with served(two_runs, tmp_path, env=env) as third:
+        assert third.token != first.token and "was not used" in third.log.read_text()
+        assert page.goto(f"{third.base}/t/{first.token}{link}").status == 403
+        assert page.goto(f"{third.base}/t/{third.token}{link}").status == 200
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and kept.read_text().strip() == third.token

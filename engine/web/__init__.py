@@ -3,24 +3,29 @@
 Pages: the collection (runs, tasks, the audit), a run (its trees as the report draws
 them, followed as parts land), a tree (its nodes and their turns), a path (its whole
 conversation as ``export`` writes it), and SQL (the read-only sandbox of ``sql``).
+Every request needs a token (:mod:`engine.web.gate`), kept per data directory so links
+last across restarts (:mod:`engine.web.tokens`).
 """
 
 from __future__ import annotations
 
-import secrets
 import socket
 import sys
 from pathlib import Path
 
 from engine.web.app import create_app
 from engine.web.gate import PREFIX
+from engine.web.tokens import given_token, kept_token
 from ingest.errors import InputError
 
 __all__ = ["create_app", "serve"]
 
 
-def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve the app on ``host:port`` until interrupted; every request needs a token, printed with the address.
+def serve(
+    data_dir: Path, host: str = "127.0.0.1", port: int = 8000, token: str | None = None, new_token: bool = False
+) -> None:
+    """Serve the app on ``host:port`` until interrupted; every request needs a token, printed with the address:
+    ``token``, else the one kept for ``data_dir`` (``new_token``: a new one kept; :mod:`engine.web.tokens`).
 
     InputError when ``data_dir`` is not a directory.
     """
@@ -29,7 +34,10 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
     if not Path(data_dir).is_dir():
         raise InputError(f"{data_dir}: no such directory - give --data the directory that holds (or will hold) runs/")
     listening = _listen(host, port)  # before the address is printed: a port in use is an error, not a log line
-    token = secrets.token_urlsafe(24)
+    if token is not None:
+        token, kept = given_token(token), "given with --token"
+    else:
+        token, kept = kept_token(Path(data_dir), new_token)
     app = create_app(Path(data_dir), token, host)
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {data_dir} at http://{shown}:{port}{PREFIX}{token}/", file=sys.stderr, flush=True)
@@ -39,6 +47,7 @@ def serve(data_dir: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
         file=sys.stderr,
         flush=True,
     )
+    print(f"  (the token: {kept})", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
     uvicorn.Server(config).run(sockets=[listening])
 
