@@ -39,6 +39,7 @@ from engine.commandline import (
     run_id_checked,
     show,
     strata_checked,
+    token_options,
     workspace_checked,
 )
 from engine.process import run_to_exit
@@ -504,31 +505,16 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
 
 @cli.command()
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True)
-@click.option(
-    "--host", default="127.0.0.1", show_default=True, help="Address to bind (every request needs the printed token)."
-)
-@click.option(
-    "--token",
-    default=None,
-    metavar="TOKEN",
-    help="The token every request needs (16-128 letters, digits, '_', '-'), instead of the one kept for --data.",
-)
-@click.option(
-    "--new-token", is_flag=True, help="Replace the token kept for --data with a new one (older links then answer 403)."
-)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (every request needs its token).")
+@token_options
 def serve(port: int, host: str, token: str | None, new_token: bool) -> None:
     """Serve a local web app over the runs under --data, live while they are written.
 
-    The collection and its audit, each run (its trees as `report` draws them, updated as
-    parts land), each tree's nodes and turns, each path's conversation as `export`
-    writes it, and the read-only SQL of `sql`. No page changes a run; nothing is fetched
-    from the network. Every request needs the token printed at start, on any address
-    (the address printed carries it: every page is under it); a query runs only when the SQL page sends it.
-
-    The token is kept per data directory, so saved links last across restarts: in
-    ~/.config/teacher-mcts/serve-tokens/<digest of the directory's path> ($XDG_CONFIG_HOME),
-    owner-only (0600), never in the data directory. A kept file others may read, or
-    another user owns, is replaced by a new token. --new-token replaces it on purpose.
+    The collection and its audit, each run (its trees as `report` draws them, updated as parts land), each
+    tree's nodes and turns, every path's conversation (selected or not), failures marked, and the read-only SQL
+    of `sql`. No page changes a run; nothing is fetched from the network. Every request needs the token printed
+    at start (every page is under the address printed); it lasts across restarts (saved links keep working):
+    kept owner-only (0600) in ~/.config/teacher-mcts/serve-tokens/ per data directory, never in it.
 
     \b
     Example:
@@ -536,8 +522,6 @@ def serve(port: int, host: str, token: str | None, new_token: bool) -> None:
     """
     from engine.web import serve as serve_app
 
-    if token is not None and new_token:
-        raise click.UsageError("--token and --new-token: give one (--token is not kept, --new-token keeps a new one)")
     serve_app(data_dir(), host, port, token, new_token)
 
 

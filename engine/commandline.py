@@ -211,6 +211,30 @@ def executor_options(ray_address_help: str) -> Callable[[Callable[..., Any]], Ca
     return decorate
 
 
+def token_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``serve``'s ``--token TOKEN`` and ``--new-token`` (one or the other; engine/web/tokens.py)."""
+
+    @functools.wraps(command)
+    def checked_token(*args: Any, token: str | None, new_token: bool, **kwargs: Any) -> Any:
+        if token is not None and new_token:
+            raise click.UsageError(
+                "--token and --new-token: give one (--token is not kept, --new-token keeps a new one)"
+            )
+        return command(*args, token=token, new_token=new_token, **kwargs)
+
+    checked_token = click.option(
+        "--new-token",
+        is_flag=True,
+        help="Replace the token kept for --data with a new one (older links then answer 403).",
+    )(checked_token)
+    return click.option(
+        "--token",
+        default=None,
+        metavar="TOKEN",
+        help="The token every request needs (16-128 letters, digits, '_', '-'), instead of the one kept for --data.",
+    )(checked_token)
+
+
 def show(result: Any, fmt: str = "text") -> None:
     """Print a command's result (an ``engine.render.Output``) as text, JSON or CSV."""
     result.write(fmt, sys.stdout, click.echo)
