@@ -126,10 +126,11 @@ def test_failures_are_marked_counted_and_jumped_to_in_every_transcript(two_runs,
 
 @pytest.mark.slow
 def test_a_search_for_failed_calls_alone_counts_each_once_by_attempt_and_pages_on(two_runs, tmp_path, page):  # noqa: F811
-    failed = []
+    failed, crashed = [], 0
     for run in ("rounds", "async"):
         catalog = Catalog.for_log(EventLog(two_runs, run))
         failed += catalog.query("select run_id, edge_id, call_id from failures where kind = 'tool'")
+        crashed += catalog.query("select count(*) as n from failures where status = 'crashed'")[0]["n"]
     attempts = {(f["run_id"], f["edge_id"]) for f in failed}
     assert len(failed) > 200  # (more than a page)
     with served(two_runs, tmp_path) as server:
@@ -150,6 +151,10 @@ def test_a_search_for_failed_calls_alone_counts_each_once_by_attempt_and_pages_o
         page.wait_for_url(re.compile(r"page=2"), timeout=60_000)
         assert page.locator("table.hits tbody tr").count() == len(failed) - 200
         assert "page 2 of 2" in page.locator("#search-count").inner_text()
+        # An eval's status (and feedback) is searched too: a crashed grader is found by its status.
+        page.goto(f"{server.base}/t/{server.token}/search?q=crashed&kind=feedback")
+        assert page.locator("#search-count").inner_text().startswith(f"{crashed} hits"), crashed
+        assert crashed > 0 and page.locator("table.hits mark").first.inner_text() == "crashed"
         page.goto(f"{server.base}/t/{server.token}/search?errors=1&page=-1")
         assert "is not a page number" in page.locator("#search-error").inner_text()
 

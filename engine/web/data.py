@@ -123,6 +123,10 @@ class Source:
         key = (self.fingerprint([run_id]), "feedback", frozenset(turns))
         return self._kept(key, lambda: eval_feedback(self.data_dir, run_id, turns))
 
+    def kept_rows(self, run_id: str, what: str, make) -> Any:
+        """What ``make()`` gives of a run (``what``), kept while the run's log is unchanged."""
+        return self._kept((self.fingerprint([run_id]), what), make)
+
     def kept(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None) -> bool:
         """Whether a path's sample is kept (as of the run's log now)."""
         with self._lock:

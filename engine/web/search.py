@@ -27,16 +27,20 @@ from ingest.text import sql_text
 SHOWN = 200  # hits listed on a page (the count is of every hit; ?page= shows the others)
 ATTEMPTS_SHOWN = 100  # attempts listed with their hits
 AROUND = 90  # characters of context each side of a match
-KINDS = ("text", "reasoning", "call", "result")
+KINDS = ("text", "reasoning", "call", "result", "feedback")  # feedback: an eval's status, error and feedback
 VERDICTS = ("kept", "kept_exempt", "pruned", "retry")
 
 FOUND = """
 select p.*, e.parent_id, e.verdict, e.edge_score, e.task, e.stage
-from read_parquet({files}) as p
+from (
+    select t.* from read_parquet({files}) as t
+    join (
+        select run_id, edge_id, turn, max(seq) as seq from read_parquet({files}) group by all
+    ) as latest using (run_id, edge_id, turn, seq)
+    union all by name
+    select * from feedback
+) as p
 join attempts as e using (run_id, tree_id, edge_id)
-join (
-    select run_id, edge_id, turn, max(seq) as seq from read_parquet({files}) group by all
-) as latest using (run_id, edge_id, turn, seq)
 where {where}
 """
 ORDER = "order by run_id, tree_id, seq, idx, kind, call_id"
@@ -142,6 +146,7 @@ def search(source: Any, query: Query) -> dict[str, Any]:
             "from edges as e join trees as t using (run_id, tree_id)"
         )
     }
+    tables["feedback"] = _feedback(source, [n for n in names if n in runs.run_ids])
     if query.errors:
         tables["failed_calls"] = runs.arrow("select run_id, edge_id, call_id from failures where kind = 'tool'")
     if query.knowledge:
@@ -171,9 +176,40 @@ def search(source: Any, query: Query) -> dict[str, Any]:
     for row in rows:
         row["before"], row["match"], row["after"] = _snippet(row["text"], query.q)
         row["anchor"] = f"{row['edge_id'].rsplit('/', 1)[1]}-m{row['idx']}"
+        if row["kind"] == "feedback":  # (the attempt's column: its turn's eval is at that turn's end)
+            row["anchor"] = row["edge_id"].rsplit("/", 1)[1]
     for row in attempts:
         row["anchor"] = row["edge_id"].rsplit("/", 1)[1]
     return {"hits": rows, "total": total, "attempts": attempts, "attempts_total": attempts_total}
+
+
+def _feedback(source: Any, run_ids: list[str]) -> Any:
+    """Every eval's status, error and the grader's feedback as a searchable piece of its turn (kind ``feedback``,
+    role ``grader``): read from the runs' logs (a heavy column no view holds), kept while each log is unchanged."""
+    import pyarrow as pa
+
+    from ingest.log import EventLog
+
+    def read(run_id: str) -> list[dict[str, Any]]:
+        pieces = []
+        columns = ["seq", "tree_id", "edge_id", "turn", "eval_status", "error", "feedback"]
+        for batch in EventLog(source.data_dir, run_id).scan_kind("eval_finished", columns):
+            for r in batch.to_pylist():
+                text = "\n".join(x for x in (f"eval {r['eval_status']}", r["error"], r["feedback"]) if x)
+                pieces.append(
+                    {k: r[k] for k in ("seq", "tree_id", "edge_id", "turn")}
+                    | {"run_id": run_id, "idx": None, "role": "grader", "kind": "feedback"}
+                    | {"tool": None, "call_id": None, "text": text}
+                )
+        return pieces
+
+    rows = [p for run_id in run_ids for p in source.kept_rows(run_id, "search-feedback", lambda r=run_id: read(r))]
+    schema = pa.schema(
+        [("run_id", pa.string()), ("seq", pa.int64()), ("tree_id", pa.string()), ("edge_id", pa.string())]
+        + [("turn", pa.int64()), ("idx", pa.int64()), ("role", pa.string()), ("kind", pa.string())]
+        + [("tool", pa.string()), ("call_id", pa.string()), ("text", pa.string())]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _rows(result: Any) -> list[dict[str, Any]]:
