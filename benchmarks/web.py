@@ -168,7 +168,7 @@ def main() -> None:
         )
     try:
         _wait(base + "/static/app.css", proc, err)
-        TOKEN["Authorization"] = "token " + re.search(r"\?token=(\S+)", err.read_text())[1]
+        TOKEN["Authorization"] = "token " + re.search(r"/t/([A-Za-z0-9_-]+)/", err.read_text())[1]
         pages = [("collection", "/")]
         first = "select run_id, tree_id, leaf_id from top_paths order by run_id, tree_id, rank, leaf_id limit 1"
         ms, body = _get(f"{base}/sql", {"q": first, "format": "csv"})
