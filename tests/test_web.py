@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -62,13 +63,16 @@ class Served:
 
 
 @contextmanager
-def served(data: Path, tmp: Path, host: str = "127.0.0.1", env: dict[str, str] | None = None):
-    """A ``serve`` process over ``data`` (``env``: added to its environment), once it answers."""
+def served(data: Path, tmp: Path, host: str = "127.0.0.1", env: dict[str, str] | None = None, kept: bool = False):
+    """A ``serve`` process over ``data`` (``env``: added to its environment), once it answers; with a token of
+    its own (``--token``), or (``kept``) the one kept for ``data`` in the user's config directory."""
     port = _free_port()
     log = tmp / f"serve-{port}.log"
+    token = [] if kept else ["--token", secrets.token_urlsafe(24)]
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "serve", "--port", str(port), "--host", host],
+            [sys.executable, str(ROOT / "cli.py"), "--data", str(data), "serve", "--port", str(port), "--host", host]
+            + token,
             stdout=fh,
             stderr=fh,
             cwd=ROOT,

@@ -168,18 +168,18 @@ def test_a_saved_link_opens_after_a_restart_and_a_token_others_can_read_is_repla
     config = tmp_path / "config"
     env = {"XDG_CONFIG_HOME": str(config)}
     link = "/run/rounds/tree/T001"
-    with served(two_runs, tmp_path, env=env) as first:
+    with served(two_runs, tmp_path, env=env, kept=True) as first:
         saved = f"{first.base}/t/{first.token}{link}"
         assert page.goto(saved).status == 200
     kept = config / "teacher-mcts" / "serve-tokens" / token_path(two_runs.resolve()).name
     assert kept.read_text().strip() == first.token
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and not list(two_runs.rglob("serve-tokens"))  # (not in data)
-    with served(two_runs, tmp_path, env=env) as second:
+    with served(two_runs, tmp_path, env=env, kept=True) as second:
         assert second.token == first.token
         assert page.goto(saved.replace(first.base, second.base)).status == 200  # the saved link, after a restart
         assert page.locator("h1").inner_text().startswith("Tree T001")
     kept.chmod(0o644)  # others may read it: not trusted, replaced
-    with served(two_runs, tmp_path, env=env) as third:
+    with served(two_runs, tmp_path, env=env, kept=True) as third:
         assert third.token != first.token and "was not used" in third.log.read_text()
         assert page.goto(f"{third.base}/t/{first.token}{link}").status == 403
         assert page.goto(f"{third.base}/t/{third.token}{link}").status == 200
