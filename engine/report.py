@@ -389,5 +389,5 @@ def build(runs: Collection) -> str:
 def write_report(runs: Collection, out: Path) -> int:
     """Write the report to ``out`` atomically; its size in bytes."""
     text = build(runs).encode()
-    write_atomically(Path(out), lambda tmp: tmp.write_bytes(text), "the report")
+    write_atomically(Path(out), text, "the report")
     return len(text)

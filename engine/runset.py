@@ -18,7 +18,7 @@ from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
 from ingest.checks import check_part
 from ingest.errors import LogError
-from ingest.listing import has_log
+from ingest.listing import has_log, while_moving
 from ingest.listing import run_ids as runs_under
 from ingest.paths import RUN_ID_RE, campaigns_dir, command_line, run_dir, under
 from ingest.reader import EventLog
@@ -102,18 +102,16 @@ class RunSet:
         A run whose stored derived state was derived from its parts as they are now is not
         read again (:meth:`engine.derived.Derived.checked`).
         """
-        for _look in range(3):  # a part a merge removed meanwhile: look again
-            try:
-                if self.derived.checked(run_id):
-                    return None
+
+        def look() -> None:  # (again when a merge removed a part meanwhile)
+            if not self.derived.checked(run_id):
                 for part in EventLog(self.data_dir, run_id).parts():
                     check_part(part)
-                return None
-            except FileNotFoundError as err:
-                problem = str(err)
-            except (LogError, OSError) as err:
-                return str(err)
-        return problem
+
+        try:
+            return while_moving(run_dir(self.data_dir, run_id) / "log", look, "parts kept disappearing - try again")
+        except (LogError, OSError) as err:
+            return str(err)
 
 
 # ---------------------------------------------------------------- a campaign's name

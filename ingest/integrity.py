@@ -31,13 +31,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ingest.checks import content_problem
-from ingest.errors import InputError, LogError
+from ingest.errors import InputError
+from ingest.listing import while_moving
 from ingest.parts import Part
-from ingest.paths import fsync_dir, log_command
+from ingest.paths import TMP_MARK, fsync_dir, log_command
 from ingest.reader import EventLog
 from ingest.record import (
     RECORD,
-    TMP,
     Record,
     RecordDamagedError,
     legacy_cover,
@@ -112,16 +112,15 @@ def verify_log(log: EventLog) -> Verification:
     again from a new listing (the log it describes stays the same events).
     """
     log.require()
-    for _attempt in range(20):
+
+    def verify() -> Verification:
         try:
-            try:
-                record = log.record()
-            except RecordDamagedError as err:
-                return _damaged_record(log, err)
-            return _verify_legacy(log) if record is None else _verify(log, record)
-        except FileNotFoundError:
-            continue
-    raise LogError(f"{log.log_dir}: parts kept disappearing while verifying - try again")
+            record = log.record()
+        except RecordDamagedError as err:
+            return _damaged_record(log, err)
+        return _verify_legacy(log) if record is None else _verify(log, record)
+
+    return while_moving(log.log_dir, verify, "parts kept disappearing while verifying - try again")
 
 
 def _verify(log: EventLog, record: Record) -> Verification:
@@ -151,7 +150,7 @@ def _verify(log: EventLog, record: Record) -> Verification:
         known = newer.known() if newer is not None else set()
         foreign = [n for n in foreign if n not in known]
     superseded = [_part_check(record.removed[n], "superseded") for n in sorted(names & set(record.removed))]
-    temporary = sorted(n for n in names if n.startswith(TMP) and n[len(TMP) :] not in record.live)
+    temporary = sorted(n for n in names if n.startswith(TMP_MARK) and n[len(TMP_MARK) :] not in record.live)
     result = Verification(
         log.run_id,
         log.log_dir,
@@ -207,8 +206,8 @@ def _verify_legacy(log: EventLog) -> Verification:
         tail=max((p.last for p in listed), default=0),
         recorded=False,
         superseded=[_part_check(p, "superseded") for p in superseded],
-        temporary=sorted(n for n in os.listdir(log.log_dir) if n.startswith(TMP)),
-        foreign=sorted(n for n in os.listdir(log.log_dir) if n not in part_names and not n.startswith(TMP)),
+        temporary=sorted(n for n in os.listdir(log.log_dir) if n.startswith(TMP_MARK)),
+        foreign=sorted(n for n in os.listdir(log.log_dir) if n not in part_names and not n.startswith(TMP_MARK)),
     )
     _first_problem(result, checks[: len(chosen)])
     if result.ok and gap is not None:

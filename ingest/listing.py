@@ -8,12 +8,37 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ingest.errors import LogError
 from ingest.parts import Part
 from ingest.paths import RUN_ID_RE, run_dir
 from ingest.record import RECORD, Record, list_parts, locate, read_record
+
+T = TypeVar("T")
+MOVES = 50  # reads of a log a writer moved meanwhile before giving up: a merge renames and removes parts within
+# milliseconds, so 50 reads in a row (~0.5 s with the backoff) that each met one meet a log that stays inconsistent
+
+
+class Moved(Exception):
+    """A read met the log moving (a part it listed renamed or merged away, a state replaced): read again."""
+
+
+def while_moving(where: Path | str, read: Callable[[], T], hint: str, last: Callable[[], T] | None = None) -> T:
+    """``read()``, again from a new listing while it raises Moved or FileNotFoundError: at most MOVES times, a
+    few ms apart; then LogError naming ``where`` (the log's directory), the last problem and ``hint``.
+    ``last``: the final read instead of ``read`` (one that takes a file still missing for damage)."""
+    problem = ""
+    for attempt in range(MOVES):
+        try:
+            return (last if last is not None and attempt == MOVES - 1 else read)()
+        except (Moved, FileNotFoundError) as err:
+            problem = str(err) if isinstance(err, Moved) else f"{Path(err.filename or '?').name} vanished while read"
+        time.sleep(0.001 * min(attempt, 10))
+    raise LogError(f"{where}: {problem or 'it moved'} - {hint}")
 
 
 def being_written(run_directory: Path) -> bool:

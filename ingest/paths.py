@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -124,19 +125,76 @@ def log_command(data_dir: Path | str, command: str, run_id: str, *words: str) ->
     return command_line(data, command, run_id, *words)
 
 
-def write_atomically(path: Path, write: Callable[[Path], object], what: str) -> None:
-    """``write(tmp)`` to a hidden sibling of ``path``, then renamed over it: ``path`` is the old file or
-    the whole new one, never part of it.
+def file_signature(path: Path, portable: bool = False) -> tuple[int, ...]:
+    """Whether the file (or directory) at ``path`` is still the one seen: what changes whenever its bytes may
+    have - its size, modification and change times, inode and device (another file renamed over the name).
+    OSError when it cannot be stat'd.
 
-    OutputError names ``path`` and ``what`` when the machine refuses the write;
-    the temporary file is never left behind.
+    ``portable``: size and modification time only, for a signature kept in a derived state's key (the same
+    for a log copied with its times, ``cp -a``, where inode, device and change time differ).
+    """
+    st = os.stat(path)
+    if portable:
+        return st.st_size, st.st_mtime_ns
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+
+
+TMP_MARK = ".tmp-"  # begins the name of a write not yet published: the sweeps and the log's writer know them by it
+
+
+def tmp_path(path: Path) -> Path:
+    """Where a write of ``path`` goes until it is whole: the hidden sibling ``.tmp-<pid>-<thread>-<name>`` (the
+    process id tells a sweep whether its writer is gone: ``engine.derived.files.sweep_tmp``)."""
+    return path.with_name(f"{TMP_MARK}{os.getpid()}-{threading.get_ident()}-{path.name}")
+
+
+def write_atomically(
+    path: Path,
+    content: bytes | str | Callable[[Path], object],
+    what: str | None = None,
+    *,
+    durable: bool = True,
+    mode: int = 0o666,
+    keep: bool = False,
+    name: Callable[[Path], Path] | None = None,
+) -> Path:
+    """Write ``content`` (bytes, text, or a function writing the file at the path it is given) to ``path`` whole or
+    not at all: to :func:`tmp_path`, then renamed over ``path``; returns the path written.
+
+    ``durable``: the file is fsynced before its rename and the directory after (the new name survives a power
+    loss); False only for a cache, rebuilt or found torn by its check when lost. ``mode``: of a file made from
+    ``content`` (created anew, never through a link). ``keep``: an existing ``path`` wins (a link, not a
+    rename: the first of two writers' files stays). ``name``: the final path, from the file written (its
+    digest). OSError when the machine refuses the write (OutputError naming ``path`` and ``what`` when
+    ``what`` is given); the temporary file is never left behind.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = tmp_path(path)
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        if callable(content):
+            content(tmp)
+        else:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with open(fd, "wb") as fh:
+                fh.write(content.encode() if isinstance(content, str) else content)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        final = name(tmp) if name is not None else path
+        if keep:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, final)
+        else:
+            os.replace(tmp, final)
+        if durable:
+            fsync_dir(final.parent)
+        return final
     except OSError as err:
+        if what is None:
+            raise
         raise OutputError(f"{path}: cannot write {what} ({err.strerror or err})") from err
     finally:
         tmp.unlink(missing_ok=True)

@@ -7,7 +7,6 @@ is simply looked up again from a newer record.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -19,7 +18,7 @@ import pyarrow.parquet as pq
 from ingest.checks import check_part, unreadable_part
 from ingest.columns import SCHEMA
 from ingest.errors import LogError
-from ingest.listing import has_log, located, run_ids  # noqa: F401 - run_ids re-exported
+from ingest.listing import Moved, has_log, located, run_ids, while_moving  # noqa: F401 - run_ids re-exported
 from ingest.parts import Part
 from ingest.paths import check_run_id, log_command, run_dir, under
 from ingest.record import Record, legacy_cover, list_parts, read_record
@@ -60,23 +59,23 @@ class EventLog:
             raise LogError(msg)
         return self
 
-    def parts(self, attempts: int = 20) -> list[Part]:
+    def parts(self) -> list[Part]:
         """The parts of the log in seq order, each at the path it is read from.
 
         The record's live parts; for a run written before records, the gapless cover of
         the part files (:meth:`legacy_parts`). A part a merge removed just after the
         record was read shows as missing; the record is then simply read again.
         """
-        problem = None
-        for i in range(attempts):
+
+        def listing() -> list[Part]:
             record = self.record()
             chosen, problem = self.legacy_parts() if record is None else located(record)
-            if problem is None:
-                return chosen
-            time.sleep(0.005 * (i + 1))
+            if problem is not None:
+                raise Moved(problem)
+            return chosen
+
         verify = log_command(self.data_dir, "verify", self.run_id)
-        msg = f"{self.log_dir}: {problem} - the log is inconsistent ('{verify}' says what is intact)"
-        raise LogError(msg)
+        return while_moving(self.log_dir, listing, f"the log is inconsistent ('{verify}' says what is intact)")
 
     def legacy_parts(self) -> tuple[list[Part], str | None]:
         """The parts of a run written before records: the widest gapless cover of its part files.
@@ -145,7 +144,8 @@ class EventLog:
         An open file stays readable even if compaction removes it meanwhile, so only
         the (short) opening can race; a part gone by then means listing again.
         """
-        for attempt in range(50):
+
+        def opened() -> tuple[list[Part], list[BinaryIO]]:
             parts = self.parts()
             handles: list[BinaryIO] = []
             try:
@@ -154,10 +154,10 @@ class EventLog:
             except FileNotFoundError:
                 for fh in handles:
                     fh.close()
-                time.sleep(0.002 * attempt)
-                continue
+                raise
             return parts, handles
-        raise LogError(f"{self.log_dir}: parts kept disappearing while reading - try again")
+
+        return while_moving(self.log_dir, opened, "parts kept disappearing while reading - try again")
 
 
 def _overlap_problem(chosen: list[Part], others: list[Part]) -> str | None:

@@ -35,11 +35,10 @@ from pathlib import Path
 
 from ingest.errors import LogError, PartDamagedError
 from ingest.parts import Part, parse_part
-from ingest.paths import fsync_dir, log_command
+from ingest.paths import TMP_MARK, log_command, write_atomically
 from ingest.text import canonical_json
 
 RECORD = "_record.jsonl"
-TMP = ".tmp-"  # a write not yet published: a part's bytes before their rename, a new record
 _KEYS = {"entry", "run_id", "prev", "add", "remove", "note", "sha"}
 NOTES = (None, "adopted", "quarantined")
 
@@ -174,13 +173,7 @@ class Record:
 
 def _create(path: Path, line: bytes) -> None:
     """A new record holding its first entry, published whole (temp file, fsync, rename)."""
-    tmp = path.with_name(TMP + path.name)
-    with open(tmp, "wb") as fh:
-        fh.write(line)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, path)
-    fsync_dir(path.parent)
+    write_atomically(path, line)
 
 
 def new_record(log_dir: Path, run_id: str) -> Record:
@@ -268,7 +261,7 @@ def locate(log_dir: Path, name: str) -> Path | None:
     The temporary name is looked at first: a part only ever moves from it to its name, so one
     renamed between the two looks is found under its name (looked at the other way round, it
     would be at neither)."""
-    for candidate in (log_dir / (TMP + name), log_dir / name):
+    for candidate in (log_dir / (TMP_MARK + name), log_dir / name):
         if candidate.exists():
             return candidate
     return None

@@ -32,11 +32,10 @@ from ingest.events import Event
 from ingest.faults import crash_point
 from ingest.names import CAMPAIGN, RUN, claim
 from ingest.parts import Part, content_digest, part_name
-from ingest.paths import fsync_dir, log_command
+from ingest.paths import TMP_MARK, fsync_dir, log_command
 from ingest.reader import EventLog, read_whole, same_events
 from ingest.record import (
     RECORD,
-    TMP,
     Record,
     RecordDamagedError,
     list_parts,
@@ -96,7 +95,7 @@ def foreign_files(record: Record) -> list[str]:
     """The files of ``log/`` that are not the run's: neither the record, a part it names, nor a write in progress."""
     out = []
     for name in sorted(os.listdir(record.log_dir)):
-        if name == RECORD or name in record.live or name in record.removed or name.startswith(TMP):
+        if name == RECORD or name in record.live or name in record.removed or name.startswith(TMP_MARK):
             continue
         out.append(name)
     return out
@@ -202,8 +201,8 @@ class LogWriter:
             raise LogError(msg)
         for name in sorted(os.listdir(log_dir)):
             path = log_dir / name
-            if name.startswith(TMP):
-                target = name[len(TMP) :]
+            if name.startswith(TMP_MARK):
+                target = name[len(TMP_MARK) :]
                 if target in record.live and not (log_dir / target).exists():
                     os.rename(path, log_dir / target)  # committed, not yet renamed: finish it
                 else:
@@ -221,7 +220,7 @@ class LogWriter:
         """
         log_dir = self.log.log_dir
         for name in os.listdir(log_dir):
-            if name.startswith(TMP):
+            if name.startswith(TMP_MARK):
                 (log_dir / name).unlink(missing_ok=True)
         chosen, problem = self.log.legacy_parts()
         if problem is not None:
@@ -354,7 +353,7 @@ class LogWriter:
                     raise LogError(
                         f"{final}: the merged part does not decode to the events it replaces - nothing was merged"
                     )
-                tmp = log_dir / (TMP + final.name)
+                tmp = log_dir / (TMP_MARK + final.name)
                 with open(tmp, "wb") as fh:
                     fh.write(memoryview(data))
                     fh.flush()

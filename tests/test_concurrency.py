@@ -167,10 +167,11 @@ def test_a_part_renamed_between_two_looks_is_found(tmp_path, monkeypatch):
     """A committed part moves from its temporary name to its name while a reader looks for it
     (the writer renames it right after recording it): the reader finds it under one of them,
     never at neither (which verify would report as a part missing from a sound log)."""
-    from ingest.record import TMP, locate
+    from ingest.paths import TMP_MARK
+    from ingest.record import locate
 
     name = "part-000000000001-000000000001-L0-" + "0" * 32 + ".parquet"
-    (tmp_path / (TMP + name)).write_bytes(b"bytes")
+    (tmp_path / (TMP_MARK + name)).write_bytes(b"bytes")
     looks = []
     exists = Path.exists
 
@@ -178,7 +179,7 @@ def test_a_part_renamed_between_two_looks_is_found(tmp_path, monkeypatch):
         found = exists(path)
         looks.append(path.name)
         if len(looks) == 1:
-            os.rename(tmp_path / (TMP + name), tmp_path / name)
+            os.rename(tmp_path / (TMP_MARK + name), tmp_path / name)
         return found
 
     monkeypatch.setattr(Path, "exists", look_then_rename)

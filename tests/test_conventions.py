@@ -223,3 +223,104 @@ def test_the_house_has_no_circle_of_imports():
     except graphlib.CycleError as err:
         pytest.fail(f"a circle of imports: {' -> '.join(err.args[1])}")
     assert set(order) >= set(graph)
+
+
+# The one definition of each infrastructure rule, and the functions that may write it again, each with why.
+ONE_DEFINITION = {
+    "atomic write": ("ingest/paths.py", "write_atomically"),
+    "same-file signature": ("ingest/paths.py", "file_signature"),
+    "retry while the log moves": ("ingest/listing.py", "while_moving"),
+}
+ALSO = {
+    # the log's publish: the record commits a part between its write and its rename (DECISIONS, "Event log")
+    ("atomic write", "ingest/writer.py", "_publish"),
+}
+RENAMES = {"replace", "rename", "link"}
+STAT_FIELDS = {"st_size", "st_mtime", "st_mtime_ns", "st_ctime", "st_ctime_ns", "st_ino", "st_dev"}
+
+
+def _written(call) -> str | None:
+    """The dumped expression of the file a call writes (open/os.open for writing, write_text/bytes), else None."""
+    import ast
+
+    func = call.func
+    if isinstance(func, ast.Name) and func.id == "open" and call.args:
+        mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+        if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax"):
+            return ast.dump(call.args[0])
+    if isinstance(func, ast.Attribute) and func.attr == "open" and isinstance(func.value, ast.Name):
+        return ast.dump(call.args[0]) if func.value.id == "os" and call.args else None
+    if isinstance(func, ast.Attribute) and func.attr in ("write_text", "write_bytes"):
+        return ast.dump(func.value)
+    return None
+
+
+def _renamed(call) -> str | None:
+    """The dumped source of a rename (os.replace/rename/link(SRC, ...), SRC.replace/rename(dest)), else None."""
+    import ast
+
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr not in RENAMES or call.keywords:
+        return None
+    if isinstance(func.value, ast.Name) and func.value.id == "os":
+        return ast.dump(call.args[0]) if len(call.args) == 2 else None
+    return ast.dump(func.value) if len(call.args) == 1 else None  # (str.replace takes two)
+
+
+def infrastructure_rules_written_again(root) -> list[str]:
+    """Where under ``root`` (cli.py, engine/, ingest/) a function writes one of ONE_DEFINITION's rules itself:
+    a file written then renamed into place; a tuple of two or more stat fields compared as a file's identity;
+    a bounded ``for ... in range(...)`` loop that retries when a file vanished (catches FileNotFoundError or a
+    ``Moved``) or sleeps between tries."""
+    import ast
+
+    found = []
+    for path in [
+        root / "cli.py",
+        *(p for folder in ("ingest", "engine") for p in sorted((root / folder).rglob("*.py"))),
+    ]:
+        name = str(path.relative_to(root))
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            home = {rule for rule, (file, func) in ONE_DEFINITION.items() if (file, func) == (name, fn.name)}
+            home |= {rule for rule, file, func in ALSO if (file, func) == (name, fn.name)}
+            calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+            written = {w for w in map(_written, calls) if w}
+            if "atomic write" not in home and any(_renamed(c) in written for c in calls if _renamed(c)):
+                found.append(f"{name}:{fn.lineno} {fn.name}: an atomic write (a file written, then renamed)")
+            for node in ast.walk(fn):
+                fields = {e.attr for e in getattr(node, "elts", ()) if isinstance(e, ast.Attribute)} & STAT_FIELDS
+                if isinstance(node, ast.Tuple) and len(fields) > 1 and "same-file signature" not in home:
+                    found.append(f"{name}:{node.lineno} {fn.name}: a same-file signature ({', '.join(sorted(fields))})")
+                if (
+                    isinstance(node, ast.For)
+                    and isinstance(node.iter, ast.Call)
+                    and getattr(node.iter.func, "id", "") == "range"
+                    and "retry while the log moves" not in home
+                    and _retries(node)
+                ):
+                    found.append(f"{name}:{node.lineno} {fn.name}: a retry while the log moves")
+    return found
+
+
+LISTINGS = {"parts", "legacy_parts", "located", "list_parts", "read_record", "record", "source", "state"}
+
+
+def _retries(loop) -> bool:
+    """Whether a loop retries when a file it listed vanished: it catches FileNotFoundError or a ``Moved``, or
+    it lists the log's parts and sleeps between tries."""
+    import ast
+
+    nodes = list(ast.walk(loop))
+    caught = [ast.unparse(n.type) for n in nodes if isinstance(n, ast.ExceptHandler) and n.type is not None]
+    calls = [ast.unparse(n.func).rpartition(".")[2] for n in nodes if isinstance(n, ast.Call)]
+    return any("FileNotFoundError" in c or "Moved" in c for c in caught) or (
+        "sleep" in calls and bool(LISTINGS & set(calls))
+    )
+
+
+def test_each_infrastructure_rule_is_written_once():
+    """Atomic writes were written 10 ways (fsync in some), the same-file signature 6, the retry while a log
+    moves 11 (bounds 3 to 50): each is one function now (ONE_DEFINITION), which every caller calls."""
+    assert infrastructure_rules_written_again(ROOT) == []

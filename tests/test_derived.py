@@ -254,19 +254,19 @@ def test_a_part_renamed_into_place_while_a_state_is_read_where_it_lies_is_listed
     committed but not yet renamed is listed under its temporary name; the rename can land before
     DuckDB opens it (seen once: audit failed with "Cannot open file .tmp-part-..."). The reader
     lists again and reads it under its name."""
+    from ingest.paths import TMP_MARK
     from ingest.reader import EventLog as Reader
-    from ingest.record import TMP
 
     last = EventLog(data, "async").parts()[-1].path
-    os.rename(last, last.with_name(TMP + last.name))  # committed, not yet renamed
+    os.rename(last, last.with_name(TMP_MARK + last.name))  # committed, not yet renamed
     assert open_runs(data, ["async"]).query("select count(*) as n from trees")  # its state, stored then
     listed = Reader.parts
     renamed = []
 
     def rename_after_listing(self):
         parts = listed(self)
-        if not renamed and any(p.path.name.startswith(TMP) for p in parts):
-            os.rename(last.with_name(TMP + last.name), last)  # the writer's rename, right after the listing
+        if not renamed and any(p.path.name.startswith(TMP_MARK) for p in parts):
+            os.rename(last.with_name(TMP_MARK + last.name), last)  # the writer's rename, right after the listing
             renamed.append(True)
         return parts
 

@@ -431,10 +431,10 @@ def test_a_gap_in_the_log_is_reported(data_dir):
     with pytest.raises(
         LogError, match=re.escape(f"{missing.path.name} (seqs 2..3) is named by the run's record but is not in")
     ):
-        log.parts(attempts=2)
+        log.parts()
     (log.log_dir / RECORD).unlink()  # a run written before records: its files are its log
     with pytest.raises(LogError, match=r"seqs 2-3 are missing: no part holds them \(the log goes on to seq 5\)"):
-        log.parts(attempts=2)
+        log.parts()
 
 
 def test_an_edge_id_must_follow_from_its_parent_slot_and_attempt():

@@ -29,6 +29,7 @@ import duckdb
 
 from engine.catalog.queries import parse
 from ingest.errors import ViewBuildError
+from ingest.paths import file_signature
 
 VIEWS_DIR = Path(__file__).resolve().parent.parent.parent / "views"
 MACROS_FILE = "_macros.sql"
@@ -152,7 +153,7 @@ def load_graph(views_dir: Path = VIEWS_DIR) -> ViewGraph:
     each one cost ~60 ms a run.
     """
     files = sorted(Path(views_dir).glob("*.sql"))
-    signature = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    signature = tuple((f.name, *file_signature(f)) for f in files)
     return _graph(Path(views_dir).resolve(), signature)
 
 

@@ -8,7 +8,6 @@ union and ``log_tail`` the largest seq held. Only the ``stg_*`` views read them.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ingest.checks import check_part
 from ingest.columns import ENVELOPE, KIND_FIELDS, LIGHT_SCHEMA
 from ingest.encoding import GROUP_SHARE
 from ingest.errors import LogError
+from ingest.listing import Moved, while_moving
 from ingest.reader import EventLog
 from ingest.text import sql_text
 
@@ -100,7 +100,7 @@ class LogTables:
             if not found.fetchall()[0][0]:
                 self.con.execute("insert into log_tail values (?, ?)", [run_id, seq])
 
-    def load(self, logs: list[tuple[EventLog, int, int | None]], scoped: Callable, attempts: int = 50) -> Arrivals:
+    def load(self, logs: list[tuple[EventLog, int, int | None]], scoped: Callable) -> Arrivals:
         """Insert the published events of each ``(log, after, upto)``: those after seq ``after`` (up to
         ``upto``: all when None), read by DuckDB from the logs' parts in one scan, whatever their number.
 
@@ -120,7 +120,8 @@ class LogTables:
             + ")"
             for log, after, upto in logs
         )
-        for attempt in range(attempts):
+
+        def loaded() -> Arrivals:
             parts = [
                 p
                 for log, after, upto in logs
@@ -141,9 +142,10 @@ class LogTables:
                 if all(Path(f).exists() for f in files):
                     where = self._unreadable(files) or ", ".join(str(log.log_dir) for log, *_ in logs)
                     raise LogError(f"{where}: cannot read the log: {err}") from err
-                time.sleep(0.002 * attempt)  # a part was compacted away: list again
+                raise Moved(f"a part was compacted away while read ({err})") from err
+
         dirs = ", ".join(str(log.log_dir) for log, *_ in logs)
-        raise LogError(f"{dirs}: parts kept disappearing while reading - try again")
+        return while_moving(dirs, loaded, "parts kept disappearing while reading - try again")
 
     def _load_files(self, present: set[str], bounds: str) -> Arrivals:
         source = f"(select * from read_parquet(getvariable('load_files'), union_by_name = true) where {bounds})"
@@ -259,7 +261,8 @@ class LogTables:
         for :meth:`typed_views`; each run's tail is set (lower when parts were quarantined since)."""
         bounds = " or ".join(f"(run_id = {sql_text(log.run_id)} and seq <= {int(upto)})" for log, upto in logs)
         dirs = ", ".join(str(log.log_dir) for log, _ in logs)
-        for attempt in range(50):
+
+        def scanned() -> dict[str, tuple[str, set[str]]]:
             parts = {log.run_id: [p for p in log.parts() if p.first <= upto] for log, upto in logs}
             for log, upto in logs:
                 if not parts[log.run_id]:
@@ -271,11 +274,11 @@ class LogTables:
             except duckdb.IOException as err:
                 if all(p.path.exists() for run in parts.values() for p in run):
                     raise LogError(f"{dirs}: cannot read the log: {err}") from err
-                time.sleep(0.002 * attempt)  # renamed into place or merged away since the listing: list again
-                continue
+                raise Moved(f"a part was renamed or merged away since the listing ({err})") from err
             self._grow_tail({log.run_id: min(upto, parts[log.run_id][-1].last) for log, upto in logs}, grow=False)
             return {f"log_{k}": (f"{scan} where kind = '{k}' and ({bounds})", present) for k in KIND_COLUMNS}
-        raise LogError(f"{dirs}: parts kept disappearing while reading - try again")
+
+        return while_moving(dirs, scanned, "parts kept disappearing while reading - try again")
 
     def tail_seq(self, run_id: str | None = None) -> int:
         """The largest seq held (of ``run_id``'s events when given; 0 when none; buffered events not counted)."""

@@ -50,7 +50,6 @@ from engine.derived.files import (
     unwritable,
 )
 from engine.derived.keys import (
-    _TMP,
     AT_DECISIONS,
     DERIVED,
     NOW,
@@ -59,14 +58,14 @@ from engine.derived.keys import (
     VERSION,
     Source,
     State,
-    file_stat,
     flavour_key,
     record_stat,
     source_from,
     views_digest,
 )
 from ingest.errors import LogError
-from ingest.paths import fsync_dir, run_dir
+from ingest.listing import Moved, while_moving
+from ingest.paths import TMP_MARK, file_signature, fsync_dir, run_dir, write_atomically
 
 if TYPE_CHECKING:
     from engine.catalog import Catalog
@@ -153,16 +152,15 @@ class Derived:
         if held.get("record") == list(record):
             with contextlib.suppress(KeyError, TypeError, OSError):
                 src = source_from(held["source"])
-                if src.run_id == run_id and all(list(file_stat(log_dir / n)) == stat for n, *stat in src.parts):
+                same = all(list(file_signature(log_dir / n, portable=True)) == stat for n, *stat in src.parts)
+                if src.run_id == run_id and same:
                     return src
         src = Source.of(self.data_dir, run_id)
         if record_stat(log_dir) == record and self.root.is_dir():  # a cache: never the reason derived/ is made
             body = dump_json(f"{run_id}/{SOURCE_CACHE}", {"record": list(record), "source": src.as_json()})
             with contextlib.suppress(OSError):  # a cache: not kept is only slower
                 cache.parent.mkdir(exist_ok=True)
-                tmp = cache.with_name(f".{SOURCE_CACHE}{_TMP}{os.getpid()}-{threading.get_ident()}")
-                tmp.write_text(body)
-                os.replace(tmp, cache)
+                write_atomically(cache, body, durable=False)
         return src
 
     # -- finding a state
@@ -228,19 +226,17 @@ class Derived:
         cannot be read, its parts are damaged or its recorded config is not valid
         (nothing is stored then).
         """
-        for attempt in range(5):
-            if source is None or attempt:
-                source = self.source(run_id)
+        given = [source]
+
+        def derived() -> State:  # (Moved, FileNotFoundError: the log moved on, or a base another reader replaced)
+            source = given.pop() if given else None
+            source = source or self.source(run_id)
             found = self.find(run_id, variables, source)
             if found is not None:
                 return found
             from ingest.reader import EventLog
 
-            log = EventLog(self.data_dir, run_id)
-            try:
-                held = self._derive(log, source, variables)
-            except (FileNotFoundError, _Moved):  # the log moved on, or a base another reader replaced: again
-                continue
+            held = self._derive(EventLog(self.data_dir, run_id), source, variables)
             try:
                 state = self._store(held, source, variables)
                 for view in views:
@@ -252,7 +248,9 @@ class Derived:
             self.catalogs.keep(state.dir, held)
             self.source(run_id)  # (its cache kept, derived/ made now: a live writer's sign that the run is read)
             return state
-        raise LogError(f"{run_dir(self.data_dir, run_id) / 'log'}: the log kept changing while its state was derived")
+
+        log_dir = run_dir(self.data_dir, run_id) / "log"
+        return while_moving(log_dir, derived, "the log kept changing while its state was derived - try again")
 
     def _derive(self, log: EventLog, source: Source, variables: dict[str, Any]) -> Held:
         """A catalog of ``log`` refreshed up to ``source``'s tail under ``variables``: from a stored state it
@@ -282,7 +280,7 @@ class Derived:
 
                 recorded_config(catalog, log)
             if catalog.tail_seq() != source.tail:  # its parts quarantined meanwhile: read the log again
-                raise _Moved
+                raise Moved("its parts were quarantined while read")
             set_flavour(catalog, variables)
             catalog.refresh()
             with self._lock:
@@ -295,14 +293,14 @@ class Derived:
 
     def _restore(self, catalog: Catalog, log: EventLog, state: State, in_place: bool = False) -> None:
         """Fill an empty catalog with a stored state: its events from the parts, its tables' rows from its
-        files (each checked: Damaged when one is not what its name records); _Moved when the log no longer
+        files (each checked: Damaged when one is not what its name records); Moved when the log no longer
         holds the state's events (a part quarantined since). ``in_place``: both read where they lie
         (:meth:`Catalog.restore`), for a catalog that only reads views."""
         files = self.checked_tables(state)
         tables = {name: [path] for name, path in files.items()}
         catalog.restore([(log, state.source.tail)], tables, state.values, state.explicit, in_place)
         if catalog.tail_seq() != state.source.tail:
-            raise _Moved
+            raise Moved("the log no longer holds the state's events (a part quarantined since)")
 
     def _store(self, held: Held, source: Source, variables: dict, views=(), batch: dict | None = None) -> State:
         """Write the state of a refreshed catalog (its tables' rows, the rows of ``views``, state.json; ``batch``:
@@ -317,7 +315,7 @@ class Derived:
             final = place / source.key
             try:
                 place.mkdir(parents=True, exist_ok=True)
-                tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP}{os.getpid()}-", dir=place))
+                tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_MARK}{os.getpid()}-", dir=place))
                 try:
                     relative = f"{run_id}/{flavour}/{source.key}"
                     write_state(held.catalog, tmp, relative, source, variables, self.digest, views=views, batch=batch)
@@ -360,18 +358,23 @@ class Derived:
         and the state it belongs to: ``state``, or the one derived again when ``state`` was found damaged or
         gone meanwhile (its other files are gone then too). LogError when the view cannot be evaluated.
         """
-        for _attempt in range(5):
+
+        def rows() -> tuple[State, Path]:
+            nonlocal state
             found = self.stored_view(state, view)
             if found is not None:
                 return state, found
             try:
                 return state, self._derive_view(state, view)
-            except (Damaged, _Moved, FileNotFoundError) as why:
+            except (Damaged, Moved, FileNotFoundError) as why:
                 if isinstance(why, Damaged):
                     self._drop(state.dir, str(why))
                 self._forget(state.dir)
                 state = self.state(state.run_id, state.variables)
-        raise LogError(f"{state.dir}: the run's state kept changing while the rows of {view} were derived")
+                raise Moved(str(why)) from why
+
+        hint = f"the run's state kept changing while the rows of {view} were derived - try again"
+        return while_moving(state.dir, rows, hint)
 
     def stored_view(self, state: State, view: str) -> Path | None:
         """A checked file of ``view``'s rows of ``state`` in any root (a damaged one is removed, with a note)."""
@@ -408,7 +411,7 @@ class Derived:
                         break
                     except (OSError, duckdb.Error) as err:
                         if isinstance(err, duckdb.IOException) and not unwritable(err):
-                            raise _Moved from err  # a part merged or a file collected since: the state again
+                            raise Moved(str(err)) from err  # a part merged or a file collected since: the state again
                         if not unwritable(err):
                             if isinstance(err, duckdb.Error):
                                 raise LogError(f"{state.dir}: cannot derive the rows of {view} ({err})") from err
@@ -429,20 +432,23 @@ class Derived:
         (checked); its variables may be set (the tables they make stale are recomputed
         there, never in the stored state). ``close()`` it when done.
         """
-        for _attempt in range(5):
+
+        def opened() -> Catalog:
             state = self.state(run_id, variables or NOW)
             try:
                 return self._opened(state, in_place=False).catalog
-            except (Damaged, _Moved, FileNotFoundError) as why:
-                if isinstance(why, Damaged):
-                    self._drop(state.dir, str(why))
-        raise LogError(f"{run_dir(self.data_dir, run_id) / 'log'}: the log kept changing while its state was read")
+            except Damaged as why:
+                self._drop(state.dir, str(why))
+                raise Moved(str(why)) from why
+
+        log_dir = run_dir(self.data_dir, run_id) / "log"
+        return while_moving(log_dir, opened, "the log kept changing while its state was read - try again")
 
     # -- catalogs of states, and checks
 
     def _opened(self, state: State, in_place: bool = True) -> Held:
         """The catalog of a stored state: one open already (``in_place``: any, else one holding the events),
-        else restored (Damaged, _Moved as :meth:`_restore`)."""
+        else restored (Damaged, Moved as :meth:`_restore`)."""
         held = self.catalogs.take(state.dir)
         if held is not None and (in_place or not held.in_place):
             return held
@@ -487,7 +493,3 @@ class Derived:
         """Drop the catalogs kept open."""
         if self._catalogs is not None:
             self._catalogs.close()
-
-
-class _Moved(Exception):
-    """The log moved on while a state was built from it."""

@@ -13,8 +13,10 @@ link where a file should be is damage, found without opening it: nothing blocks)
 a document only up to a size and a depth. Recorded decisions and exports' facts never
 rest on these files (DECISIONS, "Derived state").
 
-A file is written under a temporary name, hashed, fsynced and renamed to its digest's
-name, so a reader killed mid-write leaves only a temporary file no reader trusts.
+A file is written under a temporary name, hashed and renamed to its digest's name
+(``ingest.paths.write_atomically``), so a reader killed mid-write leaves only a temporary
+file no reader trusts. Not fsynced: a file a power loss tore fails its digest and is
+derived again.
 
 :class:`Roots`: ``<data>/derived``, else (where it cannot be written: read-only, full,
 no permission) a temporary directory of this process, removed when the process ends.
@@ -41,10 +43,10 @@ from typing import Any
 
 from engine.derived.trust import secret
 from ingest.errors import OutputError
+from ingest.paths import TMP_MARK, file_signature, write_atomically
 
 _PREFIX = b"teacher-mcts derived state v3\n"
 DIGEST_CHARS = 32  # of the hex SHA-256 in a file's name: 128 bits
-_TMP_MARK = ".tmp-"
 # The errors that say a directory cannot hold the state: move to the next root.
 UNWRITABLE = frozenset(
     {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST}
@@ -85,18 +87,11 @@ def write_named(directory: Path, stem: str, identity: str, write: Callable[[Path
     """
     from ingest.faults import crash_point
 
-    tmp = directory / f".{stem}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}{suffix}"
-    try:
-        write(tmp)
-        with open(tmp, "rb") as fh:
-            data = fh.read()
-            os.fsync(fh.fileno())
+    def named(tmp: Path) -> Path:
         crash_point("derived.written")
-        path = directory / f"{stem}-{file_digest(identity, stem, data)}{suffix}"
-        os.replace(tmp, path)
-        return path
-    finally:
-        tmp.unlink(missing_ok=True)
+        return directory / f"{stem}-{file_digest(identity, stem, tmp.read_bytes())}{suffix}"
+
+    return write_atomically(directory / f"{stem}{suffix}", write, durable=False, name=named)
 
 
 def check_named(path: Path, identity: str) -> None:
@@ -178,8 +173,8 @@ FORGOTTEN_S = 3600  # any temporary file this old is (no write of a state takes 
 
 def sweep_tmp(directory: Path, depth: int = 4) -> None:
     """Remove the temporary files and directories left under ``directory`` by writers that are gone: a killed
-    reader's, a write the disk refused (``<name>.tmp-<pid>-...``: its process gone and the file 10 minutes
-    old, or any such file an hour old)."""
+    reader's, a write the disk refused (``ingest.paths.tmp_path``: its process gone and the file 10 minutes old,
+    or any such file an hour old)."""
     now = time.time()
     with contextlib.suppress(OSError):
         for entry in os.scandir(directory):
@@ -193,8 +188,9 @@ def sweep_tmp(directory: Path, depth: int = 4) -> None:
 
 
 def _alive(name: str) -> bool:
-    """Whether the process a temporary name carries (``...tmp-<pid>-...``) runs here (True when it has none)."""
-    pid = name.split(_TMP_MARK, 1)[1].split("-", 1)[0]
+    """Whether the process a temporary name carries (``...tmp-<pid>-...``, also earlier versions' names) runs
+    here (True when it has none)."""
+    pid = name.split(TMP_MARK, 1)[1].split("-", 1)[0]
     if not pid.isdigit():
         return True
     try:
@@ -257,14 +253,13 @@ class Listings:
     only when it changed (its time or inode: a file renamed into it changes its time)."""
 
     def __init__(self) -> None:
-        self._held: dict[Path, tuple[tuple[int, int], dict[str, list[str]]]] = {}
+        self._held: dict[Path, tuple[tuple[int, ...], dict[str, list[str]]]] = {}
 
     def files(self, directory: Path) -> dict[str, list[str]]:
         try:
-            st = os.stat(directory)
+            key = file_signature(directory)
         except OSError:
             return {}
-        key = (st.st_mtime_ns, st.st_ino)
         held = self._held.get(directory)
         if held is not None and held[0] == key:
             return held[1]
@@ -279,16 +274,15 @@ class Listings:
 
 
 def stat_key(path: Path) -> tuple[int, ...] | None:
-    """What changes whenever a file's bytes may have: size, times (ctime too: no process sets it), inode."""
+    """The file's signature (``ingest.paths.file_signature``), None when it cannot be stat'd."""
     try:
-        st = path.stat()
+        return file_signature(path)
     except OSError:
         return None
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
 
 
 def is_tmp(name: str) -> bool:
-    return _TMP_MARK in name
+    return TMP_MARK in name
 
 
 class Roots:

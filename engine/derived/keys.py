@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog.definitions import VIEWS_DIR
-from engine.derived.files import _TMP_MARK
-from ingest.errors import LogError
-from ingest.listing import located
-from ingest.paths import run_dir
+from ingest.listing import Moved, located, while_moving
+from ingest.paths import file_signature, run_dir
 from ingest.record import RECORD, read_record
 
 DERIVED = "derived"
@@ -29,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 CODE = ("ingest/*.py", "engine/catalog/*.py", "engine/derived/*.py", "engine/runs.py", "engine/config.py")
 NOW = {"asof_points": "now"}
 AT_DECISIONS = {"asof_points": "decisions"}
-_TMP = _TMP_MARK  # (one mark of a temporary name, engine.derived.files's)
 WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
 KEPT_FLAVOURS = 4  # per run, besides now and at decisions: the newest states of variables a caller set
 SOURCE_CACHE = "source.json"  # per run: its source as last parsed from its record
@@ -64,14 +61,15 @@ class Source:
     parts: tuple[tuple[str, int, int], ...]  # (name, size, mtime_ns) of each live part, in seq order
 
     @classmethod
-    def of(cls, data_dir: Path, run_id: str, attempts: int = 20) -> Source:
+    def of(cls, data_dir: Path, run_id: str) -> Source:
         """The source of a run's log now; LogError when its record or parts cannot be read.
 
         Reads the record and lists its parts (no part is opened); a run written before
         records is listed by its reader.
         """
         log_dir = run_dir(data_dir, run_id) / "log"
-        for _attempt in range(attempts):
+
+        def listed() -> Source:
             record = read_record(log_dir, run_id)
             if record is None:
                 from ingest.reader import EventLog
@@ -80,15 +78,13 @@ class Source:
             else:
                 parts, problem = located(record)
             if problem is not None:
-                continue  # a part merged away since the record was read: read it again
-            try:
-                stats = tuple((p.path.name, *file_stat(p.path)) for p in parts)
-            except FileNotFoundError:  # renamed or merged away since the listing
-                continue
+                raise Moved(problem)  # a part merged away since the record was read: read it again
+            stats = tuple((p.path.name, *file_signature(p.path, portable=True)) for p in parts)
             if record is None:
                 return cls(run_id, "", 0, "", parts[-1].last if parts else 0, stats)
             return cls(run_id, record.identity, record.entries, record.last_sha, record.tail, stats)
-        raise LogError(f"{log_dir}: its parts kept changing while they were listed - try again")
+
+        return while_moving(log_dir, listed, "its parts kept changing while they were listed - try again")
 
     @property
     def key(self) -> str:
@@ -127,14 +123,13 @@ class State:
         return {name: self.dir / "tables" / file for name, file in self.tables.items()}
 
 
-def record_stat(log_dir: Path) -> tuple[int, int, int] | None:
-    """What changes whenever a run's record is rewritten (a part published, one quarantined): its size, time
-    and inode; None when the log has no record."""
+def record_stat(log_dir: Path) -> tuple[int, ...] | None:
+    """What changes whenever a run's record is rewritten (a part published, one quarantined): its
+    ``file_signature``; None when the log has no record."""
     try:
-        st = (log_dir / RECORD).stat()
+        return file_signature(log_dir / RECORD)
     except FileNotFoundError:
         return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def source_from(held: dict[str, Any]) -> Source:
@@ -142,8 +137,3 @@ def source_from(held: dict[str, Any]) -> Source:
         **{k: held[k] for k in ("run_id", "identity", "entries", "last_sha", "tail")},
         parts=tuple(tuple(p) for p in held["parts"]),
     )
-
-
-def file_stat(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns

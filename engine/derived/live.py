@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.derived.files import MAX_DOCUMENT, Damaged, Listings, discard, dump_json, load_json, read_regular
-from engine.derived.keys import _TMP, DERIVED, NOW, SOURCE_CACHE, Source, State, flavour_key, source_from
-from ingest.paths import run_dir
+from engine.derived.keys import DERIVED, NOW, SOURCE_CACHE, Source, State, flavour_key, source_from
+from ingest.paths import file_signature, run_dir, write_atomically
 from ingest.record import read_record
 
 if TYPE_CHECKING:
@@ -149,9 +149,7 @@ class Keeper:
             if body is None:
                 discard(path)
                 return
-            tmp = path.with_name(f".{KEEPER}{_TMP}{os.getpid()}")
-            tmp.write_text(dump_json(f"{self.run_id}/{KEEPER}", body | {"until": until}))
-            os.replace(tmp, path)
+            write_atomically(path, dump_json(f"{self.run_id}/{KEEPER}", body | {"until": until}), durable=False)
 
     def close(self) -> None:
         """The run's writer is done: its last state is of its log (see the module doc), nothing is named."""
@@ -197,11 +195,11 @@ def mark_stamp(data_dir: Path, run_id: str) -> tuple | None:
     or removed, or lapsed (None: no mark). A page that redraws on a changed record redraws on this too."""
     path = Path(data_dir) / DERIVED / run_id / KEEPER
     try:
-        st = path.stat()
+        signature = file_signature(path)
         until = json.loads(read_regular(path, MAX_DOCUMENT)).get("until")
     except (OSError, ValueError, AttributeError, RecursionError, Damaged):
         return None
-    return st.st_mtime_ns, st.st_ino, not isinstance(until, int) or time.time_ns() > until
+    return (*signature, not isinstance(until, int) or time.time_ns() > until)
 
 
 def _writing(pid: Any, lock: Path) -> bool:

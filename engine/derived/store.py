@@ -21,7 +21,6 @@ from engine.derived.files import (
     write_named,
 )
 from engine.derived.keys import (
-    _TMP,
     AT_DECISIONS,
     KEPT_FLAVOURS,
     NOW,
@@ -33,7 +32,7 @@ from engine.derived.keys import (
     flavour_key,
     source_from,
 )
-from ingest.paths import fsync_dir
+from ingest.paths import TMP_MARK, fsync_dir
 from ingest.text import sql_text
 
 if TYPE_CHECKING:
@@ -185,7 +184,7 @@ def collect(flavour: Path, keep: State, digest: str) -> None:
     mine = {flavour_key(digest, NOW), flavour_key(digest, AT_DECISIONS), flavour.name}
     others = []
     for path in run.iterdir():
-        if path.name.startswith(_TMP) or not path.is_dir():
+        if path.name.startswith(TMP_MARK) or not path.is_dir():
             continue
         states = sorted(((_mtime(p), p.parent) for p in path.glob(f"*/{STATE_FILE}")), reverse=True)
         if not states:  # nothing stored yet (another reader may be building its first state)

@@ -22,7 +22,6 @@ for what was damaged. Nothing recorded or exported is read from them.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import sys
 import threading
@@ -32,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from engine.derived.files import (
-    _TMP_MARK,
     Checked,
     Damaged,
     Outdated,
@@ -44,6 +42,8 @@ from engine.derived.files import (
     write_named,
 )
 from ingest.errors import LogError
+from ingest.listing import while_moving
+from ingest.paths import run_dir, write_atomically
 
 if TYPE_CHECKING:
     from engine.derived import Derived
@@ -119,12 +119,12 @@ class Transcripts:
     def files(self, run_id: str) -> list[Path]:
         """The checked segment files of ``run_id``'s transcripts as its log stands now (made or caught up here)."""
         with self._lock:
-            for attempt in range(3):
-                try:
-                    return self._current(run_id, missing_is_damage=attempt == 2)
-                except FileNotFoundError:  # a segment merged away by another process meanwhile: read again
-                    continue
-            raise AssertionError("unreachable")  # (the last attempt takes a missing segment for damage)
+            return while_moving(  # (a segment merged away by another process meanwhile: read again)
+                run_dir(self.derived.data_dir, run_id) / "log",
+                lambda: self._current(run_id, missing_is_damage=False),
+                "its transcripts kept changing while read - try again",
+                last=lambda: self._current(run_id, missing_is_damage=True),
+            )
 
     def _current(self, run_id: str, missing_is_damage: bool) -> list[Path]:
         from ingest.log import EventLog
@@ -184,12 +184,7 @@ class Transcripts:
                     "tail": source.tail,
                     "segments": segments,
                 }
-                tmp = place / f".{INDEX}{_TMP_MARK}{os.getpid()}-{threading.get_ident()}"
-                with open(tmp, "w") as fh:
-                    fh.write(dump_json(identity, body))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, place / INDEX)
+                write_atomically(place / INDEX, dump_json(identity, body), durable=False)
                 self._collect(place, {name for name, _f, _l in segments})
                 return [place / name for name, _first, _last in segments]
             except OSError as err:

@@ -21,6 +21,8 @@ import sys
 import threading
 from pathlib import Path
 
+from ingest.paths import write_atomically
+
 KEY_ENV = "TEACHER_MCTS_KEY"
 KEY_BYTES = 32
 _lock = threading.Lock()
@@ -61,19 +63,7 @@ def _load(path: Path) -> bytes:
         return _own(f"{path} cannot be used ({err.strerror or err})")
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, os.urandom(KEY_BYTES))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)  # whole or not at all; another process that made one first wins
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomically(path, os.urandom(KEY_BYTES), mode=0o600, keep=True)  # another process's made first wins
         return _read(path)
     except OSError as err:
         return _own(f"{path} cannot be made ({err.strerror or err})")

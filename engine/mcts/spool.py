@@ -18,6 +18,7 @@ import pyarrow as pa
 from ingest.events import Event, SpoolEntryDropped
 from ingest.faults import crash_point
 from ingest.log import content_digest
+from ingest.paths import write_atomically
 from ingest.schema import from_row, to_arrow
 
 SPOOL_TIME = datetime(1970, 1, 1, tzinfo=UTC)  # spooled rows are renumbered when appended
@@ -69,16 +70,17 @@ class Spool:
                 out.write_table(table)
             data = sink.getvalue()
             final = self.dir / f"{self._stem(edge_id, turn)}{content_digest(memoryview(data))}.arrow"
-            tmp = final.with_name(f".tmp-{final.name}")
+
+            def write(tmp: Path) -> None:
+                tmp.write_bytes(memoryview(data))
+                crash_point("spool.written")
+
             try:
                 self.dir.mkdir(exist_ok=True)
-                with open(tmp, "wb") as fh:
-                    fh.write(memoryview(data))
-                crash_point("spool.written")
-                os.rename(tmp, final)
+                write_atomically(final, write, durable=False)
                 crash_point("spool.renamed")
             except OSError:  # the turn stays in memory until the log has it
-                tmp.unlink(missing_ok=True)
+                pass
 
     def take(self, edge_id: str, turn: int, start: str = "", tree_id: str = "") -> list[Event] | None:
         """The spooled facts of a turn started from ``start``, or None (not spooled, or dropped)."""

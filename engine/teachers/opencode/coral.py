@@ -31,6 +31,7 @@ from pathlib import Path
 
 from engine.teachers.opencode.processes import Companion
 from ingest.errors import InputError
+from ingest.paths import TMP_MARK, write_atomically
 
 # How the backend starts CORAL's grader daemon: CORAL has no command for it (its
 # `coral start` runs it in-process), so its Python runs it with logging on stderr.
@@ -199,9 +200,7 @@ class CoralLayout:
         }
         folder = shared / "attempts"
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{commit}.json.tmp"
-        tmp.write_text(json.dumps(attempt, indent=2))
-        os.replace(tmp, folder / f"{commit}.json")
+        write_atomically(folder / f"{commit}.json", json.dumps(attempt, indent=2), durable=False)
         return folder / f"{commit}.json"
 
     def daemon(self, coral: Path, env: dict[str, str], output: Path) -> Companion:
@@ -222,8 +221,8 @@ class CoralLayout:
                 if not (shared / "attempts" / path.name).exists():
                     os.replace(path, shared / "attempts" / path.name)
             shutil.rmtree(held, ignore_errors=True)
-        for tmp in (shared / "attempts").glob(".*.json.tmp"):  # a write the kill interrupted
-            tmp.unlink(missing_ok=True)
+        for tmp in (*(shared / "attempts").glob(".*.json.tmp"), *(shared / "attempts").glob(f"{TMP_MARK}*")):
+            tmp.unlink(missing_ok=True)  # a write the kill interrupted (CORAL's, or ours)
         self._clear_checkouts(edge_dir / ".coral", worktree)
 
     @staticmethod

@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 from ingest.errors import ProjectError
+from ingest.paths import write_atomically
 
 COMMAND_TIMEOUT_S = 300  # an export or import takes 1-2 s
 
@@ -51,22 +52,23 @@ def has_session(database: Path, session: str) -> bool:
 
 def export_session(binary: str, env: dict[str, str], session: str, dest: Path) -> None:
     """Write ``session`` as ``opencode export`` prints it to ``dest`` (atomically)."""
-    partial = dest.with_name(dest.name + ".partial")
-    with open(partial, "wb") as out:
-        done = subprocess.run(
-            [binary, "export", session],
-            env=env,
-            cwd=dest.parent,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.PIPE,
-            timeout=COMMAND_TIMEOUT_S,
-        )
-    if done.returncode != 0:
-        partial.unlink(missing_ok=True)
-        msg = done.stderr.decode(errors="replace").strip()[-300:]
-        raise ProjectError(f"opencode could not export session {session}: {msg}")
-    partial.replace(dest)
+
+    def export(partial: Path) -> None:
+        with open(partial, "wb") as out:
+            done = subprocess.run(
+                [binary, "export", session],
+                env=env,
+                cwd=dest.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.PIPE,
+                timeout=COMMAND_TIMEOUT_S,
+            )
+        if done.returncode != 0:
+            msg = done.stderr.decode(errors="replace").strip()[-300:]
+            raise ProjectError(f"opencode could not export session {session}: {msg}")
+
+    write_atomically(dest, export, durable=False)
 
 
 def import_session(binary: str, env: dict[str, str], file: Path, worktree: Path) -> None:
