@@ -324,3 +324,16 @@ def test_each_infrastructure_rule_is_written_once():
     """Atomic writes were written 10 ways (fsync in some), the same-file signature 6, the retry while a log
     moves 11 (bounds 3 to 50): each is one function now (ONE_DEFINITION), which every caller calls."""
     assert infrastructure_rules_written_again(ROOT) == []
+
+
+def test_the_decisions_are_a_map_read_in_an_hour():
+    """docs/DECISIONS.md was 1,349 lines of decisions, measurements and history: now at most 600, every topic
+    in the index at its top (measurements live in benchmarks/README.md, history in git)."""
+    import re
+
+    text = (ROOT / "docs" / "DECISIONS.md").read_text()
+    index = text.split("\n## ", 1)[0]
+    topics = re.findall(r"^## (.+)$", text, re.M)
+    assert len(text.splitlines()) <= 600
+    names = [t.split(" (")[0] for t in topics]
+    assert names and all(f"[{name}](#" in index for name in names), names
