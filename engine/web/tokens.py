@@ -19,11 +19,11 @@ import os
 import re
 import secrets
 import stat
-import threading
 from pathlib import Path
 
 from engine.derived.trust import config_dir
 from ingest.errors import InputError
+from ingest.paths import write_atomically
 
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
@@ -81,14 +81,4 @@ def _read(path: Path) -> str:
 def _write(path: Path, token: str) -> None:
     """``token`` into ``path``, owner-only, whole (a new file moved over the old one)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, token.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(path, token + "\n", mode=0o600)
