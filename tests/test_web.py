@@ -324,7 +324,7 @@ def test_a_run_written_while_the_page_is_open_updates_it_until_it_ends(tmp_path,
     config.write_text("[tree]\ntarget_good_leaves = 2\n[backend_options]\nlatency_s = 0.05\n")
     with serving(data, tmp_path) as (base, token):
         page.goto(f"{base}/run/live?token={token}")
-        assert "No event of run live" in page.locator("#live").inner_text()
+        assert "no run live under" in page.locator("#live").inner_text()  # unknown yet, and followed
         # Every state the page shows (its log prefix), and a mark a reload would lose.
         page.evaluate("""() => { window.__mark = 'same page'; window.__seqs = [];
             const live = document.getElementById('live');
