@@ -20,7 +20,8 @@ from ingest.record import RECORD, Record, list_parts, locate, read_record
 
 T = TypeVar("T")
 MOVES = 50  # reads of a log a writer moved meanwhile before giving up: a merge renames and removes parts within
-# milliseconds, so 50 reads in a row (~0.5 s with the backoff) that each met one meet a log that stays inconsistent
+# milliseconds, so 50 reads in a row (~2.5 s with the backoff: a loaded machine stretches
+# a merge) that each met one meet a log that stays inconsistent
 
 
 class Moved(Exception):
@@ -29,7 +30,7 @@ class Moved(Exception):
 
 def while_moving(where: Path | str, read: Callable[[], T], hint: str, last: Callable[[], T] | None = None) -> T:
     """``read()``, again from a new listing while it raises Moved or FileNotFoundError: at most MOVES times, a
-    few ms apart; then LogError naming ``where`` (the log's directory), the last problem and ``hint``.
+    little longer apart each time; then LogError naming ``where`` (the log's directory), the last problem and ``hint``.
     ``last``: the final read instead of ``read`` (one that takes a file still missing for damage)."""
     problem = ""
     for attempt in range(MOVES):
@@ -37,7 +38,7 @@ def while_moving(where: Path | str, read: Callable[[], T], hint: str, last: Call
             return (last if last is not None and attempt == MOVES - 1 else read)()
         except (Moved, FileNotFoundError) as err:
             problem = str(err) if isinstance(err, Moved) else f"{Path(err.filename or '?').name} vanished while read"
-        time.sleep(0.001 * min(attempt, 10))
+        time.sleep(0.002 * attempt)
     raise LogError(f"{where}: {problem or 'it moved'} - {hint}")
 
 
