@@ -72,6 +72,33 @@ def _arguments(text: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def _call(function: Any) -> dict[str, Any]:
+    """A tool call for reading (issue 54): the code it carries shown as code. A ``write``'s ``content``
+    (``code``), an ``edit``'s oldString/newString as removed and added lines (``removed``, ``added``), the
+    other arguments (``rest``) as ``_arguments`` lays them out; ``kind`` None: arguments shown as before."""
+    function = function if isinstance(function, dict) else {}
+    raw = function.get("arguments")
+    shown: dict[str, Any] = {"name": function.get("name"), "kind": None, "raw": _arguments(raw)}
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return shown
+    if not isinstance(value, dict):
+        return shown
+    if shown["name"] == "write" and isinstance(value.get("content"), str):
+        shown |= {"kind": "write", "code": value["content"]}
+        rest = {k: v for k, v in value.items() if k != "content"}
+    elif (
+        shown["name"] == "edit" and isinstance(value.get("oldString"), str) and isinstance(value.get("newString"), str)
+    ):
+        lines = value["oldString"].splitlines(), value["newString"].splitlines()
+        shown |= {"kind": "edit", "removed": lines[0], "added": lines[1]}
+        rest = {k: v for k, v in value.items() if k not in ("oldString", "newString")}
+    else:
+        return shown
+    return shown | {"rest": _arguments(json.dumps(rest, ensure_ascii=False)) if rest else ""}
+
+
 def _content(content: Any) -> str:
     """A message's content as text (a list of parts: their texts)."""
     if isinstance(content, list):
@@ -95,7 +122,7 @@ def _fill(pattern: str, row: dict[str, Any]) -> str:
 
 
 TEMPLATES.filters.update(
-    num=_num, cell=_cell, folded=_folded, arguments=_arguments, content=_content, href=_href, fill=_fill
+    num=_num, cell=_cell, folded=_folded, arguments=_arguments, call=_call, content=_content, href=_href, fill=_fill
 )
 
 
