@@ -113,3 +113,18 @@ document.addEventListener("DOMContentLoaded", () => {
   if (live) followRun(live);
   if (location.hash.startsWith("#node-")) openNode(decodeURIComponent(location.hash.slice(6)), true);
 });
+
+// A link to something inside a folded turn (the outline, a "next failure") opens its folds first
+// (without this script the browser still jumps to the fold's heading; a click opens it).
+function openTarget() {
+  const id = decodeURIComponent(location.hash.slice(1));
+  const target = id && document.getElementById(id);
+  if (!target) return;
+  let opened = false;
+  for (let d = target.closest("details"); d; d = d.parentElement && d.parentElement.closest("details")) {
+    if (!d.open) { d.open = true; opened = true; }
+  }
+  if (opened) target.scrollIntoView();
+}
+window.addEventListener("hashchange", openTarget);
+document.addEventListener("DOMContentLoaded", openTarget);
