@@ -107,3 +107,16 @@ def test_every_page_fits_1024_px_and_a_deep_link_is_not_under_the_header(two_run
             narrow.screenshot(path="/tmp/web-shots/fit-1024-deep-link.png")
     finally:
         context.close()
+
+
+def test_a_malformed_call_is_shown_as_its_arguments():
+    from engine.web.pages import _call
+
+    for function in (None, "write", {}, {"name": "write"}, {"name": "write", "arguments": "{not json"}):
+        assert _call(function)["kind"] is None  # shown as before: its arguments' text (none: "None")
+    for args in ({"content": 3}, [1], {"oldString": "a"}, {"oldString": None, "newString": "b"}):
+        for name in ("write", "edit"):
+            assert _call({"name": name, "arguments": json.dumps(args)})["kind"] is None
+    edit = _call({"name": "edit", "arguments": json.dumps(EDIT)})
+    assert (edit["removed"], edit["added"]) == (["TILE = 32", "STEP = 1"], ["TILE = 64", "STEP = 2", "# done"])
+    assert json.loads(edit["rest"]) == {"filePath": "/w/solution.py"}
