@@ -99,6 +99,10 @@ def test_every_page_fits_1024_px_and_a_deep_link_is_not_under_the_header(two_run
                 shot(narrow, f"fit-1024-{name}")
                 assert narrow.evaluate(FITS), (name, narrow.evaluate("document.documentElement.scrollWidth"))
             assert narrow.locator(".compare section.attempt").count() == node["n"]
+            box = narrow.locator(".compare").evaluate(
+                "b => [b.getBoundingClientRect().height, b.scrollWidth, b.clientWidth]"
+            )
+            assert box[0] <= 800 and (node["n"] < 4 or box[1] > box[2])  # its own scroll box, its scrollbar in view
             narrow.goto(f"{pages['tree']}#node-{deep['node_id']}")
             narrow.wait_for_timeout(200)
             row = narrow.locator(f'[id="node-{deep["node_id"]}"]').bounding_box()
