@@ -443,6 +443,8 @@ def test_a_100_turn_path_renders_whole(tmp_path, page):
         assert page.locator(".conversation .turn-head").count() == 100
         assert page.locator("details.turn-fold:not([open])").count() == 100  # folded, the outline to jump:
         assert page.locator("nav.outline a").count() == 100  # (issue 54)
+        page.locator("p.failures a.next-failure").click()  # a failure in a folded turn: its fold opens
+        assert page.evaluate("document.querySelector(':target').closest('details.turn-fold').open")
         assert page.locator(".conversation .eval").count() == 100
         assert shown_messages(page) == sample_messages(samples[("T001", leaf)])
         assert len(samples[("T001", leaf)]["messages"]) > 1000
