@@ -367,8 +367,7 @@ def build(runs: Collection) -> str:
     summary = (
         "select c.run_id, r.task, c.roots, c.selected_paths, c.n_eff, c.n_eff_ratio, k.tokens, k.cost "
         "from coverage as c join run_config as r using (run_id) "
-        "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
-        "using (run_id) where c.stratum = 'all' order by c.run_id"
+        "left join run_cost as k using (run_id) where c.stratum = 'all' order by c.run_id"
     )
     section = [q.format(runs="''") for q in SECTION_QUERIES.values()]
     runs.read_ahead([summary, *section, *(f"select * from {view}" for view in ("trees", *DRAWN))])  # (one evaluation)

@@ -15,6 +15,7 @@ VIEWS = read_views()
 CAMPAIGN = read_views(VIEWS_DIR / "campaign")  # the campaign log's views (engine.campaign)
 # whole-run summaries: one row a run, even a run that has only started
 ONE_ROW_VIEWS = {
+    "run_cost",
     "campaign_spend",
     "run_progress",
     "run_pace",

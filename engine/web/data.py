@@ -204,8 +204,7 @@ def collection_page(runs: Collection) -> dict[str, Rows]:
     runs_rows = q(
         "select r.run_id, r.task, r.backend, p.trees, p.trees_done, a.finished, k.tokens, k.cost "
         "from run_config as r join run_progress as p using (run_id) join run_pace as a using (run_id) "
-        "left join (select run_id, sum(tokens) as tokens, sum(cost) as cost from cost_tasks group by all) as k "
-        "using (run_id) order by r.run_id"
+        "left join run_cost as k using (run_id) order by r.run_id"
     )
     for r in runs_rows:
         r.update({k: overall.get(r["run_id"], {}).get(k) for k in ("roots", "selected_paths", "n_eff", "n_eff_ratio")})

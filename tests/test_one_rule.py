@@ -1,0 +1,53 @@
+"""Each rule once, held by behaviour: every place that shows a figure agrees with the figure computed
+here from the raw events of a real sim run (issue 55)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.catalog import Catalog
+from engine.collection import Collection
+from ingest.reader import EventLog
+
+
+def raw_tokens_and_cost(data, run_id) -> tuple[int, float]:
+    """A run's tokens (the four kinds) and cost, summed over the steps of its finished turns."""
+    rows = EventLog(data, run_id).read_table().to_pylist()
+    finished = {(r["tree_id"], r["edge_id"], r["turn"]) for r in rows if r["kind"] == "turn_finished"}
+    tokens, cost = 0, 0.0
+    for r in rows:
+        if r["kind"] == "step_finished" and (r["tree_id"], r["edge_id"], r["turn"]) in finished:
+            kinds = ("tokens_input", "tokens_cache_read", "tokens_output", "tokens_reasoning")
+            tokens += sum(r[k] or 0 for k in kinds)
+            cost += r["cost"] or 0.0
+    return tokens, cost
+
+
+def raw_kept_edges(data, run_id) -> int:
+    """A run's valid edges: the edges whose last judgement kept them (kept or kept exempt)."""
+    last: dict[str, str] = {}
+    for r in EventLog(data, run_id).read_table().to_pylist():
+        if r["kind"] == "edge_judged":
+            last[r["edge_id"]] = r["verdict"]
+    return sum(v in ("kept", "kept_exempt") for v in last.values())
+
+
+@pytest.mark.parametrize("run_id", ["rounds", "async"])
+def test_a_runs_tokens_and_cost_agree_everywhere_they_are_shown(runs, run_id):
+    from engine.web.data import collection_page
+
+    tokens, cost = raw_tokens_and_cost(runs, run_id)
+    assert tokens > 0
+    catalog = Catalog.for_log(EventLog(runs, run_id), threads=1)
+    (view,) = catalog.query("select tokens, cost from run_cost")
+    assert view["tokens"] == tokens and view["cost"] == pytest.approx(cost)
+    (spend,) = catalog.query("select tokens from campaign_spend")
+    assert spend["tokens"] == tokens
+    shown = {r["run_id"]: r for r in collection_page(Collection(runs, ["rounds", "async"]))["runs"]}
+    assert shown[run_id]["tokens"] == tokens and shown[run_id]["cost"] == pytest.approx(cost)
+
+
+def test_a_runs_spent_edges_agree_with_its_judged_edges(runs):
+    catalog = Catalog.for_log(EventLog(runs, "rounds"), threads=1)
+    (spend,) = catalog.query("select kept_edges from campaign_spend")
+    assert spend["kept_edges"] == raw_kept_edges(runs, "rounds") > 0
