@@ -298,3 +298,29 @@ def test_watch_follows_a_campaign_to_its_end(tmp_path):
     frames = watched.stdout.strip().split("campaign camp (coverage): ")[1:]
     assert frames and frames[-1].startswith("finished") and "stopped: budget_spent" in frames[-1]
     assert all(f"camp-{t} " in frames[-1] or f"(camp-{t})" in frames[-1] for t, _, _ in TASKS)
+
+
+def test_a_campaigns_spend_agrees_everywhere_it_is_shown(coverage):
+    """The campaign's spend, computed here from its runs' raw events, is what its result, the campaigns
+    table and each round of its page (its runs read at the round's marks) show (issue 55)."""
+    from test_one_rule import raw_kept_edges, raw_tokens_and_cost
+
+    from engine.collection import Collection
+    from engine.web.data import campaign_page, campaigns_table
+
+    data, result = coverage
+    runs = Collection(data, result["runs"])
+    edges = sum(raw_kept_edges(data, run) for run in result["runs"])
+    tokens = sum(raw_tokens_and_cost(data, run)[0] for run in result["runs"])
+    assert (result["total"]["kept_edges"], result["total"]["tokens"]) == (edges, tokens)
+    (row,) = campaigns_table(data, runs)[0]
+    assert (row["spent_edges"], row["spent_tokens"]) == (edges, tokens)
+    rounds = campaign_page(data, "camp", runs)["rounds"]
+    assert rounds
+    for r in rounds:
+        marks = json.loads(r["marks"] or "{}")
+        if not marks:
+            continue
+        want_edges = sum(raw_kept_edges(data, run, mark) for run, mark in marks.items())
+        want_tokens = sum(raw_tokens_and_cost(data, run, mark)[0] for run, mark in marks.items())
+        assert (r["spent_edges"], r["spent_tokens"]) == (want_edges, want_tokens), r["round"]

@@ -161,13 +161,18 @@ def python_files_with(pattern: str) -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in sources if found.search(p.read_text()))
 
 
+POLICY = ["engine/campaign/policy.py"]
+
+
 @pytest.mark.parametrize(
     ("rule", "pattern", "home"),
     [
         ("a campaign's tasks in order", r"order by task_order", ["engine/runset.py"]),
         ("which runs a command reads", r"is damaged:\\n|def expand\(|def is_campaign", ["engine/runset.py"]),
         ("whether a campaign stopped", r"rule = 'stop'|stg_campaign_stopped", []),
-        ("a campaign's spend", r"\[\"kept_edges\"\]\)?\s+for", ["engine/campaign/policy.py"]),
+        # (in Python or in SQL it embeds: tests/test_campaign.py checks every place that shows it agrees)
+        ("a campaign's spend", r"\[\"kept_edges\"\]\)?\s+for|sum\((coalesce\()?([a-z]\.)?kept_edges", POLICY),
+        ("a run's tokens and cost: run_cost", r"sum\((coalesce\()?([a-z]\.)?(tokens|cost)\b", []),
         ("a campaign's budget line", r"valid edges, \{", ["engine/render.py"]),
         ("the stages a run covers", r"as stages_covered", []),
     ],

@@ -10,9 +10,14 @@ from engine.collection import Collection
 from ingest.reader import EventLog
 
 
-def raw_tokens_and_cost(data, run_id) -> tuple[int, float]:
-    """A run's tokens (the four kinds) and cost, summed over the steps of its finished turns."""
+def events(data, run_id, upto: int | None = None) -> list[dict]:
     rows = EventLog(data, run_id).read_table().to_pylist()
+    return [r for r in rows if upto is None or r["seq"] <= upto]
+
+
+def raw_tokens_and_cost(data, run_id, upto: int | None = None) -> tuple[int, float]:
+    """A run's tokens (the four kinds) and cost, summed over the steps of its finished turns (up to a seq)."""
+    rows = events(data, run_id, upto)
     finished = {(r["tree_id"], r["edge_id"], r["turn"]) for r in rows if r["kind"] == "turn_finished"}
     tokens, cost = 0, 0.0
     for r in rows:
@@ -23,10 +28,10 @@ def raw_tokens_and_cost(data, run_id) -> tuple[int, float]:
     return tokens, cost
 
 
-def raw_kept_edges(data, run_id) -> int:
-    """A run's valid edges: the edges whose last judgement kept them (kept or kept exempt)."""
+def raw_kept_edges(data, run_id, upto: int | None = None) -> int:
+    """A run's valid edges: the edges whose last judgement kept them (kept or kept exempt), up to a seq."""
     last: dict[str, str] = {}
-    for r in EventLog(data, run_id).read_table().to_pylist():
+    for r in events(data, run_id, upto):
         if r["kind"] == "edge_judged":
             last[r["edge_id"]] = r["verdict"]
     return sum(v in ("kept", "kept_exempt") for v in last.values())

@@ -378,6 +378,7 @@ def campaigns_table(data_dir: Path, runs: Collection | None) -> tuple[Rows, list
     """A row per campaign under ``data_dir`` (its policy, budget, tasks, rounds and state, and what its runs
     spent, from ``runs``), and what is damaged: a campaign whose log cannot be read is named with its
     diagnosis, the others still listed."""
+    from engine.campaign.policy import spent as campaign_spent
     from engine.runset import campaign_names, open_campaign
 
     rows, damaged = [], []
@@ -393,11 +394,9 @@ def campaigns_table(data_dir: Path, runs: Collection | None) -> tuple[Rows, list
         spent = {"spent_edges": None, "spent_tokens": None}
         if runs is not None and tasks:
             listed = ", ".join(sql_text(t) for t in tasks)
-            found = runs.query(
-                "select sum(kept_edges) as spent_edges, sum(tokens) as spent_tokens from campaign_spend "
-                f"where run_id in ({listed})"
-            )
-            spent = found[0]
+            found = runs.query(f"select kept_edges, tokens from campaign_spend where run_id in ({listed})")
+            if found:  # (the campaign's spend: policy.spent, the one sum over its runs)
+                spent = dict(zip(("spent_edges", "spent_tokens"), campaign_spent(found), strict=True))
         rows.append({"campaign": name, **(config[0] if config else {}), "tasks": len(tasks), **state, **spent})
     return rows, damaged
 
@@ -414,6 +413,7 @@ def campaign_page(data_dir: Path, name: str, runs: Collection) -> dict[str, Any]
     """A campaign: its summary per task (the command's), its budget and its rounds with what the runs had
     spent when each read them (``spend_curve`` at the round's marks), and every block it granted."""
     from engine.campaign.command import campaign_result
+    from engine.campaign.policy import spent as campaign_spent
     from engine.runset import open_campaign
 
     result = campaign_result(data_dir, name, resumed=False)
@@ -427,11 +427,16 @@ def campaign_page(data_dir: Path, name: str, runs: Collection) -> dict[str, Any]
         values = ", ".join(f"({int(seq)}, {sql_text(run_id)}, {int(mark)})" for seq, run_id, mark in marks)
         found = runs.query(
             f"with m(seq, run_id, mark) as (values {values}) "
-            "select m.seq, sum(coalesce(s.kept_edges, 0)) as spent_edges, "
-            "sum(coalesce(s.tokens, 0)) as spent_tokens from m asof left join spend_curve as s "
-            "on m.run_id = s.run_id and m.mark >= s.seq group by m.seq"  # (no row yet: nothing spent)
+            "select m.seq, coalesce(s.kept_edges, 0) as kept_edges, coalesce(s.tokens, 0) as tokens "
+            "from m asof left join spend_curve as s on m.run_id = s.run_id and m.mark >= s.seq"  # (none: 0)
         )
-        spent = {r["seq"]: r for r in found}
+        by_round: dict[int, list[dict[str, Any]]] = {}
+        for r in found:
+            by_round.setdefault(r["seq"], []).append(r)
+        spent = {
+            seq: dict(zip(("spent_edges", "spent_tokens"), campaign_spent(rows), strict=True))
+            for seq, rows in by_round.items()
+        }
     for r in rounds:
         r.update({k: spent.get(r["seq"], {}).get(k) for k in ("spent_edges", "spent_tokens")})
     budget = catalog.query("select budget_edges, budget_tokens from campaign_config")
