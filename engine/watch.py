@@ -57,13 +57,7 @@ class Frame:
 def read_frame(catalog: Catalog, run_id: str, writing: bool = True) -> Frame:
     """The frame of what the catalog holds (``writing``: whether a process writes the run)."""
     q = catalog.query
-    stops = {
-        r["stop_reason"]: r["n"]
-        for r in q(
-            "select stop_reason, count(*) as n from int_trees__summarized "
-            "where stop_reason is not null group by all order by 1"
-        )
-    }
+    stops = {r["stop_reason"]: r["trees"] for r in q("select stop_reason, trees from tree_stops order by stop_reason")}
     return Frame(
         run_id=run_id,
         task=q("select task from run_config")[0]["task"],

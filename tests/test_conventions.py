@@ -172,6 +172,7 @@ POLICY = ["engine/campaign/policy.py"]
         ("whether a campaign stopped", r"rule = 'stop'|stg_campaign_stopped", []),
         # (in Python or in SQL it embeds: tests/test_campaign.py checks every place that shows it agrees)
         ("a campaign's spend", r"\[\"kept_edges\"\]\)?\s+for|sum\((coalesce\()?([a-z]\.)?kept_edges", POLICY),
+        ("a run's stop counts: tree_stops", r"stop_reason,\s*count\(", []),
         ("a run's tokens and cost: run_cost", r"sum\((coalesce\()?([a-z]\.)?(tokens|cost)\b", []),
         ("a campaign's budget line", r"valid edges, \{", ["engine/render.py"]),
         ("the stages a run covers", r"as stages_covered", []),

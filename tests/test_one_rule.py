@@ -56,3 +56,19 @@ def test_a_runs_spent_edges_agree_with_its_judged_edges(runs):
     catalog = Catalog.for_log(EventLog(runs, "rounds"), threads=1)
     (spend,) = catalog.query("select kept_edges from campaign_spend")
     assert spend["kept_edges"] == raw_kept_edges(runs, "rounds") > 0
+
+
+def test_a_runs_stop_counts_agree_everywhere_they_are_shown(runs):
+    from engine.watch import read_frame
+    from engine.web.data import run_page
+
+    counts: dict[str, int] = {}
+    for r in events(runs, "rounds"):
+        if r["kind"] == "tree_stopped":
+            counts[r["reason"]] = counts.get(r["reason"], 0) + 1
+    assert sum(counts.values()) == 4  # (every root stopped once)
+    catalog = Catalog.for_log(EventLog(runs, "rounds"), threads=1)
+    assert {r["stop_reason"]: r["trees"] for r in catalog.query("select * from tree_stops")} == counts
+    assert read_frame(catalog, "rounds", writing=False).stops == counts
+    page = run_page(Collection(runs, ["rounds"]), "rounds")
+    assert {r["stop_reason"]: r["trees"] for r in page["stops"]} == counts

@@ -233,10 +233,7 @@ def run_page(runs: Collection, run_id: str) -> dict[str, Any]:
         "config": q(f"select task, backend, direction, seed, num_roots, top_k from run_config where run_id = {run}")[0],
         "progress": q(f"select * from run_progress where run_id = {run}")[0],
         "pace": q(f"select * from run_pace where run_id = {run}")[0],
-        "stops": q(
-            f"select stop_reason, count(*) as trees from int_trees__summarized where run_id = {run} "
-            "and stop_reason is not null group by all order by 1"
-        ),
+        "stops": q(f"select stop_reason, trees from tree_stops where run_id = {run} order by stop_reason"),
         "trees": q(f"select * from trees where run_id = {run} order by status = 'done', tree_id"),
         "paths": q(
             "select p.*, c.turns, c.tokens, c.cost, c.wall_seconds from top_paths as p left join cost_paths as c "
