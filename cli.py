@@ -44,6 +44,7 @@ from engine.commandline import (
 )
 from engine.process import run_to_exit
 from ingest.paths import DATA_ENV, default_data_dir
+from ingest.snapshots import STAGES
 
 
 @click.group(cls=Group, context_settings=CONTEXT_SETTINGS)
@@ -650,7 +651,7 @@ def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], fmt: str) -> No
 @click.option("--task", default=None, help="Only paths of this task.")
 @click.option(
     "--stage",
-    type=click.Choice(["early", "middle", "late"]),
+    type=click.Choice(STAGES),
     default=None,
     help="Only paths whose root is of this stage.",
 )

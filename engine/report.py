@@ -266,7 +266,7 @@ LEGEND = (
 SECTION_QUERIES = {
     "trees": "select run_id, tree_id from trees where run_id in ({runs})",
     "stages": "select * from coverage where run_id in ({runs}) and stratum = 'stage' "
-    "order by run_id, list_position(['early', 'middle', 'late'], stratum_key), stratum_key",
+    "order by run_id, stage_order(stratum_key), stratum_key",
     "overall": "select * from coverage where run_id in ({runs}) and stratum = 'all'",
     "curve": "select run_id, n, n_eff from coverage_curve where run_id in ({runs}) and scope = 'pooled' "
     "order by run_id, n",

@@ -72,3 +72,29 @@ def test_a_runs_stop_counts_agree_everywhere_they_are_shown(runs):
     assert read_frame(catalog, "rounds", writing=False).stops == counts
     page = run_page(Collection(runs, ["rounds"]), "rounds")
     assert {r["stop_reason"]: r["trees"] for r in page["stops"]} == counts
+
+
+def test_the_stage_order_is_defined_once():
+    """The stage order was spelled 5 times: the macro stages() of views/_macros.sql for SQL (the views'
+    and what Python runs), ingest.snapshots.STAGES for Python, and the two agree."""
+    import re
+    from pathlib import Path
+
+    from conftest import catalog_of
+
+    from ingest.snapshots import STAGES
+
+    root = Path(__file__).resolve().parents[1]
+    spelled = re.compile(r"""early['"]\s*,\s*['"]middle['"]\s*,\s*['"]late""")
+    files = [root / "cli.py", *(p for d in ("engine", "ingest") for p in (root / d).rglob("*.py"))]
+    files += sorted((root / "views").rglob("*.sql"))
+    found = sorted(str(p.relative_to(root)) for p in files if spelled.search(p.read_text()))
+    assert found == ["ingest/snapshots.py", "views/_macros.sql"]
+    catalog = catalog_of([])
+    assert tuple(catalog.query("select stages() as s")[0]["s"]) == STAGES
+    quotas = catalog.query("select stage, stage_order, fill_order from int_snapshots__quotas order by stage_order")
+    assert [(q["stage"], q["stage_order"], q["fill_order"]) for q in quotas] == [
+        ("early", 1, 3),
+        ("middle", 2, 1),
+        ("late", 3, 2),
+    ]

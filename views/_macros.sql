@@ -13,6 +13,14 @@ create or replace macro pct(n_less, n_equal, n_total) as
 create or replace macro oriented(s, direction) as
     case when direction = 'minimize' then -s else s end;
 
+-- The stages of a root's snapshot in their order (ALGORITHM §1.7): the one stage order of the views
+-- and of the SQL Python runs (ingest.snapshots.STAGES is the same list in Python, and tests check
+-- that the two agree).
+create or replace macro stages() as ['early', 'middle', 'late'];
+
+-- A stage's position in that order: 1 for early ... (null for what is not a stage).
+create or replace macro stage_order(stage) as list_position(stages(), stage);
+
 -- The layer of an edge from its parent node id: the parent's depth (its dots) + 1.
 create or replace macro edge_layer(parent_id) as
     length(parent_id) - length(replace(parent_id, '.', '')) + 1;

@@ -6,8 +6,11 @@
 -- late = R - early - middle (30 -> 5/15/10). Fills go middle -> late -> early.
 -- Computed in HUGEINT: R may be any 64-bit count (R + 3 must not overflow).
 with stages as (
-    select *
-    from (values ('early', 1, 3), ('middle', 2, 1), ('late', 3, 2)) as v (stage, stage_order, fill_order)
+    select
+        stage,
+        stage_order(stage) as stage_order,
+        list_position(['middle', 'late', 'early'], stage) as fill_order
+    from (select unnest(stages()) as stage)
 ),
 
 final as (

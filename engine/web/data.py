@@ -32,7 +32,6 @@ from ingest.text import sql_text
 
 Rows = list[dict[str, Any]]
 SAMPLES_KEPT = 64
-STAGES = "['early', 'middle', 'late']"
 
 
 class Source:
@@ -198,7 +197,7 @@ def collection_page(runs: Collection) -> dict[str, Rows]:
     q = runs.query
     coverage = q(
         "select * from coverage where stratum in ('all', 'task', 'stage') order by run_id, "
-        f"list_position(['all', 'task', 'stage'], stratum), list_position({STAGES}, stratum_key), stratum_key"
+        "list_position(['all', 'task', 'stage'], stratum), stage_order(stratum_key), stratum_key"
     )
     overall = {r["run_id"]: r for r in coverage if r["stratum"] == "all"}  # (coverage is the costly view: read once)
     runs_rows = q(

@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse
 
 from engine.web.pages import page
 from ingest.errors import ProjectError
+from ingest.snapshots import STAGES
 from ingest.text import sql_text
 
 SHOWN = 200  # hits listed on a page (the count is of every hit; ?page= shows the others)
@@ -233,7 +234,7 @@ def search_page(request: Request) -> HTMLResponse:
     query = Query.of(request.query_params)
     found: dict[str, Any] = {"hits": [], "total": 0, "attempts": [], "attempts_total": 0}
     error = "; ".join(query.problems) or None
-    choices: dict[str, list] = {"runs": [], "tasks": [], "stages": ["early", "middle", "late"]}
+    choices: dict[str, list] = {"runs": [], "tasks": [], "stages": list(STAGES)}
     try:
         runs = source.collection()
         choices["runs"] = list(runs.run_ids)
