@@ -21,6 +21,7 @@ from engine.catalog import read_views
 from engine.collection import Collection
 from engine.runset import DamagedRun
 from ingest.errors import InputError
+from ingest.text import sql_text
 
 TOP_ERRORS = 5
 
@@ -86,7 +87,7 @@ def audit(data_dir: Path, run_ids: list[str] | None = None, by: tuple[str, ...] 
 
 def _queries(by: tuple[str, ...]) -> dict[str, str]:
     """The query of each table, over every run's views (rows in run order, then the table's own)."""
-    strata = ", ".join(f"'{s}'" for s in ("all", *by))
+    strata = ", ".join(sql_text(s) for s in ("all", *by))
     return {
         "coverage": f"select * from coverage where stratum in ({strata}) "
         f"order by run_id, list_position([{strata}], stratum), stratum_key",

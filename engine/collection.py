@@ -124,7 +124,7 @@ class Collection:
         readable += [f"{d.resolve()}/" for d in combined_dirs(self.derived)]  # (a view's rows of every run)
         con.execute("set allowed_directories = ?", [readable])
         con.execute("set enable_external_access = false")
-        con.execute(f"set memory_limit = '{self.limits.memory}B'")
+        con.execute(f"set memory_limit = {sql_text(f'{self.limits.memory}B')}")
         con.execute("set global parquet_metadata_cache = true")  # every cursor's: files read again and again
         con.execute("set lock_configuration = true")  # no query can change any of the above
         self._bound = {}

@@ -33,11 +33,12 @@ from engine.runset import DamagedRun, RunSet
 from ingest.errors import LogError
 from ingest.events import DECISION_KINDS
 from ingest.log import EventLog
+from ingest.text import sql_text
 
 # The decisions each run records, and its events (a batch's phase times are shared out by them).
 _COUNTS = (
     "select run_id, count(*) filter (kind in ({})) as n, count(*) as events from events group by run_id order by run_id"
-).format(", ".join(f"'{k}'" for k in sorted(DECISION_KINDS)))
+).format(", ".join(sql_text(k) for k in sorted(DECISION_KINDS)))
 # Events replayed together in one catalog at most: runs of ~100k events are mostly the planning of
 # their statements, paid once for a batch (measured: benchmarks/README.md).
 TOGETHER_EVENTS = 1_000_000

@@ -142,6 +142,45 @@ def test_sql_text_is_quoted_in_one_place():
     assert sql_text("it's") == "'it''s'"
 
 
+def hand_quoted(source: str) -> list[int]:
+    """The lines of the f-strings that quote a value into SQL by hand: ``f"'{v}'"`` (joined into a list),
+    ``= '{v}'``, ``in ('{v}'`` or ``'{v}' as``; a message quoting a command is not SQL."""
+    import ast
+    import re
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.JoinedStr):
+            continue
+        parts = node.values
+        text = [p.value if isinstance(p, ast.Constant) else None for p in parts]
+        for i, part in enumerate(parts):
+            before = text[i - 1] if i else ""
+            after = text[i + 1] if i + 1 < len(parts) else ""
+            if not (isinstance(part, ast.FormattedValue) and before and after):
+                continue
+            whole = len(parts) == 3 and before == after == "'"
+            if whole or re.search(r"(=|\bin \()\s*'$", before) or re.match(r"'\s+as\s", after):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_sql_literal_is_quoted_by_hand():
+    """Six passed the quoting guard above (a kind, a run id, strata and decision kinds, two settings): each
+    value goes into SQL through ingest.text.sql_text."""
+    files = [ROOT / "cli.py", *(p for folder in ("ingest", "engine") for p in (ROOT / folder).rglob("*.py"))]
+    found = {str(p.relative_to(ROOT)): lines for p in files if (lines := hand_quoted(p.read_text()))}
+    assert found == {}
+    examples = [
+        """", ".join(f"'{k}'" for k in kinds)""",
+        """f"select * from t where kind = '{k}' and x\"""",
+        """f"'{run}' as run_id, \"""",
+        """f"x in ('{a}', 'b')\"""",
+    ]
+    assert [hand_quoted(e) for e in examples] == [[1], [1], [1], [1]]
+    assert hand_quoted("""f"fix it and continue with '{hint}'; or skip it\"""") == []
+
+
 def test_whether_a_run_finished_is_decided_in_one_view():
     """It was written 4 times in Python and 3 in views: int_run__finished is the one definition
     (audit_run_stopped reads the RunFinished itself as a decision point, not as the rule)."""

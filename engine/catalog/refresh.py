@@ -158,7 +158,7 @@ class RefreshPlan:
         # A few trees' rows are small: planning dominates, and these optimizers
         # cost more than they save there (measured: a quarter of the refresh time).
         if self.tune_optimizers:
-            self.con.execute(f"set disabled_optimizers = '{SMALL_REFRESH_OFF}'")
+            self.con.execute(f"set disabled_optimizers = {sql_text(SMALL_REFRESH_OFF)}")
         try:
             with scoped(refresh_trees=scope):
                 for name in wanted:

@@ -276,7 +276,7 @@ class LogTables:
                     raise LogError(f"{dirs}: cannot read the log: {err}") from err
                 raise Moved(f"a part was renamed or merged away since the listing ({err})") from err
             self._grow_tail({log.run_id: min(upto, parts[log.run_id][-1].last) for log, upto in logs}, grow=False)
-            return {f"log_{k}": (f"{scan} where kind = '{k}' and ({bounds})", present) for k in KIND_COLUMNS}
+            return {f"log_{k}": (f"{scan} where kind = {sql_text(k)} and ({bounds})", present) for k in KIND_COLUMNS}
 
         return while_moving(dirs, scanned, "parts kept disappearing while reading - try again")
 

@@ -97,7 +97,7 @@ def write_rows(
     relation = relation or name
     described = con.execute(f"select * from {relation} limit 0").description
     names = [d[0] for d in described]
-    first = f"'{run}' as run_id, " if run is not None and "run_id" not in names else ""
+    first = f"{sql_text(run)} as run_id, " if run is not None and "run_id" not in names else ""
     # Parquet has no 128-bit integer: a sum DuckDB types HUGEINT would come back a
     # DOUBLE (1714.0). Stored as BIGINT, it reads back the integer it is.
     cols = ", ".join(
