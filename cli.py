@@ -42,6 +42,7 @@ from engine.commandline import (
     token_options,
     workspace_checked,
 )
+from engine.export_formats import FORMATS
 from engine.process import run_to_exit
 from ingest.paths import DATA_ENV, default_data_dir
 from ingest.snapshots import STAGES
@@ -642,11 +643,10 @@ def audit_command(run_ids: tuple[str, ...], by: tuple[str, ...], fmt: str) -> No
 @click.option(
     "--format",
     "sample_format",
-    type=click.Choice(["chat", "atif", "dpo", "kto", "steps"]),
+    type=click.Choice(FORMATS),
     default="chat",
     show_default=True,
-    help="chat: OpenAI messages and tools (SFT); atif: ATIF v1.4; dpo: preference pairs; "
-    "kto: labelled attempts; steps: each path's edges with step labels.",
+    help="chat: OpenAI messages, tools (SFT); atif: ATIF v1.4; dpo: pairs; kto: labelled attempts; steps: edges.",
 )
 @click.option("--task", default=None, help="Only paths of this task.")
 @click.option(

@@ -382,3 +382,25 @@ def test_the_decisions_are_a_map_read_in_an_hour():
     assert len(text.splitlines()) <= 600
     names = [t.split(" (")[0] for t in topics]
     assert names and all(f"[{name}](#" in index for name in names), names
+
+
+def test_the_export_formats_are_listed_once():
+    """FORMATS was written twice (engine.export and the command's choices) and the path formats tested
+    by their names: engine.export_formats holds the one list; a tuple or list of format names elsewhere
+    fails."""
+    import ast
+
+    names = {"chat", "atif", "dpo", "kto", "steps"}
+    files = [ROOT / "cli.py", *(p for folder in ("ingest", "engine") for p in (ROOT / folder).rglob("*.py"))]
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Tuple | ast.List):
+                listed = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if len(listed & names) >= 2:
+                    found.add(str(path.relative_to(ROOT)))
+    assert sorted(found) == ["engine/export_formats.py"]
+    from engine.export import FORMATS
+    from engine.export_formats import PATH_FORMATS, SUPERVISED_FORMATS
+
+    assert FORMATS == PATH_FORMATS + SUPERVISED_FORMATS and set(FORMATS) == names

@@ -39,12 +39,12 @@ from engine.export.conversations import (
 from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import MADE_BY, ExportDir
 from engine.export.supervised import (
-    SUPERVISED_FORMATS,
     SupervisedRun,
     Written,
     prepare_supervised,
     supervised_samples,
 )
+from engine.export_formats import FORMATS, SUPERVISED_FORMATS
 from engine.runs import over_runs
 from engine.runset import DamagedRun, RunSet
 from engine.selections import recorded_selection
@@ -52,7 +52,6 @@ from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
 from ingest.paths import outside_data
 
-FORMATS = ("chat", "atif", *SUPERVISED_FORMATS)
 INVALID_CALLS = ("keep", "drop")
 DEFAULT_WORKSPACE = "/workspace"
 PATH_FIELDS = (

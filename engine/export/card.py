@@ -22,6 +22,7 @@ from typing import Any
 from engine import __version__
 from engine.catalog import Catalog
 from engine.export.features import yaml_features
+from engine.export_formats import PATH_FORMATS
 from engine.selections import Params, default_params
 
 COVERAGE = (
@@ -168,7 +169,7 @@ def card(manifest: dict[str, Any], shape: tuple, data_dir: Path, options: list[s
 
 
 def _selection(fmt: str, runs: list[dict[str, Any]]) -> list[str]:
-    if fmt in ("chat", "atif"):
+    if fmt in PATH_FORMATS:
         return [
             "The paths of each run's recorded path selection (Top-k per root by PathScore, docs/ALGORITHM.md §3):",
             "",
@@ -201,7 +202,7 @@ def _filters(manifest: dict[str, Any]) -> str:
 
 def _independence(fmt: str, runs: list[dict[str, Any]]) -> list[str]:
     """How independent the rows are: N_eff of the selected paths, pair_n_eff of the pairs (by task and stage)."""
-    if fmt in ("chat", "atif"):
+    if fmt in PATH_FORMATS:
         rows = [
             [r["run_id"], c["stratum"], c["stratum_key"], c["selected_paths"], c["n_eff"], c["n_eff_ratio"]]
             for r in runs

@@ -55,7 +55,6 @@ from engine.export.conversations import (
 from engine.supervision import recorded_supervision, supervision_counts
 from ingest.log import EventLog
 
-SUPERVISED_FORMATS = ("dpo", "kto", "steps")
 ATTEMPT_FIELDS = (
     "verdict",
     "eval_ok",
