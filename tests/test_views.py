@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 
 import pytest
@@ -377,3 +378,21 @@ def test_a_later_catalog_of_the_process_is_copied_from_its_file_and_equals_one_b
     assert definitions(again) == definitions(built)
     assert templates._FILES[key] == path and path.read_bytes()[:4] != b"not "
     assert definitions(Catalog.empty()) == definitions(built)
+
+
+def test_the_catalog_files_of_a_killed_process_are_removed_and_a_running_ones_kept(tmp_path):
+    """A process killed before its exit leaves its directory of catalog files: the next process's sweep removes it."""
+    import subprocess
+    import sys
+
+    from engine.catalog import templates
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{templates.PREFIX}{gone.pid}-x"
+    running = tmp_path / f"{templates.PREFIX}{os.getpid()}-y"
+    for d in (dead, running):
+        (d / "catalog-0.duckdb").parent.mkdir()
+        (d / "catalog-0.duckdb").write_bytes(b"x")
+    templates._sweep(tmp_path)
+    assert not dead.exists() and running.exists()

@@ -76,14 +76,37 @@ def keep(con: duckdb.DuckDBPyConnection, graph: ViewGraph) -> None:
 _DIRECTORY: dict[int, Path] = {}
 
 
+PREFIX = "teacher-mcts-catalogs-"
+
+
 def _directory() -> Path:
-    """This process's directory of files (mode 0700, removed at exit)."""
+    """This process's directory of files (mode 0700, removed at exit; those of killed processes when made)."""
     pid = os.getpid()
     if pid not in _DIRECTORY:
-        made = Path(tempfile.mkdtemp(prefix=f"teacher-mcts-catalogs-{pid}-"))
+        made = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-"))
         _DIRECTORY[pid] = made
         atexit.register(_remove, pid, made)
+        _sweep(made.parent)
     return _DIRECTORY[pid]
+
+
+def _sweep(parent: Path) -> None:
+    """Remove this user's directories of processes that are gone (killed: no exit ran)."""
+    for other in parent.glob(f"{PREFIX}*-*"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(other.name[len(PREFIX) :].split("-", 1)[0])
+            if other.stat().st_uid == os.getuid() and not _alive(pid):
+                shutil.rmtree(other, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _remove(pid: int, directory: Path) -> None:
