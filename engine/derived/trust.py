@@ -69,8 +69,9 @@ def _load(path: Path) -> bytes:
         return _own(f"{path} cannot be made ({err.strerror or err})")
 
 
-def _read(path: Path) -> bytes:
-    """The key in ``path``: a regular file of KEY_BYTES that this user owns and no one else may read or write."""
+def read_private(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``: a regular file this user owns and no one else may read or write
+    (OSError saying why not; a link is not followed, a FIFO does not block)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
@@ -78,9 +79,14 @@ def _read(path: Path) -> bytes:
             raise OSError(0, "not a regular file")
         if st.st_uid != os.getuid() or st.st_mode & 0o077:
             raise OSError(0, "another user owns it or others may read it (chmod 600 it, or remove it)")
-        data = os.read(fd, KEY_BYTES + 1)
+        return os.read(fd, limit)
     finally:
         os.close(fd)
+
+
+def _read(path: Path) -> bytes:
+    """The key in ``path``: a private file (:func:`read_private`) of KEY_BYTES."""
+    data = read_private(path, KEY_BYTES + 1)
     if len(data) != KEY_BYTES:
         raise OSError(0, f"it does not hold {KEY_BYTES} bytes")
     return data

@@ -15,13 +15,11 @@ file can be kept, the server uses a token of its own for this start, and says so
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import secrets
-import stat
 from pathlib import Path
 
-from engine.derived.trust import config_dir
+from engine.derived.trust import config_dir, read_private
 from ingest.errors import InputError
 from ingest.paths import write_atomically
 
@@ -62,17 +60,8 @@ def kept_token(data_dir: Path, new: bool = False) -> tuple[str, str]:
 
 
 def _read(path: Path) -> str:
-    """The token in ``path``: a regular file this user owns that no one else may read or write."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(0, "not a regular file")
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise OSError(0, "another user owns it or others may read it")
-        text = os.read(fd, 256).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+    """The token in ``path``: a private file (``trust.read_private``)."""
+    text = read_private(path, 256).decode("ascii", "replace").strip()
     if not TOKEN_RE.fullmatch(text):
         raise OSError(0, "it holds no token")
     return text
