@@ -13,7 +13,6 @@ their ``metadata.json``, so ``explore`` takes the task and its direction from th
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from ingest.errors import InputError, OptionError, OutputError, ProjectError, os
 from ingest.events import RunStarted, SnapshotSeen, SnapshotsPicked
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.names import RUN, claimed, clashes, refuse_clashes
+from ingest.paths import replace_dir, staging_dir
 from ingest.schema import to_arrow
 from ingest.snapshots import DIRECTIONS, NAME_RE, read_direction, read_metadata, scan
 
@@ -304,10 +304,7 @@ def copy_snapshots(
     only once its copies do).
     """
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging = staging_dir(out)
     try:
         for pick in picks:
             src = Path(pick["path"])
@@ -328,7 +325,7 @@ def copy_snapshots(
             )
             meta_path.unlink()  # the copy may share nothing with the input, but be safe
             meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-        _swap_into_place(staging, out, overwrite, then)
+        replace_dir(staging, out, lambda: _check_replaceable(out, overwrite), then)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -337,25 +334,6 @@ def copy_snapshots(
 def is_attempt(pick: dict[str, Any]) -> bool:
     """Whether a pick is a CORAL run's attempt (a file), to be written out as a snapshot folder."""
     return Path(pick["path"]).is_file()
-
-
-def _swap_into_place(staging: Path, out: Path, overwrite: bool, then: Callable[[], None] | None) -> None:
-    old = None
-    if out.exists():
-        _check_replaceable(out, overwrite)  # again: it may have changed meanwhile
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
-    os.rename(staging, out)
-    try:
-        if then is not None:
-            then()
-    except BaseException:
-        os.rename(out, staging)  # the copies go back to staging (removed by the caller)
-        if old is not None:
-            os.rename(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def select_snapshots(

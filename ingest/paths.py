@@ -148,6 +148,43 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(f"{TMP_MARK}{os.getpid()}-{threading.get_ident()}-{path.name}")
 
 
+def staging_dir(out: Path) -> Path:
+    """Where a directory ``out`` is assembled until it is whole: its hidden sibling ``.<name>.tmp-<pid>``, made
+    empty (with ``out``'s parent) for the caller to fill and hand to :func:`replace_dir`."""
+    out = Path(out)
+    staging = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    return staging
+
+
+def replace_dir(staging: Path, out: Path, recheck: Callable[[], None], then: Callable[[], None] | None = None) -> None:
+    """Move the whole directory ``staging`` to ``out``, so ``out`` never holds a part of it.
+
+    An existing ``out`` is first checked again by ``recheck`` (which raises unless it may be replaced: it may
+    have changed since the caller first looked), moved aside, and removed once ``staging`` is in place and
+    ``then`` (when given) returned. If ``then`` raises, the earlier ``out`` is put back and the new files go
+    back to ``staging``, which the caller removes.
+    """
+    old = None
+    if out.exists():
+        recheck()
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.rename(out, old)
+    os.rename(staging, out)
+    try:
+        if then is not None:
+            then()
+    except BaseException:
+        os.rename(out, staging)
+        if old is not None:
+            os.rename(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old)
+
+
 def write_atomically(
     path: Path,
     content: bytes | str | Callable[[Path], object],

@@ -275,6 +275,7 @@ ONE_DEFINITION = {
     "atomic write": ("ingest/paths.py", "write_atomically"),
     "same-file signature": ("ingest/paths.py", "file_signature"),
     "retry while the log moves": ("ingest/listing.py", "while_moving"),
+    "directory replaced whole": ("ingest/paths.py", "replace_dir"),
 }
 ALSO = {
     # the log's publish: the record commits a part between its write and its rename (DECISIONS, "Event log")
@@ -314,7 +315,8 @@ def _renamed(call) -> str | None:
 
 def infrastructure_rules_written_again(root) -> list[str]:
     """Where under ``root`` (cli.py, engine/, ingest/) a function writes one of ONE_DEFINITION's rules itself:
-    a file written then renamed into place; a tuple of two or more stat fields compared as a file's identity;
+    a file written then renamed into place; a directory moved aside, another renamed in its place and the first
+    removed; a tuple of two or more stat fields compared as a file's identity;
     a bounded ``for ... in range(...)`` loop that retries when a file vanished (catches FileNotFoundError or a
     ``Moved``) or sleeps between tries."""
     import ast
@@ -334,6 +336,10 @@ def infrastructure_rules_written_again(root) -> list[str]:
             written = {w for w in map(_written, calls) if w}
             if "atomic write" not in home and any(_renamed(c) in written for c in calls if _renamed(c)):
                 found.append(f"{name}:{fn.lineno} {fn.name}: an atomic write (a file written, then renamed)")
+            moves = [c for c in calls if _renamed(c) and getattr(c.func.value, "id", "") == "os"]
+            if len(moves) > 1 and "rmtree" in {getattr(c.func, "attr", "") for c in calls}:
+                if "directory replaced whole" not in home:
+                    found.append(f"{name}:{fn.lineno} {fn.name}: a directory replaced whole (moved aside, removed)")
             for node in ast.walk(fn):
                 fields = {e.attr for e in getattr(node, "elts", ()) if isinstance(e, ast.Attribute)} & STAT_FIELDS
                 if isinstance(node, ast.Tuple) and len(fields) > 1 and "same-file signature" not in home:
@@ -367,7 +373,7 @@ def _retries(loop) -> bool:
 
 def test_each_infrastructure_rule_is_written_once():
     """Atomic writes were written 10 ways (fsync in some), the same-file signature 6, the retry while a log
-    moves 11 (bounds 3 to 50): each is one function now (ONE_DEFINITION), which every caller calls."""
+    moves 11 (bounds 3 to 50), a directory replaced whole 2: each is one function now (ONE_DEFINITION), which every caller calls."""
     assert infrastructure_rules_written_again(ROOT) == []
 
 

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from engine.export.features import RowShapes
 from ingest.errors import InputError, OutputError, os_problem
+from ingest.paths import replace_dir, staging_dir
 
 MANIFEST = "manifest.json"
 CARD = "README.md"  # the dataset card (engine/export/card.py)
@@ -57,14 +58,11 @@ class ExportDir:
         self.out = Path(out).resolve()
         self.overwrite = overwrite
         check_out(self.out, overwrite)
-        self.staging = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}"
         self.files: dict[str, dict[str, Any]] = {}
         self.shapes = RowShapes()  # every row's features merged (the dataset card declares them)
         self._open: tuple[str, BinaryIO, Any] | None = None
         try:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(self.staging, ignore_errors=True)
-            self.staging.mkdir()
+            self.staging = staging_dir(self.out)
         except OSError as err:
             raise OutputError(f"{self.out}: cannot write the export ({os_problem(err)})") from err
 
@@ -104,14 +102,7 @@ class ExportDir:
         self.shapes.close()
         (self.staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         (self.staging / CARD).write_text(card)
-        if self.out.exists():
-            check_out(self.out, self.overwrite)  # again: it may have changed meanwhile
-            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
-            os.rename(self.out, old)
-            os.rename(self.staging, self.out)
-            shutil.rmtree(old)
-        else:
-            os.rename(self.staging, self.out)
+        replace_dir(self.staging, self.out, lambda: check_out(self.out, self.overwrite))
         return self.out
 
     def abandon(self) -> None:
