@@ -396,3 +396,40 @@ def test_the_catalog_files_of_a_killed_process_are_removed_and_a_running_ones_ke
         (d / "catalog-0.duckdb").write_bytes(b"x")
     templates._sweep(tmp_path)
     assert not dead.exists() and running.exists()
+
+
+def test_a_selection_id_recorded_twice_stands_for_its_latest_record_in_every_view():
+    """A reselection under an id already recorded replaces it: paths, labels, pairs and step paths each show
+    the later record's rows only (the macro latest_record, the one statement of the rule)."""
+    from conftest import catalog_of
+
+    from ingest.events import PathsSelected, SupervisionSelected
+
+    def paths(leaf: str) -> list[dict]:
+        return [{"tree_id": "T", "leaf_id": leaf, "node_ids": ["T", leaf], "rank": 1, "path_score": 1.0}]
+
+    def supervision(watermark: int, edge: str) -> SupervisionSelected:
+        return SupervisionSelected(
+            watermark=watermark,
+            selection_id="s",
+            rule="soft",
+            min_margin=0.1,
+            threshold=0.5,
+            pairs=[{"tree_id": "T", "node_id": "T", "depth": 0, "chosen_id": edge, "rejected_id": "x", "margin": 1}],
+            labels=[{"tree_id": "T", "edge_id": edge, "node_id": "T", "layer": 1, "value": 1.0, "label": True}],
+            step_paths=[{"tree_id": "T", "leaf_id": edge, "edge_ids": [edge], "step_values": [1.0]}],
+        )
+
+    events = [
+        PathsSelected(watermark=1, selection_id="p", weights={}, top_k=1, paths=paths("T.1")),
+        supervision(2, "e1"),
+        PathsSelected(watermark=3, selection_id="p", weights={}, top_k=1, paths=paths("T.2")),
+        supervision(4, "e2"),
+        PathsSelected(watermark=5, selection_id="other", weights={}, top_k=1, paths=paths("T.1")),
+    ]
+    cat = catalog_of(events)
+    rows = cat.execute("select selection_id, leaf_id from int_paths__recorded order by all").fetchall()
+    assert rows == [("other", "T.1"), ("p", "T.2")]
+    assert cat.execute("select edge_id from int_labels__recorded").fetchall() == [("e2",)]
+    assert cat.execute("select chosen_id from int_pairs__recorded").fetchall() == [("e2",)]
+    assert cat.execute("select leaf_id from int_steps__recorded").fetchall() == [("e2",)]

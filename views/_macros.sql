@@ -43,6 +43,11 @@ create or replace macro edge_parts(edge_id) as
 create or replace macro against_verdict(chosen_verdict, rejected_verdict) as
     chosen_verdict in ('pruned', 'retry', 'kept_exempt') and rejected_verdict = 'kept';
 
+-- Whether a selection decision's row is the one its selection id stands for: a selection id
+-- recorded twice (a reselection under the same id) keeps its latest record.
+create or replace macro latest_record(run_id, selection_id, seq) as
+    row_number() over (partition by run_id, selection_id order by seq desc) = 1;
+
 -- Numeric ordering key of a node id "T.2.10" -> [2, 10] so that T.2 < T.10.
 create or replace macro node_key(node_id) as
     list_transform(string_split(node_id, '.')[2:], lambda x: cast(x as integer));

@@ -2,7 +2,7 @@
 -- grain: run_id, selection_id, tree_id, edge_id
 -- sources: stg_supervision_selected
 --
--- A selection id recorded twice keeps its latest record.
+-- A selection id recorded twice keeps its latest record (macro latest_record).
 with lists as (
     select
         run_id,
@@ -14,7 +14,7 @@ with lists as (
                "label": "BOOLEAN", "task": "VARCHAR", "stage": "VARCHAR"}]'
         ) as recorded
     from stg_supervision_selected
-    qualify row_number() over (partition by run_id, selection_id order by seq desc) = 1
+    qualify latest_record(run_id, selection_id, seq)
 )
 
 select

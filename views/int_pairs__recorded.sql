@@ -2,7 +2,7 @@
 -- grain: run_id, selection_id, tree_id, node_id, chosen_id, rejected_id
 -- sources: stg_supervision_selected, int_edges__started
 --
--- A selection id recorded twice keeps its latest record. against_verdict: the chosen
+-- A selection id recorded twice keeps its latest record (macro latest_record). against_verdict: the chosen
 -- attempt failed the tree's prune test and the rejected one passed it (the macro
 -- against_verdict over the attempts' verdicts, which never change once recorded).
 with lists as (
@@ -16,7 +16,7 @@ with lists as (
                "margin": "DOUBLE", "task": "VARCHAR", "stage": "VARCHAR"}]'
         ) as recorded
     from stg_supervision_selected
-    qualify row_number() over (partition by run_id, selection_id order by seq desc) = 1
+    qualify latest_record(run_id, selection_id, seq)
 ),
 
 pairs as (

@@ -3,7 +3,7 @@
 -- sources: stg_paths_selected
 --
 -- The paths a PathsSelected decision holds, as recorded (the training set of that
--- selection); a selection id recorded twice keeps its latest record.
+-- selection); a selection id recorded twice keeps its latest record (macro latest_record).
 with recorded_lists as (
     select
         run_id,
@@ -18,7 +18,7 @@ with recorded_lists as (
                "snapshot": "VARCHAR"}]'
         ) as recorded_paths
     from stg_paths_selected
-    qualify row_number() over (partition by run_id, selection_id order by seq desc) = 1
+    qualify latest_record(run_id, selection_id, seq)
 ),
 
 recorded as (
