@@ -25,8 +25,10 @@ log before the next one reads it, in an order a kill -9 cannot break:
 ``campaign --resume`` copies what a round recorded and its runs did not, resumes
 every run, and goes on; in rounds mode it reaches the same campaign.
 
-The package imports nothing: ``names`` (a campaign's name standing for its runs) and
-``log`` (its log and views) are read where runs are, without the loop. ``command``
-starts, resumes and sums up a campaign; ``loop`` grows its runs; ``policy`` decides
-its rounds; ``replay`` re-derives them; ``watch`` follows one.
+The package imports nothing: ``config`` (the campaign's file) and ``log`` (its log and
+views) are read where runs are, without the loop; a campaign's name stands for its runs
+in every command that reads runs (:mod:`engine.runset`). ``command`` starts, resumes
+and sums up a campaign; ``loop`` grows its runs; ``policy`` decides its rounds;
+``replay`` re-derives them; ``watch`` follows one; ``integrity`` verifies and
+quarantines its logs and its runs'.
 """
