@@ -391,10 +391,12 @@ def test_the_decisions_are_a_map_read_in_an_hour():
     assert names and all(f"[{name}](#" in index for name in names), names
 
 
-def test_the_export_formats_are_listed_once():
-    """FORMATS was written twice (engine.export and the command's choices) and the path formats tested
-    by their names: engine.export_formats holds the one list; a tuple or list of format names elsewhere
-    fails."""
+def test_each_export_format_is_stated_once():
+    """FORMATS was written twice (engine.export and the command's choices), the path formats tested by their
+    names, and a format's title, description, view, order and row named in dicts keyed by the names in four
+    places: engine.export_formats states each format once (a Format); a tuple, list or dict keyed by two or
+    more format names anywhere else fails (card.py's TITLES and WHAT, supervised.py's views and export's
+    row names on the commit before)."""
     import ast
 
     names = {"chat", "atif", "dpo", "kto", "steps"}
@@ -402,15 +404,17 @@ def test_the_export_formats_are_listed_once():
     found = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Tuple | ast.List):
-                listed = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+            elts = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", [])
+            if isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Dict):
+                listed = {e.value for e in elts if isinstance(e, ast.Constant)}
                 if len(listed & names) >= 2:
                     found.add(str(path.relative_to(ROOT)))
-    assert sorted(found) == ["engine/export_formats.py"]
+    assert sorted(found) == []
     from engine.export import FORMATS
-    from engine.export_formats import PATH_FORMATS, SUPERVISED_FORMATS
+    from engine.export_formats import BY_NAME, PATH_FORMATS, SUPERVISED_FORMATS
 
-    assert FORMATS == PATH_FORMATS + SUPERVISED_FORMATS and set(FORMATS) == names
+    assert FORMATS == PATH_FORMATS + SUPERVISED_FORMATS and set(FORMATS) == names == set(BY_NAME)
+    assert all(BY_NAME[name].view and BY_NAME[name].order for name in SUPERVISED_FORMATS)
 
 
 def test_a_selections_latest_record_is_chosen_in_one_macro():

@@ -51,7 +51,7 @@ from engine.export.supervised import (
     prepare_supervised,
     supervised_samples,
 )
-from engine.export_formats import FORMATS, SUPERVISED_FORMATS
+from engine.export_formats import BY_NAME, FORMATS
 from engine.runs import over_runs
 from engine.runset import DamagedRun, RunSet
 from engine.selections import recorded_selection
@@ -124,7 +124,7 @@ def export_runs(
         raise InputError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if invalid not in INVALID_CALLS:
         raise InputError(f"--invalid-calls must be one of {', '.join(INVALID_CALLS)}, not {invalid!r}")
-    supervised = fmt in SUPERVISED_FORMATS
+    supervised = not BY_NAME[fmt].of_paths
     if supervised and tokenizer:
         raise InputError(f"--tokenizer counts the tokens of chat and atif samples, not of {fmt} ones")
     lengths = Lengths(tokenizer)
@@ -133,7 +133,7 @@ def export_runs(
     found = RunSet(data_dir, run_ids).checked()
     runs, damaged, derived = found.run_ids, found.damaged, found.derived
     if not run_ids:
-        runs = _runs_with_selections(data_dir, runs, "supervision_selected" if supervised else "paths_selected")
+        runs = _runs_with_selections(data_dir, runs, BY_NAME[fmt].decision)
     target = ExportDir(outside_data(Path(out), data_dir, "the export"), overwrite)
     try:
 
@@ -192,9 +192,9 @@ def _nothing_written(records: list[dict[str, Any]], runs: list[str], fmt: str, t
     dropped = sum(r["invalid_call_samples"] for r in records if "left_out" not in r)
     dropped += sum(r["left_out"]["invalid_calls"] for r in records if "left_out" in r)
     left = f" ({dropped} with invalid calls left out: --invalid-calls drop)" if dropped else ""
-    if fmt not in SUPERVISED_FORMATS:
-        raise InputError(f"no selected path{of} in {', '.join(runs)}{left}")
-    what = {"dpo": "preference pair", "kto": "labelled attempt", "steps": "root-to-leaf path"}[fmt]
+    what = BY_NAME[fmt].row
+    if BY_NAME[fmt].of_paths:
+        raise InputError(f"no {what}{of} in {', '.join(runs)}{left}")
     rules = "; ".join(f"{r['run_id']}: rule {r['rule']}, min margin {r['min_margin']:g}" for r in records)
     why = " (no node has two finished attempts whose values differ by the margin)" if fmt == "dpo" and not of else ""
     unrecorded = sum(r["left_out"]["unrecorded"] for r in records)
@@ -500,5 +500,5 @@ def _manifest(
         "counts": counts,
         "samples": sum(r["samples"] for r in records),
         "files": files,
-        **({} if fmt in SUPERVISED_FORMATS else lengths.manifest()),
+        **(lengths.manifest() if BY_NAME[fmt].of_paths else {}),
     }

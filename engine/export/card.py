@@ -22,38 +22,13 @@ from typing import Any
 from engine import __version__
 from engine.catalog import Catalog
 from engine.export.features import yaml_features
-from engine.export_formats import PATH_FORMATS
+from engine.export_formats import BY_NAME
 from engine.selections import Params, default_params
 
 COVERAGE = (
     "select stratum, stratum_key, selected_paths, n_eff, n_eff_ratio from coverage "
     "where stratum in ('all', 'task', 'stage') order by list_position(['all', 'task', 'stage'], stratum), stratum_key"
 )
-
-TITLES = {
-    "chat": "SFT samples (OpenAI chat messages with tools)",
-    "atif": "SFT trajectories (ATIF v1.4)",
-    "dpo": "preference pairs (TRL conversational preference)",
-    "kto": "labelled attempts (TRL unpaired preference)",
-    "steps": "step-labelled paths (TRL stepwise supervision)",
-}
-WHAT = {
-    "chat": "One row per selected root-to-leaf path: `messages` (the conversation the Teacher's model had along "
-    "the path, root to leaf, as it received it), `tools` (the tool definitions it was offered, JSON text) and "
-    "`metadata` (the path's scores, nodes, turns and evals).",
-    "atif": "One trajectory per selected root-to-leaf path: system, user and agent steps, each agent step with its "
-    "tool calls, their results, its token metrics, its tool errors and the turn's eval.",
-    "dpo": "One row per preference pair: two attempts from one node of a tree. `prompt` is what both attempts' model "
-    "received before its first answer; `chosen` and `rejected` are each attempt's own messages from that answer "
-    "on (both turns: answers, tool results, the next turn's prompt and the eval output between them). Only the "
-    "assistant messages are the model's: score only those (docs/TRAINING.md). `metadata.shared_prompt` is false "
-    "in rows of logs whose turn prompts named their attempt: there the prompt ends before the turn prompts.",
-    "kto": "One row per finished attempt: `prompt` (what its model received before its first answer), "
-    "`completion` (its own messages from that answer on) and `label` (good or bad under the rule). Retried, "
-    "pruned and failed attempts are labelled, not dropped. Only the assistant messages are the model's.",
-    "steps": "One row per root-to-leaf path of kept edges: `prompt` (up to the model's first answer), "
-    "`completions` (each edge's own messages, root to leaf) and `labels` (each edge's label under the rule).",
-}
 
 
 def provenance(catalog: Catalog) -> dict[str, Any]:
@@ -78,7 +53,7 @@ def card(manifest: dict[str, Any], shape: tuple, data_dir: Path, options: list[s
     ``--format`` and ``--out``, as the command that writes the files again needs them)."""
     fmt = manifest["format"]
     runs = manifest["runs"]
-    names = ", ".join(r["run_id"] for r in runs)
+    names, written = ", ".join(r["run_id"] for r in runs), BY_NAME[fmt]
     lines = [
         "---",
         f"pretty_name: {json.dumps(f'teacher-mcts {fmt} export of {names}')}",
@@ -96,9 +71,9 @@ def card(manifest: dict[str, Any], shape: tuple, data_dir: Path, options: list[s
         *yaml_features(shape, 2),
         "---",
         "",
-        f"# {manifest['samples']} {TITLES[fmt]} from {len(runs)} teacher-mcts run{'s' if len(runs) != 1 else ''}",
+        f"# {manifest['samples']} {written.title} from {len(runs)} teacher-mcts run{'s' if len(runs) != 1 else ''}",
         "",
-        WHAT[fmt],
+        written.rows,
         "",
         "Made by exploring saved states (snapshots) of a Student CORAL run with a Teacher agent in token-aware",
         "MCTS trees; every row comes from the runs' event logs (docs/ALGORITHM.md of teacher-mcts). "
@@ -169,7 +144,7 @@ def card(manifest: dict[str, Any], shape: tuple, data_dir: Path, options: list[s
 
 
 def _selection(fmt: str, runs: list[dict[str, Any]]) -> list[str]:
-    if fmt in PATH_FORMATS:
+    if BY_NAME[fmt].of_paths:
         return [
             "The paths of each run's recorded path selection (Top-k per root by PathScore, docs/ALGORITHM.md §3):",
             "",
@@ -202,7 +177,7 @@ def _filters(manifest: dict[str, Any]) -> str:
 
 def _independence(fmt: str, runs: list[dict[str, Any]]) -> list[str]:
     """How independent the rows are: N_eff of the selected paths, pair_n_eff of the pairs (by task and stage)."""
-    if fmt in PATH_FORMATS:
+    if BY_NAME[fmt].of_paths:
         rows = [
             [r["run_id"], c["stratum"], c["stratum_key"], c["selected_paths"], c["n_eff"], c["n_eff_ratio"]]
             for r in runs

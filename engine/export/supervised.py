@@ -52,6 +52,7 @@ from engine.export.conversations import (
     read_conversations,
     same_content,
 )
+from engine.export_formats import BY_NAME
 from engine.supervision import recorded_supervision, supervision_counts
 from ingest.log import EventLog
 
@@ -152,11 +153,7 @@ def prepare_supervised(
     sid, tail = chosen["selection_id"], catalog.tail_seq()
     filters = "selection_id = ? and (? is null or task = ?) and (? is null or stage = ?)"
     args = [sid, task, task, stage, stage]
-    view, order = {
-        "dpo": ("int_pairs__recorded", "tree_id, node_key(node_id), chosen_id, rejected_id"),
-        "kto": ("int_labels__recorded", "tree_id, edge_id"),
-        "steps": ("int_steps__recorded", "tree_id, node_key(leaf_id)"),
-    }[fmt]
+    view, order = BY_NAME[fmt].view, BY_NAME[fmt].order
     rows = catalog.query(f"select * from {view} where {filters} order by {order}", args)
     values = {
         (r["tree_id"], r["edge_id"]): {"value": r["value"], "label": r["label"]}
