@@ -12,8 +12,15 @@
 -- it still needs (attempts x target_good_leaves / good_leaves); at least one attempt
 -- more either way, so the estimate is never 0 while a tree is unfinished. eta_seconds
 -- is null ("estimating") until a tree finished and an edge was judged in measured time
--- of the session; 0 once the run finished.
-with session as (
+-- of the session; 0 once the run finished. started_at: the run's first start; run_seconds: from it to
+-- its finish (the last RunFinished) or, while unfinished, to its last event (null: a time not recorded).
+with first_start as (
+    select run_id, min(recorded_at) as started_at
+    from stg_run_started
+    group by run_id
+),
+
+session as (
     select run_id, max(recorded_at) as started_at
     from (
         select run_id, recorded_at from stg_run_started
@@ -95,6 +102,8 @@ remaining as (
 paced as (
     select
         s.run_id,
+        b.started_at,
+        date_diff('millisecond', b.started_at, coalesce(f.finished_at, l.last_event_at)) / 1000.0 as run_seconds,
         s.started_at as session_started_at,
         l.last_event_at,
         date_diff('millisecond', s.started_at, l.last_event_at) / 1000.0 as session_seconds,
@@ -106,6 +115,7 @@ paced as (
         f.finished
     from session as s
     inner join int_run__finished as f on s.run_id = f.run_id
+    left join first_start as b on s.run_id = b.run_id
     left join latest as l on s.run_id = l.run_id
     left join judged as j on s.run_id = j.run_id
     left join tokens as k on s.run_id = k.run_id

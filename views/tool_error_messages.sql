@@ -1,19 +1,14 @@
 -- The error messages of failed tool calls, grouped by their normalized form, most frequent first.
 -- grain: run_id, message
--- sources: tool_calls
+-- sources: failures
 --
 -- message: the error with paths, hex ids, numbers and quoted text replaced by
--- placeholders (the macro normalized_message); share: of all failed calls; tools:
+-- placeholders (the failures view's message); share: of all failed calls; tools:
 -- the tools that failed with it; example: one message as it was (the first in the log).
 with failed as (
-    select
-        run_id,
-        normalized_message(coalesce(error, 'error without a message')) as message,
-        tool,
-        error,
-        seq
-    from tool_calls
-    where status = 'error'
+    select run_id, message, tool, error, seq
+    from failures
+    where kind = 'tool'
 )
 
 select

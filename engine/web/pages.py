@@ -121,8 +121,21 @@ def _fill(pattern: str, row: dict[str, Any]) -> str:
     return pattern.format_map(row)
 
 
+def _combine(links: dict[str, str] | None, more: dict[str, str]) -> dict[str, str]:
+    """A table's column links with ``more`` added (a count's link to its rows)."""
+    return {**(links or {}), **more}
+
+
 TEMPLATES.filters.update(
-    num=_num, cell=_cell, folded=_folded, arguments=_arguments, call=_call, content=_content, href=_href, fill=_fill
+    num=_num,
+    cell=_cell,
+    folded=_folded,
+    arguments=_arguments,
+    call=_call,
+    content=_content,
+    href=_href,
+    fill=_fill,
+    combine=_combine,
 )
 
 

@@ -20,6 +20,7 @@ import duckdb
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from engine.web.lists import listed
 from engine.web.pages import page
 from ingest.errors import ProjectError
 from ingest.snapshots import STAGES
@@ -30,6 +31,9 @@ ATTEMPTS_SHOWN = 100  # attempts listed with their hits
 AROUND = 90  # characters of context each side of a match
 KINDS = ("text", "reasoning", "call", "result", "feedback")  # feedback: an eval's status, error and feedback
 VERDICTS = ("kept", "kept_exempt", "pruned", "retry")
+LISTS = ("attempts", "paths")
+WHICH = ("selected", "ranked")
+TEXT_FIELDS = ("q", "kind", "tool", "run", "task", "stage", "tree", "edge", "message", "verdict", "show", "which")
 
 FOUND = """
 select p.*, e.parent_id, e.verdict, e.edge_score, e.task, e.stage
@@ -58,7 +62,11 @@ class Query:
     task: str = ""
     stage: str = ""
     tree: str = ""
+    edge: str = ""  # one attempt's (an edge id)
+    message: str = ""  # failed calls with this error message (failures.message: as tool_error_messages groups)
     verdict: str = ""
+    show: str = ""  # the rows a count stands for, listed from a view (engine.web.lists): attempts or paths
+    which: str = ""  # paths: selected, ranked, or every candidate ('')
     min_score: float | None = None
     max_score: float | None = None
     errors: bool = False
@@ -68,9 +76,8 @@ class Query:
 
     @classmethod
     def of(cls, params: Any) -> Query:
-        found = cls(**{k: (params.get(k) or "").strip() for k in ("q", "kind", "tool", "run", "task", "stage", "tree")})
-        found.verdict = (params.get("verdict") or "").strip()
-        found.errors, found.knowledge = bool(params.get("errors")), bool(params.get("knowledge"))
+        found = cls(**{k: (params.get(k) or "").strip() for k in TEXT_FIELDS})
+        found.errors, found.knowledge = bool(params.get("errors") or found.message), bool(params.get("knowledge"))
         for name in ("min_score", "max_score"):
             text = (params.get(name) or "").strip()
             try:
@@ -86,6 +93,10 @@ class Query:
             found.problems.append(f"kind {found.kind!r} is not one of {', '.join(KINDS)}")
         if found.verdict and found.verdict not in VERDICTS:
             found.problems.append(f"verdict {found.verdict!r} is not one of {', '.join(VERDICTS)}")
+        if found.show and found.show not in LISTS:
+            found.problems.append(f"show {found.show!r} is not one of {', '.join(LISTS)}")
+        if found.which and found.which not in WHICH:
+            found.problems.append(f"which {found.which!r} is not one of {', '.join(WHICH)}")
         return found
 
     @property
@@ -95,7 +106,7 @@ class Query:
 
     def at(self, page: int) -> dict[str, Any]:
         """The form's fields of this search at another page (a link's query)."""
-        fields = {k: getattr(self, k) for k in ("q", "kind", "tool", "run", "task", "stage", "tree", "verdict")}
+        fields = {k: getattr(self, k) for k in TEXT_FIELDS}
         fields |= {k: getattr(self, k) for k in ("min_score", "max_score") if getattr(self, k) is not None}
         fields |= {k: "1" for k in ("errors", "knowledge") if getattr(self, k)}
         return {k: v for k, v in fields.items() if v != ""} | {"page": page}
@@ -110,7 +121,12 @@ class Query:
             if value:
                 clauses.append(f"{column} = ?")
                 args.append(value)
-        for column, value in (("e.task", self.task), ("e.stage", self.stage), ("p.tree_id", self.tree)):
+        for column, value in (
+            ("e.task", self.task),
+            ("e.stage", self.stage),
+            ("p.tree_id", self.tree),
+            ("p.edge_id", self.edge),
+        ):
             if value:
                 clauses.append(f"{column} = ?")
                 args.append(value)
@@ -127,10 +143,12 @@ class Query:
             clauses.append("p.kind = 'result'")
         for flag, table in ((self.errors, "failed_calls"), (self.knowledge, "knowledge_calls")):
             if flag:
+                message = " and c.message = ?" if self.message and table == "failed_calls" else ""
                 clauses.append(
                     f"exists (select 1 from {table} as c where c.run_id = p.run_id and c.edge_id = p.edge_id "
-                    "and c.call_id = p.call_id)"
+                    f"and c.call_id = p.call_id{message})"
                 )
+                args += [self.message] if message else []
         return " and ".join(clauses) or "true", args
 
 
@@ -149,7 +167,9 @@ def search(source: Any, query: Query) -> dict[str, Any]:
     }
     tables["feedback"] = _feedback(source, [n for n in names if n in runs.run_ids])
     if query.errors:
-        tables["failed_calls"] = runs.arrow("select run_id, edge_id, call_id from failures where kind = 'tool'")
+        tables["failed_calls"] = runs.arrow(
+            "select run_id, edge_id, call_id, message from failures where kind = 'tool'"
+        )
     if query.knowledge:
         tables["knowledge_calls"] = runs.arrow("select run_id, edge_id, call_id from tool_calls where is_knowledge")
     where, args = query.where()
@@ -239,7 +259,9 @@ def search_page(request: Request) -> HTMLResponse:
         runs = source.collection()
         choices["runs"] = list(runs.run_ids)
         choices["tasks"] = [r["task"] for r in runs.query("select distinct task from trees order by task")]
-        if query.asked and not error:
+        if query.show and not error:
+            found |= listed(runs, query, SHOWN)
+        elif query.asked and not error:
             found = search(source, query)
     except ProjectError as err:
         error = str(err)
@@ -252,6 +274,8 @@ def search_page(request: Request) -> HTMLResponse:
         attempts_shown=ATTEMPTS_SHOWN,
         kinds=KINDS,
         verdicts=VERDICTS,
+        lists=LISTS,
+        which=WHICH,
         **found,
         **choices,
     )
