@@ -38,6 +38,7 @@ CSV_AHEAD = 4  # batches of a CSV download made ahead of what its client has tak
 FORM_BYTES = 2**20  # the largest form (a query) the SQL page takes
 T = TypeVar("T")
 TEMPLATES.tests["cut"] = lambda value: isinstance(value, Cut)  # (the page marks a value shown cut)
+TEMPLATES.filters["id_links"] = lambda row, columns: sql_cells.id_links(columns, row)  # (an id cell: its page)
 
 
 async def sql(request: Request) -> Response:

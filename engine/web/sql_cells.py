@@ -90,6 +90,47 @@ class Shown:
         return True
 
 
+NODE_COLUMNS = ("node_id", "parent_id", "child_id")  # a node of a tree (its row on the tree's page)
+
+
+def id_links(columns: list[str], row: list[Any]) -> list[str | None]:
+    """Where each cell of a result's row leads (a link without the server's prefix), or None: a node's id to its
+    row on its tree's page, an edge's to its column on its node's compare page (the edge id is the node it
+    starts from, ``/``, its column), a path's leaf to its page, a call's id (beside its edge's) to the call there.
+    Only when the row names its run and tree (``run_id``, ``tree_id``): an id alone names nothing."""
+    from urllib.parse import quote
+
+    named = {c: v for c, v in zip(columns, row, strict=False) if isinstance(v, str) and v}
+    run, tree = named.get("run_id"), named.get("tree_id")
+    if not run or not tree:
+        return [None] * len(row)
+    at = f"/run/{quote(run, safe='')}"
+    tree_page = f"{at}/tree/{quote(tree, safe='')}"
+
+    def compare(edge: str, anchor: str = "") -> str | None:
+        if "/" not in edge:
+            return None
+        parent, column = edge.rsplit("/", 1)
+        return f"{tree_page}/compare?node={quote(parent, safe='')}#{quote(column + anchor, safe='')}"
+
+    links: list[str | None] = []
+    for column, value in zip(columns, row, strict=False):
+        value = value if isinstance(value, str) and value else None
+        if value is None:
+            links.append(None)
+        elif column in NODE_COLUMNS:
+            links.append(f"{tree_page}#node-{quote(value, safe='')}")
+        elif column == "edge_id":
+            links.append(compare(value))
+        elif column == "leaf_id":
+            links.append(f"{at}/path?tree={quote(tree, safe='')}&leaf={quote(value, safe='')}")
+        elif column == "call_id" and named.get("edge_id"):
+            links.append(compare(named["edge_id"], f"-call-{value}"))
+        else:
+            links.append(None)
+    return links
+
+
 def body(query: str) -> str:
     """``query`` without the semicolons that end it (to be wrapped as a subquery)."""
     raw = query.encode()  # the tokenizer's positions are byte offsets
