@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from markupsafe import Markup
 from starlette.applications import Starlette
@@ -31,11 +32,15 @@ from engine.report import LEGEND, drawn_trees
 from engine.web import data, sql
 from engine.web.gate import SameOrigin, TokenGate
 from engine.web.live import run_events
-from engine.web.pages import HEADERS, HERE, TEMPLATES, bad_name, page, problem
+from engine.web.pages import HEADERS, HERE, TEMPLATES, arranged, bad_name, page, problem, seconds_text, time_text
 from engine.web.search import search_page
 from ingest.errors import ProjectError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+RUN_COLUMNS = ["run_id", "task", "backend", "started", "duration", "trees", "trees_done", "finished", "roots"]
+RUN_COLUMNS += ["selected_paths", "n_eff", "n_eff_ratio", "tokens", "cost"]
+CAMPAIGN_COLUMNS = ["campaign", "policy", "tasks", "budget_edges", "spent_edges", "budget_tokens", "spent_tokens"]
+CAMPAIGN_COLUMNS += ["rounds", "stop_reason", "finished"]
 
 
 class NoSuchName(Exception):
@@ -64,6 +69,14 @@ def collection(request: Request) -> HTMLResponse:
         message = str(err)
     campaigns, damaged = data.campaigns_table(source.data_dir, runs)
     damaged = left_out + damaged
+    shown: dict[str, Any] = {"runs_all": 0, "campaigns_all": len(campaigns)}
+    params = request.query_params
+    if tables is not None:  # each run's start and duration shown as read; sorted and filtered as the page asks
+        for r in tables["runs"]:
+            r["started"], r["duration"] = time_text(r["started_at"]), seconds_text(r["run_seconds"])
+        shown["runs_all"] = len(tables["runs"])
+        tables["runs"], shown["run_headings"] = arranged(tables["runs"], RUN_COLUMNS, params)
+    campaigns, shown["campaign_headings"] = arranged(campaigns, CAMPAIGN_COLUMNS, params, "campaign_")
     return page(
         request,
         "collection.html",
@@ -72,6 +85,10 @@ def collection(request: Request) -> HTMLResponse:
         damaged=damaged,
         message=message,
         data_dir=source.data_dir,
+        run_columns=RUN_COLUMNS,
+        campaign_columns=CAMPAIGN_COLUMNS,
+        q=(params.get("q") or "").strip(),
+        **shown,
     )
 
 

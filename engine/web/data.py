@@ -201,7 +201,8 @@ def collection_page(runs: Collection) -> dict[str, Rows]:
     )
     overall = {r["run_id"]: r for r in coverage if r["stratum"] == "all"}  # (coverage is the costly view: read once)
     runs_rows = q(
-        "select r.run_id, r.task, r.backend, p.trees, p.trees_done, a.finished, k.tokens, k.cost "
+        "select r.run_id, r.task, r.backend, p.trees, p.trees_done, a.finished, a.started_at, a.run_seconds, "
+        "k.tokens, k.cost "
         "from run_config as r join run_progress as p using (run_id) join run_pace as a using (run_id) "
         "left join run_cost as k using (run_id) order by r.run_id"
     )

@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader
 from starlette.requests import Request
@@ -121,6 +122,51 @@ def _fill(pattern: str, row: dict[str, Any]) -> str:
     return pattern.format_map(row)
 
 
+def seconds_text(seconds: Any) -> str:
+    """Seconds as a reader says them; "time unknown" when they were not recorded (never "0 s")."""
+    if seconds is None:
+        return "time unknown"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def time_text(moment: Any) -> str:
+    """A recorded time as UTC to the second; "time unknown" when none was recorded."""
+    if moment is None:
+        return "time unknown"
+    if isinstance(moment, datetime) and moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if isinstance(moment, datetime) else str(moment)
+
+
+SORT_KEYS = {"started": "started_at", "duration": "run_seconds"}  # a shown column sorted by the value it shows
+
+
+def arranged(rows: list[dict[str, Any]], columns: list[str], params: Any, prefix: str = "") -> tuple[list, dict]:
+    """A table's rows as the page asks (its links, no script needed): those whose shown cells hold the text
+    ``params['q']`` (any case), sorted by the column ``params[prefix + 'sort']`` (``prefix + 'order'``: asc or
+    desc; an empty cell last); and each column's heading: the link that sorts by it, and whether it does."""
+    sort, order = params.get(prefix + "sort"), "desc" if params.get(prefix + "order") == "desc" else "asc"
+    text = (params.get("q") or "").strip().lower()
+    if text:
+        rows = [r for r in rows if any(text in _cell(r.get(c)).lower() for c in columns)]
+    if sort in columns:
+        key = SORT_KEYS.get(sort, sort)
+        known = sorted((r for r in rows if r.get(key) is not None), key=lambda r: r[key], reverse=order == "desc")
+        rows = known + [r for r in rows if r.get(key) is None]
+    kept = {k: v for k, v in params.items() if k not in (prefix + "sort", prefix + "order")}
+    headings = {}
+    for c in columns:
+        turned = "desc" if c == sort and order == "asc" else "asc"
+        state = ("ascending" if order == "asc" else "descending") if c == sort else None
+        headings[c] = {"href": "?" + urlencode(kept | {prefix + "sort": c, prefix + "order": turned}), "state": state}
+    return rows, headings
+
+
 def _combine(links: dict[str, str] | None, more: dict[str, str]) -> dict[str, str]:
     """A table's column links with ``more`` added (a count's link to its rows)."""
     return {**(links or {}), **more}
@@ -136,6 +182,8 @@ TEMPLATES.filters.update(
     href=_href,
     fill=_fill,
     combine=_combine,
+    duration=seconds_text,
+    when=time_text,
 )
 
 
