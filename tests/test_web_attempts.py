@@ -184,3 +184,118 @@ def test_a_saved_link_opens_after_a_restart_and_a_token_others_can_read_is_repla
         assert page.goto(f"{third.base}/t/{first.token}{link}").status == 403
         assert page.goto(f"{third.base}/t/{third.token}{link}").status == 200
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and kept.read_text().strip() == third.token
+
+
+def _number(text: str) -> int:
+    return int(re.search(r"[\d,]+", text)[0].replace(",", ""))
+
+
+@pytest.mark.slow
+def test_a_count_links_to_exactly_its_rows_and_an_sql_id_to_its_page(two_runs, tmp_path, page):  # noqa: F811
+    catalog = Catalog.for_log(EventLog(two_runs, "rounds"))
+    pruned = catalog.query("select count(*) as n from edges where verdict = 'pruned'")[0]["n"]
+    failed = catalog.query("select count(*) as n from failures where kind = 'tool'")[0]["n"]
+    assert pruned > 0 and failed > 0
+    with served(two_runs, tmp_path) as server:
+        base = f"{server.base}/t/{server.token}"
+        # The run page: its pruned attempts, listed one a row; its failed calls, each once.
+        page.goto(f"{base}/run/rounds")
+        link = page.locator("#pruned-count")
+        assert _number(link.inner_text()) == pruned
+        link.click()
+        page.wait_for_url(re.compile(r"show=attempts"), timeout=60_000)
+        assert page.locator("#list-count").inner_text().startswith(f"{pruned} attempts")
+        verdicts = page.locator("table.attempts-listed tbody tr td:nth-child(5)").all_inner_texts()
+        assert verdicts == ["pruned"] * pruned
+        page.goto(f"{base}/run/rounds")
+        assert _number(page.locator("#errors-count").inner_text()) == failed
+        page.locator("#errors-count").click()
+        page.wait_for_url(re.compile(r"errors=1"), timeout=60_000)
+        assert page.locator("#search-count").inner_text().startswith(f"{failed} hits")
+        # A node's error count: the failed calls of the attempt that made it.
+        edge = catalog.query(
+            "select f.tree_id, f.edge_id, e.child_id, count(*) as n from failures as f join edges as e "
+            "using (run_id, tree_id, edge_id) where f.kind = 'tool' and e.child_id is not null group by all "
+            "order by n desc, edge_id limit 1"
+        )[0]
+        page.goto(f"{base}/run/rounds/tree/{edge['tree_id']}")
+        cell = page.locator(f'[id="node-{edge["child_id"]}"] a.count.errors')
+        assert _number(cell.inner_text()) == edge["n"]
+        cell.click()
+        page.wait_for_url(re.compile(r"edge="), timeout=60_000)
+        assert page.locator("#search-count").inner_text().startswith(f"{edge['n']} hits in 1 attempt")
+        assert page.locator("table.hits tbody tr").count() == edge["n"]
+        # The collection: a coverage cell's paths, a tool's and an error message's failed calls.
+        page.goto(f"{base}/")
+        cells = page.locator("table.coverage tbody tr").filter(has_text="stage")
+        for column in (5, 7, 12):  # candidate, selected paths; pruned edges
+            cell = cells.first.locator(f"td:nth-child({column}) a")
+            shown = _number(cell.inner_text())
+            cell.click()
+            page.wait_for_url(re.compile(r"show="), timeout=60_000)
+            assert _number(page.locator("#list-count").inner_text()) == shown
+            assert page.locator("table.listed tbody tr").count() == shown
+            page.go_back()
+        for table in ("tool-errors", "tool-messages"):
+            cell = page.locator(f"table.{table} tbody td a[href*='errors=1']").last
+            shown = _number(cell.inner_text())
+            cell.click()
+            page.wait_for_url(re.compile(r"errors=1"), timeout=60_000)
+            assert page.locator("#search-count").inner_text().startswith(f"{shown} hit"), table
+            page.go_back()
+        shot(page, "collection-links")
+        # The SQL page: a result's node, edge, path and call ids link to pages that answer.
+        page.goto(f"{base}/sql")
+        page.fill(
+            "#q",
+            "select f.run_id, f.tree_id, f.edge_id, f.call_id, e.parent_id, p.leaf_id from failures as f "
+            "join edges as e using (run_id, tree_id, edge_id) join paths as p using (run_id, tree_id) "
+            "where f.kind = 'tool' order by f.seq limit 3",
+        )
+        page.locator("button.run").click()
+        page.wait_for_selector("#sql-count", timeout=60_000)
+        hrefs = page.locator("table.result a.id").evaluate_all("as => as.map(a => a.href)")
+        assert len(hrefs) == 3 * 4  # (edge, call, node, path of each row; run and tree ids are no page's)
+        for href in hrefs:
+            assert _status(href, server.token) == 200, href
+        page.locator("table.result a.id").nth(1).click()  # a call: its place on its node's compare page
+        page.wait_for_url(re.compile(r"/compare\?node="), timeout=60_000)
+        target = page.evaluate("document.querySelector(':target') && document.querySelector(':target').id")
+        assert target and "-call-" in target
+
+
+@pytest.mark.slow
+def test_the_collection_sorts_by_start_and_filters_by_text_with_and_without_script(two_runs, tmp_path, browser):  # noqa: F811
+    started = {}
+    for run in ("rounds", "async"):
+        catalog = Catalog.for_log(EventLog(two_runs, run))
+        started[run] = catalog.query("select started_at, run_seconds from run_pace")[0]
+    first, last = sorted(started, key=lambda r: started[r]["started_at"])
+    with served(two_runs, tmp_path) as server:
+        base = f"{server.base}/t/{server.token}"
+        for script in (True, False):
+            context = browser.new_context(viewport={"width": 1024, "height": 800}, java_script_enabled=script)
+            page = context.new_page()  # noqa: F811
+            try:
+                page.goto(f"{base}/")
+                rows = page.locator("table.runs tbody tr")
+                columns = page.locator("table.runs thead th").all_inner_texts()
+                at = columns.index("started") + 1
+                for cell in rows.locator(f"td:nth-child({at + 1})").all_inner_texts():  # the duration
+                    assert re.fullmatch(r"\d+\.\d s|\d+ min \d\d s|\d+ h \d\d min", cell), cell
+                page.locator("table.runs thead a", has_text="started").click()
+                page.wait_for_url(re.compile(r"sort=started&order=asc"), timeout=60_000)
+                assert rows.locator("td:first-child").all_inner_texts() == [first, last]
+                page.locator("table.runs thead a", has_text="started").click()
+                page.wait_for_url(re.compile(r"order=desc"), timeout=60_000)
+                assert rows.locator("td:first-child").all_inner_texts() == [last, first]
+                assert page.locator("table.runs th[aria-sort=descending]").inner_text() == "started"
+                page.fill("#collection-filter input[name=q]", first[:4].upper())  # any case
+                page.locator("#collection-filter button").click()
+                page.wait_for_url(re.compile(r"q="), timeout=60_000)
+                assert rows.locator("td:first-child").all_inner_texts() == [first]
+                assert "sort=started" in page.url  # (the sorting kept)
+                assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+                shot(page, f"collection-sorted-{'js' if script else 'nojs'}")
+            finally:
+                context.close()

@@ -88,7 +88,10 @@ def test_every_page_fits_1024_px_and_a_deep_link_is_not_under_the_header(two_run
     try:
         with served(two_runs, tmp_path) as server:
             base = f"{server.base}/t/{server.token}/run/rounds"
-            pages = {
+            pages = {  # (the compare page last: its box is measured below)
+                "collection": f"{server.base}/t/{server.token}/?sort=started&order=desc",
+                "attempts": f"{server.base}/t/{server.token}/search?show=attempts&run=rounds",
+                "paths": f"{server.base}/t/{server.token}/search?show=paths&run=rounds&which=selected",
                 "run": base,
                 "tree": f"{base}/tree/{deep['tree_id']}",
                 "path": f"{base}/path?tree={leaf['tree_id']}&leaf={leaf['leaf_id']}",
