@@ -3,7 +3,7 @@
 -- sources: trees, int_turns__costs
 --
 -- Every turn of the tree counts, those of pruned and retried attempts included.
--- startup/model/tool_seconds: sums over the turns that measured them (null: none did;
+-- wall/startup/model/tool_seconds: sums over the turns that measured them (null: none did, never 0;
 -- turn_phases). tokens_per_selected_path: the tree's tokens over its selected paths (what one
 -- training sample from this root cost to make; null without a selected path).
 with costs as (
@@ -39,7 +39,7 @@ select
     coalesce(c.tokens_reasoning, 0) as tokens_reasoning,
     coalesce(c.tokens, 0) as tokens,
     coalesce(c.cost, 0.0) as cost,
-    coalesce(c.wall_seconds, 0.0) as wall_seconds,
+    c.wall_seconds,
     c.startup_seconds,
     c.model_seconds,
     c.tool_seconds,

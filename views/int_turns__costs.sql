@@ -5,7 +5,7 @@
 -- Tokens are summed over the turn's steps as the backend reported them (OpenCode:
 -- input excludes the cached part, output excludes reasoning); tokens is the four
 -- kinds' total, the one definition every view that counts tokens reads. wall_seconds is
--- wall-clock time, as are its phases (turn_phases: null where the backend could not
+-- wall-clock time (null: the backend did not measure it, never 0), as are its phases (turn_phases: null where the backend could not
 -- tell) and finished_at (when the turn was recorded): for reports only, never for a
 -- decision.
 with steps as (
@@ -37,7 +37,7 @@ select
     coalesce(s.tokens_input, 0) + coalesce(s.tokens_cached, 0) + coalesce(s.tokens_output, 0)
         + coalesce(s.tokens_reasoning, 0) as tokens,
     coalesce(s.cost, 0.0) as cost,
-    coalesce(f.wall_seconds, 0.0) as wall_seconds,
+    f.wall_seconds,
     f.startup_seconds,
     f.model_seconds,
     f.tool_seconds,

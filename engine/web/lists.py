@@ -1,6 +1,6 @@
 """The rows a count of a page stands for (issue 54: every number leads to its evidence), listed on the search
-page (``/search?show=attempts`` or ``?show=paths``) with its filters: run, task, stage, tree, and an attempt's
-verdict or a path's being selected or ranked (``which``).
+page (``/search?show=attempts`` or ``?show=paths``, when nothing is searched for) with its filters: run, task,
+stage, tree, and an attempt's verdict or a path's being selected or ranked (``which``).
 
 A count links here with the filters that are its own: the run page's pruned edges
 (``run_progress``) to ``show=attempts&run=R&verdict=pruned``, a coverage cell (``coverage``: a

@@ -124,14 +124,9 @@ def _fill(pattern: str, row: dict[str, Any]) -> str:
 
 def seconds_text(seconds: Any) -> str:
     """Seconds as a reader says them; "time unknown" when they were not recorded (never "0 s")."""
-    if seconds is None:
-        return "time unknown"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+    from engine.render import duration
+
+    return "time unknown" if seconds is None else duration(seconds)
 
 
 def time_text(moment: Any) -> str:

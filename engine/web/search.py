@@ -259,7 +259,7 @@ def search_page(request: Request) -> HTMLResponse:
         runs = source.collection()
         choices["runs"] = list(runs.run_ids)
         choices["tasks"] = [r["task"] for r in runs.query("select distinct task from trees order by task")]
-        if query.show and not error:
+        if query.show and not query.asked and not error:
             found |= listed(runs, query, SHOWN)
         elif query.asked and not error:
             found = search(source, query)
