@@ -109,6 +109,10 @@ def _search_pages() -> list[tuple[str, str]]:
         ("search: nothing found (a whole scan)", "/search?q=" + quote("no message holds this 7f3a")),
         ("search: failed tool results of late roots", "/search?q=error&kind=result&stage=late&errors=1"),
         ("search: a tool's calls", "/search?tool=grep&kind=call"),
+        ("search: failed calls alone (a count's link)", "/search?errors=1"),
+        ("list: pruned attempts (a count's link)", "/search?show=attempts&verdict=pruned"),
+        ("list: selected paths of late roots (a coverage cell)", "/search?show=paths&which=selected&stage=late"),
+        ("collection: sorted by start, filtered", "/?sort=started&order=desc&q=a"),
     ]
 
 
