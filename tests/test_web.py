@@ -54,6 +54,15 @@ def _answers(url: str) -> bool:
     return True
 
 
+def _preparing(url: str) -> bool:
+    """Whether the collection page at ``url`` says the collection is still being opened."""
+    try:
+        with urllib.request.urlopen(url, timeout=120) as answer:
+            return 'id="preparing"' in answer.read().decode()
+    except urllib.error.HTTPError:
+        return False  # (an answer of its own: the test looks at it)
+
+
 @dataclass
 class Served:
     base: str  # http://127.0.0.1:PORT
@@ -87,6 +96,10 @@ def served(data: Path, tmp: Path, host: str = "127.0.0.1", env: dict[str, str] |
             time.sleep(0.1)
         found = re.search(r"/t/([A-Za-z0-9_-]+)/", log.read_text())
         assert found, "the server printed no token:\n" + log.read_text()
+        deadline = time.monotonic() + 300
+        while _preparing(f"{base}/t/{found[1]}/"):  # (its first opening of the collection, in the background)
+            assert time.monotonic() < deadline, "the collection did not open within 300 s:\n" + log.read_text()
+            time.sleep(0.1)
         yield Served(base, found[1], proc, log)
     finally:
         proc.terminate()

@@ -35,8 +35,10 @@ from engine.web.live import run_events
 from engine.web.pages import HEADERS, HERE, TEMPLATES, arranged, bad_name, page, problem, seconds_text, time_text
 from engine.web.search import search_page
 from ingest.errors import ProjectError
+from ingest.listing import run_ids
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PREPARE_WAIT = 1.0  # seconds the collection page waits for the collection's first opening before saying it is opening
 RUN_COLUMNS = ["run_id", "task", "backend", "started", "duration", "trees", "trees_done", "finished", "roots"]
 RUN_COLUMNS += ["selected_paths", "n_eff", "n_eff_ratio", "tokens", "cost"]
 CAMPAIGN_COLUMNS = ["campaign", "policy", "tasks", "budget_edges", "spent_edges", "budget_tokens", "spent_tokens"]
@@ -60,6 +62,8 @@ def _run_id(request: Request) -> str:
 
 def collection(request: Request) -> HTMLResponse:
     source: data.Source = request.app.state.source
+    if not source.ready(request.app.state.prepare_wait, data.collection_page):  # a first reading: say so
+        return page(request, "preparing.html", runs=len(run_ids(source.data_dir)), data_dir=source.data_dir, again=2)
     tables, message, runs, left_out = None, None, None, []
     try:
         runs = source.collection()
@@ -319,4 +323,5 @@ def create_app(data_dir: Path, token: str, host: str = "127.0.0.1") -> Starlette
     middleware += [Middleware(TokenGate, token=token), Middleware(SameOrigin)]
     app = Starlette(routes=routes, middleware=middleware, exception_handlers={NoSuchName: _no_such, Exception: _failed})
     app.state.source = data.Source(Path(data_dir))
+    app.state.prepare_wait = PREPARE_WAIT
     return app

@@ -18,6 +18,7 @@ import itertools
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ class Source:
         self._open: tuple[tuple, Collection] | None = None
         self._samples: OrderedDict[tuple, Any] = OrderedDict()
         self._transcripts: Transcripts | None = None
+        self._opening: threading.Thread | None = None  # the collection's first reading, while it runs
+        self._read_once = False  # whether it was read once (its runs' views derived)
 
     def fingerprint(self, runs: list[str] | None = None) -> tuple:
         """Which runs, and the state of each one's record (it changes whenever a part is published) and of its
@@ -68,6 +71,31 @@ class Source:
                     runs.refresh()
                 self._open = (now, runs)
             return self._open[1]
+
+    def ready(self, within: float, read: Callable[[Collection], object]) -> bool:
+        """Whether the collection's first reading is done, waiting at most ``within`` seconds for it: it runs
+        ``read`` (a page's queries) over the collection in a thread of its own - the first reading derives every
+        run with nothing stored yet, seconds to minutes at a large collection - so that a page can say what is
+        being done meanwhile. A failed reading counts as done: the page's own reading says why."""
+        with self._lock:
+            if self._read_once:
+                return True
+            if self._opening is None:
+                self._opening = threading.Thread(target=self._read_first, args=(read,), name="collection", daemon=True)
+                self._opening.start()
+            opening = self._opening
+        opening.join(within)
+        return not opening.is_alive()
+
+    def _read_first(self, read: Callable[[Collection], object]) -> None:
+        done = False
+        try:
+            with contextlib.suppress(ProjectError, OSError):  # (the page reading it again says what it is)
+                read(self.collection())
+                done = True
+        finally:
+            with self._lock:
+                self._opening, self._read_once = None, done
 
     @property
     def transcripts(self) -> Transcripts:
