@@ -15,6 +15,7 @@ import duckdb
 
 from engine.catalog import DECISION_THREADS, Catalog, sandbox
 from engine.config import recorded_config
+from engine.runset import Reader
 from ingest.reader import EventLog
 
 if TYPE_CHECKING:
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def open_run(data_dir: Path, run_id: str) -> Catalog:
+def open_run(data_dir: Path, run_id: str, reader: Reader | None = None) -> Catalog:
     """A catalog over the published prefix of a run whose recorded config is valid, now, in memory
-    (``close()`` it, or use it in a ``with``).
+    (``close()`` it, or use it in a ``with``), read through ``reader`` (the process's; none: a reader of
+    ``data_dir`` for this run alone).
 
     Its tables are read from the run's stored derived state (:mod:`engine.derived`;
     derived from the log first when none matches it, checked when read), its events
@@ -35,10 +37,7 @@ def open_run(data_dir: Path, run_id: str) -> Catalog:
     exist, and the log when its recorded config is not one this version accepts (a
     forged or damaged log: the views could not use it).
     """
-    from engine.derived import Derived
-
-    EventLog(data_dir, run_id).require()
-    return Derived(data_dir).open(run_id)
+    return (reader or Reader(data_dir)).open(run_id)
 
 
 def over_runs(

@@ -1,15 +1,26 @@
-"""Which runs a command reads: the names a user typed (runs, campaigns; none: every run), resolved once.
+"""The door a process reads through: its one derived state (:class:`Reader`), and which runs a command reads.
+
+A :class:`Reader` of a data directory is the one place a process's
+:class:`~engine.derived.Derived` is made: every reader of derived state in the process
+(a collection's runs, one run's catalog, ``serve``'s pages, ``watch``, ``export``, a
+campaign's watch and ``verify``) reads through the reader it was given, so the views
+are hashed once, one DuckDB instance builds the states, and a file checked once is not
+checked again while it is unchanged. It is shared by threads (``serve``'s pages), as
+:class:`~engine.derived.Derived` is.
+
+A :class:`RunSet` is the names a user typed (runs, campaigns; none: every run), resolved once.
 
 A campaign's name stands for its runs, in its tasks' order (its log, under
 ``<data>/campaigns``, lists them: the views of ``views/campaign``). Runs named must
 exist, and a damaged one stays the reader's error. With none named, every run under
 the data directory is read, and one a reader cannot read is diagnosed by ``verify``
-and named beside the others' answers (``damaged``), unless every run is. A set holds
-the process's one :class:`~engine.derived.Derived`, which every reader of its runs uses.
+and named beside the others' answers (``damaged``), unless every run is. A set reads
+through its reader (the process's: given, or its own when none is).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +40,36 @@ if TYPE_CHECKING:
 CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
 
 
+class Reader:
+    """The process's door to a data directory's derived state: the one ``derived``, made on first use (it
+    takes the views' digest and opens a DuckDB instance), through which every reader of it reads."""
+
+    def __init__(self, data_dir: Path | str) -> None:
+        self.data_dir = Path(data_dir)
+        self._derived: Derived | None = None
+        self._lock = threading.Lock()  # (two threads' first use make one)
+
+    @property
+    def derived(self) -> Derived:
+        """The derived state of the data directory (made here, once: the one place a reader makes it)."""
+        with self._lock:
+            if self._derived is None:
+                from engine.derived import Derived
+
+                self._derived = Derived(self.data_dir)
+            return self._derived
+
+    def open(self, run_id: str) -> Catalog:
+        """A catalog of one run's state now (:meth:`engine.derived.Derived.open`; ``close()`` it, or use it in a
+        ``with``); LogError names the run when it does not exist."""
+        EventLog(self.data_dir, run_id).require()
+        return self.derived.open(run_id)
+
+    def runs(self, names: list[str] | None = None) -> RunSet:
+        """The runs ``names`` stand for (none: every run), read through this reader."""
+        return RunSet(self.data_dir, names, self)
+
+
 @dataclass(frozen=True)
 class DamagedRun:
     """A run under --data that ``verify`` finds damaged: left out of an all-runs command, named at its end."""
@@ -45,10 +86,10 @@ class DamagedRun:
 
 
 class RunSet:
-    """The runs a command reads (``run_ids``, in order), those left out (``damaged``), and the ``derived``
-    state every reader of them uses."""
+    """The runs a command reads (``run_ids``, in order), those left out (``damaged``), and the ``reader``
+    (its ``derived`` state) every reader of them uses."""
 
-    def __init__(self, data_dir: Path | str, names: list[str] | None = None, derived: Derived | None = None) -> None:
+    def __init__(self, data_dir: Path | str, names: list[str] | None = None, reader: Reader | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.named = bool(names)
         self.run_ids = expand(self.data_dir, names) if names else runs_under(self.data_dir)
@@ -58,16 +99,12 @@ class RunSet:
             if not has_log(run_dir(self.data_dir, run_id) / "log", run_id):
                 raise LogError(f"run {run_id!r} not found {under(self.data_dir)}")
         self.damaged: list[DamagedRun] = []
-        self._derived = derived
+        self.reader = reader or Reader(self.data_dir)
 
     @property
     def derived(self) -> Derived:
-        """The process's derived state of these runs (made on first use: it takes the views' digest)."""
-        if self._derived is None:
-            from engine.derived import Derived
-
-            self._derived = Derived(self.data_dir)
-        return self._derived
+        """The process's derived state of these runs (its reader's)."""
+        return self.reader.derived
 
     def leave_out(self, run_id: str, err: LogError) -> None:
         """A run a reader could not read: its error raised (runs named), else left out and named in

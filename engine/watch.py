@@ -22,7 +22,7 @@ from typing import Any
 import watchfiles
 
 from engine.catalog import Catalog
-from engine.derived import Derived
+from engine.runset import Reader
 from ingest.errors import LogError
 from ingest.listing import being_written
 from ingest.log import EventLog
@@ -72,15 +72,20 @@ def read_frame(catalog: Catalog, run_id: str, writing: bool = True) -> Frame:
 
 
 def follow(
-    data_dir: Path | str, run_id: str, period: float = 5.0, stop: threading.Event | None = None
+    data_dir: Path | str,
+    run_id: str,
+    period: float = 5.0,
+    stop: threading.Event | None = None,
+    reader: Reader | None = None,
 ) -> Iterator[Frame]:
     """Frames of a run as its log grows: one now, then one per change, until it finishes.
 
     ``period``: seconds between looks when no change is noticed (a frame is given then
-    too, so the ages of turns in flight move on). ``stop`` ends following early.
+    too, so the ages of turns in flight move on). ``stop`` ends following early. ``reader``:
+    the process's (``serve``'s), else one of ``data_dir`` for this run.
     """
     log = EventLog(data_dir, run_id).require()
-    with Derived(data_dir).open(run_id) as catalog:  # the stored state, then what the writer appends
+    with (reader or Reader(data_dir)).open(run_id) as catalog:  # the stored state, then what the writer appends
         yield from _frames(data_dir, log, catalog, period, stop)
 
 

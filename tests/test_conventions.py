@@ -431,3 +431,62 @@ def test_a_selections_latest_record_is_chosen_in_one_macro():
     keyed = re.compile(r"^-- grain:.*\bselection_id\b", re.MULTILINE)
     lists = [n for n, t in texts.items() if decisions.search(t) and "from_json" in t and keyed.search(t)]
     assert lists and all("latest_record(run_id, selection_id, seq)" in texts[name] for name in lists), lists
+
+
+def derived_constructions(root) -> list[str]:
+    """Where a module of ``root`` (cli.py, engine/, ingest/, benchmarks/) calls the class
+    ``engine.derived.Derived``, under whatever name it imported it (``from engine.derived import Derived as D``,
+    ``from engine import derived``, ``import engine.derived as d``, a relative import), as ``file:line``."""
+    import ast
+
+    files = [root / "cli.py", *(p for d in ("ingest", "engine", "benchmarks") for p in (root / d).rglob("*.py"))]
+    found = []
+    for path in files:
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        package = parts[:-1]  # (a module's package; an __init__'s is itself)
+        tree = ast.parse(path.read_text())
+        names: set[str] = set()  # names the class is bound to
+        modules: set[str] = set()  # dotted names the module engine.derived is bound to
+        if parts == ["engine", "derived", "__init__"]:
+            names.add("Derived")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                for alias in node.names:
+                    if module == "engine.derived" and alias.name == "Derived":
+                        names.add(alias.asname or alias.name)
+                    elif f"{module}.{alias.name}" == "engine.derived":
+                        modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == "engine.derived":
+                        modules.add(alias.asname or "engine.derived")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if (isinstance(func, ast.Name) and func.id in names) or (
+                isinstance(func, ast.Attribute) and func.attr == "Derived" and ast.unparse(func.value) in modules
+            ):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_derived_state_is_built_in_at_most_two_places(tmp_path):
+    """One Derived a process: it was built in ten places (serve's pages, watch, export, campaign watch and
+    verify, opening a run), each re-hashing the views, opening a DuckDB instance and checking files anew. Now
+    the door (engine.runset.Reader) builds it, and the writer keeping a live run's state (which reads nothing)."""
+    homes = sorted({place.split(":")[0] for place in derived_constructions(ROOT)})
+    assert homes == ["engine/derived/live.py", "engine/runset.py"]
+    assert len(derived_constructions(ROOT)) <= 2
+    # The rule, not a spelling: every way of naming the class is found.
+    (tmp_path / "engine" / "derived").mkdir(parents=True)
+    (tmp_path / "cli.py").write_text("import engine.derived as d\nimport engine.derived\nd.Derived(1)\n")
+    (tmp_path / "engine" / "a.py").write_text(
+        "from engine.derived import Derived as D\nfrom engine import derived\n"
+        "def f():\n    return D(1), derived.Derived(2), engine.derived.Derived(3)\n"
+    )
+    (tmp_path / "engine" / "derived" / "b.py").write_text("from . import Derived\nDerived(1)\nDerive(2)\n")
+    found = derived_constructions(tmp_path)
+    assert sorted(found) == ["cli.py:3", "engine/a.py:4", "engine/a.py:4", "engine/derived/b.py:2"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.runset import campaign_log, is_campaign
+from engine.runset import Reader, campaign_log, is_campaign
 from ingest.errors import InputError, LogError
 from ingest.integrity import Quarantined, Verification, quarantine, verify_log
 from ingest.log import EventLog
@@ -45,10 +45,9 @@ def verify_named(data_dir: Path, name: str) -> Verification | CampaignVerificati
 
 
 def derived_states(data_dir: Path, found: Verification | CampaignVerification) -> dict[str, list]:
-    """The stored derived state of each run ``verify`` checked (:meth:`engine.derived.Derived.inspect`)."""
-    from engine.derived import Derived
-
-    derived = Derived(data_dir)
+    """The stored derived state of each run ``verify`` checked (:meth:`engine.derived.Derived.inspect`), read
+    through the command's reader."""
+    derived = Reader(data_dir).derived
     runs = found.runs if isinstance(found, CampaignVerification) else [found]
     return {v.run_id: derived.inspect(v.run_id) for v in runs}
 

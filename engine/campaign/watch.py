@@ -18,8 +18,7 @@ import watchfiles
 
 from engine.campaign.policy import spent
 from engine.catalog import Catalog
-from engine.derived import Derived
-from engine.runset import campaign_log, campaign_tasks, open_campaign
+from engine.runset import Reader, campaign_log, campaign_tasks, open_campaign
 from engine.watch import writer_alive
 from ingest.errors import LogError
 from ingest.log import EventLog
@@ -52,19 +51,19 @@ class CampaignFrame:
         return (self.state["rounds"], self.state["finished"], *(r["seq"] for r in self.runs))
 
 
-def read_campaign_frame(data_dir: Path, name: str, catalogs: dict[str, Catalog], writing: bool) -> CampaignFrame:
-    """The frame of the campaign's log now and of what ``catalogs`` hold of its runs (opened as they appear)."""
+def read_campaign_frame(reader: Reader, name: str, catalogs: dict[str, Catalog], writing: bool) -> CampaignFrame:
+    """The frame of the campaign's log now and of what ``catalogs`` hold of its runs (opened through ``reader``
+    as they appear)."""
+    data_dir = reader.data_dir
     campaign = open_campaign(data_dir, name)
     runs = []
-    derived: Derived | None = None  # (one for the runs that appeared)
     for task in campaign_tasks(campaign):
         run_id = task["task_run"]
         log = EventLog(data_dir, run_id)
         if run_id not in catalogs:
             if not log.exists():
                 continue
-            derived = derived or Derived(data_dir)
-            catalogs[run_id] = derived.open(run_id)
+            catalogs[run_id] = reader.open(run_id)
         catalog = catalogs[run_id]
         catalog.load(log)
         row = {"run_id": run_id, "task": task["task"], "seq": catalog.tail_seq()}
@@ -83,7 +82,8 @@ def follow_campaign(
     data_dir = Path(data_dir)
     log = campaign_log(data_dir, name)
     catalogs: dict[str, Catalog] = {}
-    frame = read_campaign_frame(data_dir, name, catalogs, writer_alive(log))
+    reader = Reader(data_dir)  # (the command's: every run's catalog read through it)
+    frame = read_campaign_frame(reader, name, catalogs, writer_alive(log))
     yield frame
     if frame.finished:
         return
@@ -92,7 +92,7 @@ def follow_campaign(
         *watched, rust_timeout=int(period * 1000), yield_on_timeout=True, stop_event=stop, raise_interrupt=True
     ):
         writer_gone = not changes and not writer_alive(log)
-        frame = read_campaign_frame(data_dir, name, catalogs, not writer_gone)
+        frame = read_campaign_frame(reader, name, catalogs, not writer_gone)
         yield frame
         if frame.finished:
             return

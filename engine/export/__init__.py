@@ -32,7 +32,6 @@ from typing import Any
 
 from engine.catalog import Catalog
 from engine.config import recorded_config
-from engine.derived import Derived
 from engine.export.card import card, coverage, provenance
 from engine.export.conversations import (
     Contents,
@@ -52,7 +51,7 @@ from engine.export.supervised import (
     supervised_samples,
 )
 from engine.export_formats import BY_NAME, FORMATS
-from engine.runs import over_runs
+from engine.runs import open_run, over_runs
 from engine.runset import DamagedRun, RunSet
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem
@@ -286,7 +285,7 @@ def path_sample(
     InputError when the selection has no path of that tree to that leaf.
     """
     log = EventLog(data_dir, run_id).require()
-    with Derived(data_dir).open(run_id) as catalog:
+    with open_run(data_dir, run_id) as catalog:
         return sample_in(log, catalog, tree_id, leaf_id, selection=selection, workspace=workspace, reasoning=reasoning)
 
 

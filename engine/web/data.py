@@ -1,13 +1,16 @@
 """What the pages show: rows of views read through the collection of the data directory.
 
-One collection (``engine.collection.open_runs``: every run, its views read from the
+One collection (``engine.collection.Collection``: every run, its views read from the
 runs' stored derived state) serves every page; a page of one run reads that run's
-rows alone. A page that finds a run's record changed since the last read (a part
-landed) has the collection read the runs again (``refresh``: a grown run is caught
-up from its last state), and a new run opens it anew, so a page always shows a
-published prefix of each log. Pages read at once: each query runs on a cursor of its own
-(``Collection.result``); a lock is held only while the collection is opened or brought up
-to date. A damaged campaign is one item of the collection page, named with its diagnosis.
+rows alone. The server's one reader (``engine.runset.Reader``) holds the derived state
+every collection it opens and every run's catalog a page opens read through (one DuckDB
+instance builds the states, a file checked once is not checked again while unchanged).
+A page that finds a run's record changed since the last read (a part landed) has the
+collection read the runs again (``refresh``: a grown run is caught up from its last
+state), and a new run opens it anew, so a page always shows a published prefix of each
+log. Pages read at once: each query runs on a cursor of its own (``Collection.result``);
+a lock is held only while the collection is opened or brought up to date. A damaged
+campaign is one item of the collection page, named with its diagnosis.
 This module only chooses rows; every figure is a column of a view.
 """
 
@@ -22,10 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.collection import Collection, Limits, open_runs
+from engine.collection import Collection, Limits
 from engine.derived.keys import record_stat
 from engine.derived.live import mark_stamp
 from engine.derived.transcripts import Transcripts
+from engine.runset import Reader
 from ingest.errors import InputError, LogError, ProjectError
 from ingest.log import EventLog, run_ids
 from ingest.paths import command_line
@@ -41,6 +45,7 @@ class Source:
     def __init__(self, data_dir: Path, limits: Limits | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.limits = limits or Limits.resolve()
+        self.reader = Reader(self.data_dir)  # the process's: every page reads derived state through it
         self._lock = threading.Lock()  # held while the collection is opened or brought up to date
         self._open: tuple[tuple, Collection] | None = None
         self._samples: OrderedDict[tuple, Any] = OrderedDict()
@@ -64,7 +69,7 @@ class Source:
         with self._lock:
             now = self.fingerprint()
             if self._open is None or [r[0] for r in self._open[0]] != [r[0] for r in now]:
-                self._open = (now, open_runs(self.data_dir, None, self.limits))
+                self._open = (now, Collection(self.data_dir, self.reader.runs(), self.limits))
             elif self._open[0] != now:
                 runs = self._open[1]
                 with runs.binding_lock:
@@ -128,13 +133,12 @@ class Source:
         """The export's chat sample of a path and its conversation (a path the selection does not hold: its
         walk as of now, :func:`~engine.export.candidates.candidate_sample`), kept while the run's log is unchanged
         (``catalog``: the run's, open already; else one is opened when the sample is not kept)."""
-        from engine.derived import Derived
         from engine.export import DEFAULT_WORKSPACE, sample_in
         from engine.export.candidates import candidate_sample
 
         def make():
             log = EventLog(self.data_dir, run_id).require()
-            with contextlib.nullcontext(catalog) if catalog else Derived(self.data_dir).open(run_id) as opened:
+            with contextlib.nullcontext(catalog) if catalog else self.reader.open(run_id) as opened:
                 try:
                     return sample_in(log, opened, tree_id, leaf_id, selection=selection)
                 except (InputError, LogError):  # (no such path in it, or no selection yet)
@@ -162,14 +166,13 @@ class Source:
     def attempts(self, run_id: str, tree_id: str, node_id: str) -> dict[str, Any]:
         """The attempts from a node side by side (:func:`~engine.export.supervised.node_attempts`), each with the
         code it changed (:func:`~engine.web.code.changes`), kept while the run's log is unchanged."""
-        from engine.derived import Derived
         from engine.export import DEFAULT_WORKSPACE
         from engine.export.supervised import node_attempts
         from engine.web.code import changes
 
         def make():
             log = EventLog(self.data_dir, run_id).require()
-            with Derived(self.data_dir).open(run_id) as catalog:
+            with self.reader.open(run_id) as catalog:
                 shown = node_attempts(catalog, log, tree_id, node_id, DEFAULT_WORKSPACE)
                 code = changes(catalog.query, tree_id, node_id, [a["edge_id"] for a in shown["attempts"]])
             for attempt in shown["attempts"]:
@@ -182,12 +185,11 @@ class Source:
     def paths(self, run_id: str, tree_id: str, leaves: list[str]) -> dict[str, Any]:
         """Selected paths of a tree side by side from where their conversations part: each path's sample as
         ``export`` writes it, and the code each changed from the last node they share (:mod:`engine.web.code`)."""
-        from engine.derived import Derived
         from engine.export.conversations import same_content
         from engine.web.code import diff, node_code
 
         kept = all(self.kept(run_id, tree_id, leaf, None) for leaf in leaves)
-        with contextlib.nullcontext() if kept else Derived(self.data_dir).open(run_id) as catalog:
+        with contextlib.nullcontext() if kept else self.reader.open(run_id) as catalog:
             samples = [self.sample(run_id, tree_id, leaf, None, catalog) for leaf in leaves]
         nodes = [[n["node_id"] for n in sample["metadata"]["nodes"]] for sample, _conv in samples]
         shared_nodes = [n[0] for n in itertools.takewhile(lambda n: len(set(n)) == 1, zip(*nodes, strict=False))]

@@ -2,7 +2,7 @@
 
 The stream waits for the run's first part if the run has none yet (watching the data
 directory), then follows it with :func:`engine.watch.follow` - the file watching
-``watch`` does - in a thread: each frame whose log prefix is new becomes an event
+``watch`` does, through the server's reader - in a thread: each frame whose log prefix is new becomes an event
 ``frame`` (the page then fetches the part of itself that follows the run), the
 finished run an event ``end``, a writer that died an event ``problem``. The stream
 stops following once the page goes away.
@@ -19,6 +19,7 @@ import watchfiles
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
+from engine.runset import Reader
 from engine.watch import follow
 from engine.web.pages import bad_name
 from ingest.errors import ProjectError
@@ -31,7 +32,7 @@ def _event(kind: str, body: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(body, default=str)}\n\n"
 
 
-async def _frames(data_dir, run_id: str) -> AsyncIterator[str]:
+async def _frames(data_dir, run_id: str, reader: Reader) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
     stop = threading.Event()
@@ -42,7 +43,7 @@ async def _frames(data_dir, run_id: str) -> AsyncIterator[str]:
     def work() -> None:
         last = None
         try:
-            for frame in follow(data_dir, run_id, PERIOD_S, stop):
+            for frame in follow(data_dir, run_id, PERIOD_S, stop, reader):
                 if stop.is_set():
                     return
                 if frame.finished:
@@ -91,9 +92,9 @@ async def run_events(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     if (why := bad_name(run_id, "run")) is not None:
         return PlainTextResponse(why + "\n", 404)
-    data_dir = request.app.state.source.data_dir
+    source = request.app.state.source
     return StreamingResponse(
-        _frames(data_dir, run_id),
+        _frames(source.data_dir, run_id, source.reader),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
