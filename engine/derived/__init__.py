@@ -145,7 +145,7 @@ class Derived:
         except Outdated:
             held = {}  # (replaced below)
         except Damaged as why:
-            self._note(cache, str(why), "dropped")
+            self.note(cache, str(why), "dropped")
             with contextlib.suppress(OSError):
                 discard(cache)
             held = {}
@@ -238,7 +238,7 @@ class Derived:
 
             held = self._derive(EventLog(self.data_dir, run_id), source, variables)
             try:
-                state = self._store(held, source, variables)
+                state = self.store(held, source, variables)
                 for view in views:
                     if self.stored_view(state, view) is None:
                         self._derive_view(state, view, held)
@@ -302,7 +302,7 @@ class Derived:
         if catalog.tail_seq() != state.source.tail:
             raise Moved("the log no longer holds the state's events (a part quarantined since)")
 
-    def _store(self, held: Held, source: Source, variables: dict, views=(), batch: dict | None = None) -> State:
+    def store(self, held: Held, source: Source, variables: dict, views=(), batch: dict | None = None) -> State:
         """Write the state of a refreshed catalog (its tables' rows, the rows of ``views``, state.json; ``batch``:
         the run's rows, the catalog holding other runs too: see ``write_state``) into the root that takes it."""
         from engine.derived.store import collect, publish, write_state
@@ -387,7 +387,7 @@ class Derived:
                 except FileNotFoundError:
                     continue
                 except Damaged as why:
-                    self._note(path, str(why), "dropped")
+                    self.note(path, str(why), "dropped")
                     discard(path)
                     continue
                 return path
@@ -481,10 +481,11 @@ class Derived:
     def _drop(self, path: Path, why: str) -> None:
         """Remove a damaged state (one line on stderr); the next read derives it again from the log."""
         self._forget(path)
-        self._note(path, why, "dropped")
+        self.note(path, why, "dropped")
         shutil.rmtree(path, ignore_errors=True)
 
-    def _note(self, path: Path, why: str, what: str) -> None:
+    def note(self, path: Path, why: str, what: str) -> None:
+        """Say on stderr that a stored file was found damaged (``what``: done with it), and count it in ``dropped``."""
         with self._lock:
             self.dropped.append(f"{path}: {why}")
         print(f"note: derived state {path} {what} ({why}); derived again from the log", file=sys.stderr)

@@ -72,7 +72,7 @@ def derive_together(
                     batch[view] = f'"batch__{view}"'
                     held.catalog.con.execute(f"create temp table {batch[view]} as select * from {view}")
                 for source in chunk.values():
-                    stored.append(derived._store(held, source, variables, views, batch).run_id)  # noqa: SLF001
+                    stored.append(derived.store(held, source, variables, views, batch).run_id)
         except (LogError, OSError, duckdb.Error):
             continue
         finally:

@@ -127,7 +127,7 @@ def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None
                 os.utime(place)  # in use (see below)
             return
         except (Damaged, duckdb.Error) as why:
-            derived._note(path, str(why).splitlines()[0], "dropped")
+            derived.note(path, str(why).splitlines()[0], "dropped")
             discard(path)
         except FileNotFoundError:
             continue

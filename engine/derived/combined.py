@@ -63,7 +63,7 @@ def combined_file(derived: Derived, view: str, files: list[str]) -> str | None:
             except FileNotFoundError:
                 continue
             except Damaged as why:
-                derived._note(path, str(why), "dropped")
+                derived.note(path, str(why), "dropped")
                 discard(path)
     if not _worth_it(files):
         return None

@@ -119,7 +119,7 @@ class Keeper:
         catalog.refresh()
         held = Held(catalog)  # (the engine's: never closed here)
         held.how = "written"
-        state = derived._store(held, source, NOW, views)  # noqa: SLF001 - the package's own writing of a state
+        state = derived.store(held, source, NOW, views)
         if not state.dir.is_relative_to(derived.root):  # derived/ refused it: of no use to other processes
             self._stop(f"{derived.root} cannot take it")
             return None
