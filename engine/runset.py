@@ -2,8 +2,8 @@
 
 A :class:`Reader` of a data directory is the one place a process's
 :class:`~engine.derived.Derived` is made: every reader of derived state in the process
-(a collection's runs, one run's catalog, ``serve``'s pages, ``watch``, ``export``, a
-campaign's watch and ``verify``) reads through the reader it was given, so the views
+(a collection's runs, one run's catalog, the transcripts, ``serve``'s pages, ``watch``,
+``export``, a campaign's watch and ``verify``) reads through the reader it was given, so the views
 are hashed once, one DuckDB instance builds the states, and a file checked once is not
 checked again while it is unchanged. It is shared by threads (``serve``'s pages), as
 :class:`~engine.derived.Derived` is.
@@ -36,6 +36,7 @@ from ingest.reader import EventLog
 
 if TYPE_CHECKING:
     from engine.derived import Derived
+    from engine.derived.transcripts import Transcripts
 
 CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
 
@@ -47,6 +48,7 @@ class Reader:
     def __init__(self, data_dir: Path | str) -> None:
         self.data_dir = Path(data_dir)
         self._derived: Derived | None = None
+        self._transcripts: Transcripts | None = None
         self._lock = threading.Lock()  # (two threads' first use make one)
 
     @property
@@ -58,6 +60,17 @@ class Reader:
 
                 self._derived = Derived(self.data_dir)
             return self._derived
+
+    @property
+    def transcripts(self) -> Transcripts:
+        """The runs' transcripts to search, kept where the derived state is (made on first use)."""
+        derived = self.derived
+        with self._lock:
+            if self._transcripts is None:
+                from engine.derived.transcripts import Transcripts
+
+                self._transcripts = Transcripts(derived)
+            return self._transcripts
 
     def open(self, run_id: str) -> Catalog:
         """A catalog of one run's state now (:meth:`engine.derived.Derived.open`; ``close()`` it, or use it in a

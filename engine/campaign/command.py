@@ -16,7 +16,7 @@ from engine.campaign.config import load_campaign
 from engine.campaign.log import recorded_campaign, task_run_id
 from engine.campaign.loop import Report, drive, plan_task
 from engine.catalog import Catalog
-from engine.runset import CAMPAIGN_VIEWS, campaign_log, campaign_runs, open_campaign
+from engine.runset import CAMPAIGN_VIEWS, Reader, campaign_log, campaign_runs, open_campaign
 from ingest.errors import InputError
 from ingest.events import CampaignTaskAdded, RunResumed, RunStarted
 from ingest.log import EventLog, LogWriter, check_run_id
@@ -152,24 +152,25 @@ def from_command_line(
 # ---------------------------------------------------------------- reading
 
 
-def campaign_result(data_dir: Path, name: str, resumed: bool) -> CampaignResult:
-    """The campaign's state and its summary (per task and in total), read from the logs."""
+def campaign_result(data_dir: Path, name: str, resumed: bool, reader: Reader | None = None) -> CampaignResult:
+    """The campaign's state and its summary (per task and in total), read from the logs (the summary through
+    ``reader``: the process's, else one of its own)."""
     catalog = open_campaign(data_dir, name)
     config = recorded_campaign(catalog, name)
     state = catalog.query("select * from campaign_state")[0]
     runs = campaign_runs(data_dir, name)
     return CampaignResult(
-        name, config.policy, resumed, runs, state["rounds"], state["stop_reason"], summary(data_dir, runs)
+        name, config.policy, resumed, runs, state["rounds"], state["stop_reason"], summary(data_dir, runs, reader)
     )
 
 
 SUMMARY = "select * from campaign_summary order by run_id"
 
 
-def summary(data_dir: Path, runs: list[str]) -> list[dict[str, Any]]:
+def summary(data_dir: Path, runs: list[str], reader: Reader | None = None) -> list[dict[str, Any]]:
     """Per task's run: N (selected paths), N_eff, N_eff/N, roots, stages covered, valid edges and tokens."""
     if not runs:
         return []
     from engine.collection import Collection
 
-    return Collection(data_dir, runs).query(SUMMARY)
+    return Collection(data_dir, (reader or Reader(data_dir)).runs(runs)).query(SUMMARY)

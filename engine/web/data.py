@@ -49,7 +49,6 @@ class Source:
         self._lock = threading.Lock()  # held while the collection is opened or brought up to date
         self._open: tuple[tuple, Collection] | None = None
         self._samples: OrderedDict[tuple, Any] = OrderedDict()
-        self._transcripts: Transcripts | None = None
         self._opening: threading.Thread | None = None  # the collection's first reading, while it runs
         self._read_once = False  # whether it was read once (its runs' views derived)
 
@@ -104,12 +103,9 @@ class Source:
 
     @property
     def transcripts(self) -> Transcripts:
-        """The runs' transcripts to search, kept where the collection keeps its derived state."""
-        runs = self.collection()
-        with self._lock:
-            if self._transcripts is None or self._transcripts.derived is not runs.derived:
-                self._transcripts = Transcripts(runs.derived)
-            return self._transcripts
+        """The runs' transcripts to search, read through the server's reader (LogError when there is no run yet)."""
+        self.collection()
+        return self.reader.transcripts
 
     def damaged(self, runs: Collection) -> list[str]:
         """What is damaged among the collection's runs (each left out), as messages."""
@@ -443,7 +439,7 @@ def campaign_page(data_dir: Path, name: str, runs: Collection) -> dict[str, Any]
     from engine.campaign.policy import spent as campaign_spent
     from engine.runset import open_campaign
 
-    result = campaign_result(data_dir, name, resumed=False)
+    result = campaign_result(data_dir, name, resumed=False, reader=runs.runs.reader)
     catalog = open_campaign(data_dir, name)
     rounds = catalog.query(
         "select seq, round, rule, blocks, edges, granted_edges, reason, marks from campaign_rounds order by seq"
