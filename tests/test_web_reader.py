@@ -105,3 +105,20 @@ def test_pages_read_at_once_share_the_servers_derived_state(two_runs):  # noqa: 
         assert len(shown) == len(urls) * 2 and all("attempt" in s for s in shown)
         derived = app.state.source.reader.derived
         assert derived is app.state.source.collection().derived
+
+
+def test_the_first_visit_of_a_cold_collection_says_what_it_is_doing(two_runs):  # noqa: F811
+    """A collection with nothing derived: its first reading (every run derived) runs in a thread of its own, and
+    the page answers at once that it is preparing it, looking again by itself (no script), until it shows it."""
+    assert not (two_runs / "derived").exists()
+    with in_process(two_runs) as (base, token, app):
+        app.state.prepare_wait = 0  # (the page answers at once: the reading, deriving two runs, takes longer)
+        first = _get(f"{base}/", token)
+        assert 'id="preparing"' in first and "2 runs" in first
+        assert '<meta http-equiv="refresh"' in first
+        deadline = time.monotonic() + 300
+        while 'id="preparing"' in (shown := _get(f"{base}/", token)):
+            assert time.monotonic() < deadline, "the collection was not read within 300 s"
+            time.sleep(0.2)
+        assert "rounds" in shown and "async" in shown and "table" in shown
+        assert app.state.source.ready(0, lambda runs: None)  # read once: no page waits again
