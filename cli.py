@@ -38,6 +38,7 @@ from engine.commandline import (
     parallel_checked,
     run_id_checked,
     show,
+    show_replayed_collection,
     strata_checked,
     token_options,
     workspace_checked,
@@ -303,8 +304,7 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, fmt: str) -> None:
     if len(run_ids) != 1:
         if tree_id:
             raise click.UsageError("--tree draws a tree of one run: name exactly one RUN_ID")
-        _replay_collection(list(run_ids), fmt)
-        return
+        return show_replayed_collection(list(run_ids), fmt)
     if is_campaign(data_dir(), run_ids[0]) and not tree_id:
         from engine.campaign.replay import replay_campaign
 
@@ -317,26 +317,6 @@ def replay(run_ids: tuple[str, ...], tree_id: str | None, fmt: str) -> None:
         raise click.ClickException(f"run {run_ids[0]!r} has no tree {tree_id!r}")
     show(outputs.replay(result, tree_id, tree_lines(drawn) if drawn else []), fmt)
     if result.differences:
-        sys.exit(1)
-
-
-def _replay_collection(run_ids: list[str], fmt: str) -> None:
-    """Replay several runs (every run under --data when none is named) in run order, together (engine/replay.py)."""
-    from engine import outputs
-    from engine.replay import replay_collection
-
-    run_ids, damaged, replays = replay_collection(data_dir(), run_ids)
-    documents, decisions, differ = [], 0, 0
-    for result in replays:
-        decisions, differ = decisions + result.decisions, differ + len(result.differences)
-        shown = outputs.replayed_run(result)
-        if fmt == "json":
-            documents.append(shown.document)
-        else:
-            show(shown)  # a line per run as it is checked
-    show(outputs.replayed_runs(documents, len(run_ids), decisions, differ), fmt)
-    name_damaged(damaged)
-    if differ:
         sys.exit(1)
 
 

@@ -246,3 +246,24 @@ def name_damaged(damaged: list[Any]) -> None:
         click.echo(f"Error: {run.message()}", err=True)
     if damaged:
         sys.exit(1)
+
+
+def show_replayed_collection(run_ids: list[str], fmt: str) -> None:
+    """``replay`` of several runs (every run under --data when none is named) in run order, together
+    (engine/replay.py): a line per run as it is checked, the differences, a total; exit 1 when any differs."""
+    from engine import outputs
+    from engine.replay import replay_collection
+
+    run_ids, damaged, replays = replay_collection(data_dir(), run_ids)
+    documents, decisions, differ = [], 0, 0
+    for result in replays:
+        decisions, differ = decisions + result.decisions, differ + len(result.differences)
+        shown = outputs.replayed_run(result)
+        if fmt == "json":
+            documents.append(shown.document)
+        else:
+            show(shown)  # a line per run as it is checked
+    show(outputs.replayed_runs(documents, len(run_ids), decisions, differ), fmt)
+    name_damaged(damaged)
+    if differ:
+        sys.exit(1)
