@@ -31,6 +31,7 @@ from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, st
 
 from cli import cli
 from engine.catalog import Catalog
+from engine.web.pages import _num
 from ingest.log import EventLog
 
 CHROMIUM = "/usr/bin/chromium"
@@ -602,8 +603,31 @@ def test_a_recorded_opencode_run_shows_what_export_writes(tmp_path, page, roots,
         page.locator("details.paths a", has_text="T001.1.1").click()
         page.wait_for_url(re.compile(r"/run/oc/path\?"))
         shot(page, "path-opencode")
-        assert shown_messages(page) == sample_messages(samples[("T001", "T001.1.1")])
+        sample = samples[("T001", "T001.1.1")]
+        assert shown_messages(page) == sample_messages(sample)
         assert page.locator(".eval").count() == 4  # each turn's eval after its last message
+        # Each eval's result as the path's turns record it; the code the model wrote (a write call) shown as code.
+        turns = {(t["edge_id"], t["turn"]): t for t in sample["metadata"]["turns"]}
+        for shown in page.locator(".conversation .eval").all():
+            t = turns[(shown.get_attribute("data-edge"), int(shown.get_attribute("data-turn")))]
+            assert (f"score {_num(t['score'])}" if t["score"] is not None else "no score") in shown.inner_text()
+            assert (t["eval_status"] or "no status") in shown.inner_text()
+        wrote = [
+            json.loads(c["function"]["arguments"])["content"]
+            for m in sample["messages"]
+            for c in m.get("tool_calls") or []
+            if c["function"]["name"] == "write"
+        ]
+        code = page.locator(".conversation .call pre.code-block").all_inner_texts()
+        assert wrote and [c.strip() for c in code] == [w.strip() for w in wrote]
+        assert not any("\\n" in c for c in code)  # real lines, not a JSON string's escapes
+        # Every leaf link of every tree page answers 200 (selected or not).
+        for tree in sorted({r["tree_id"] for r in catalog.query("select tree_id from paths")}):
+            page.goto(f"{base}/t/{token}/run/oc/tree/{tree}")
+            leaves = page.locator("table.paths tbody a").evaluate_all("as => as.map(a => a.href)")
+            assert len(leaves) == catalog.query("select count(*) as n from paths where tree_id = ?", [tree])[0]["n"]
+            for href in leaves:
+                assert page.request.get(href).status == 200, href
         # The root's attempts side by side: where they differ, and the code each changed (git, in the
         # tree's repository: from the root's commit to the attempt's last turn's).
         page.goto(f"{base}/t/{token}/run/oc/tree/T001")
