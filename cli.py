@@ -486,6 +486,26 @@ def report(run_ids: tuple[str, ...], out: Path) -> None:
 
 
 @cli.command()
+@click.argument("names", nargs=-1, metavar="[RUN_OR_CAMPAIGN ...]")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory to write (new or a bundle).")
+def bundle(names: tuple[str, ...], out: Path) -> None:
+    """Write a static bundle of runs (default: every run under --data) that opens from disk, with no server.
+
+    The pages `serve` draws: each run, its trees, every path's conversation (selected or not), the attempts
+    a tree compares; links are relative files, pages not in it (search, SQL) marked. Written whole or not at all.
+
+    \b
+    Example:
+        python cli.py bundle demo --out demo-bundle && chromium demo-bundle/index.html
+    """
+    from engine.web.bundle import write_bundle
+
+    written = write_bundle(data_dir(), list(names), out)
+    click.echo(written.summary(), err=True)
+    name_damaged(written.damaged)
+
+
+@cli.command()
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (every request needs its token).")
 @token_options

@@ -25,7 +25,8 @@ function followRun(live) {
     return chain;
   };
   const finished = () => live.querySelector('.live-section[data-finished="true"]') !== null;
-  if (finished()) { state.textContent = ""; return; }
+  // (a static bundle, opened from disk: engine/web/bundle.py, has no server to follow)
+  if (finished() || location.protocol === "file:") { state.textContent = ""; return; }
   state.textContent = "updating as parts land";
   const events = new EventSource(base + "/events");
   events.addEventListener("frame", refresh);
@@ -85,13 +86,10 @@ document.addEventListener("click", (e) => {
   const node = e.target.closest("svg.tree g[data-node]");
   if (node) {
     const id = node.dataset.node;
-    if (!openNode(id, true)) {  // the run page: go to the tree's page
-      const card = node.closest("[data-tree]");
-      const live = document.getElementById("live");
-      if (card && live) {
-        location.href = BASE + "/run/" + encodeURIComponent(live.dataset.run) + "/tree/" +
-          encodeURIComponent(card.dataset.tree) + "#node-" + encodeURIComponent(id);
-      }
+    if (!openNode(id, true)) {  // the run page: go to the tree's page (its card's link)
+      const card = node.closest(".card[data-tree]");
+      const link = card && card.querySelector("a[href]");
+      if (link) location.href = link.href.replace(/#.*$/, "") + "#node-" + encodeURIComponent(id);
     }
     return;
   }
