@@ -737,3 +737,15 @@ def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page)
         page.click(f"table.tasks a:text('{printed['runs'][0]}')")
         page.wait_for_selector("#live")
         assert printed["runs"][0] in page.title()
+    # The campaign bundled by its name (engine/web/bundle.py): its page and its runs' pages open from disk.
+    out = tmp_path / "bundle"
+    r = CliRunner().invoke(cli, ["--data", str(data), "bundle", "camp", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "bundle.json").read_text())
+    assert sorted(manifest["runs"]) == sorted(printed["runs"]) and manifest["campaigns"] == ["camp"]
+    page.goto((out / "index.html").as_uri())
+    page.click("table.campaigns a:text('camp')")
+    page.wait_for_selector("table.tasks")
+    page.click(f"table.tasks a:text('{printed['runs'][0]}')")
+    page.wait_for_selector("#live")
+    assert page.url.startswith("file://") and printed["runs"][0] in page.title()
