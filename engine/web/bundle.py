@@ -44,11 +44,11 @@ NOT_BUNDLED = "not in this bundle"
 AT_ONCE = 4  # pages asked of the app at once
 NOTE = (
     '<p class="help bundle-note">A static bundle (<code>python cli.py bundle</code>): these pages as <code>serve</code>'
-    f" drew them when it was written; a link in grey leads to a page {NOT_BUNDLED} (search, SQL, other runs).</p>"
+    f" drew them when it was written; a faded link leads to a page {NOT_BUNDLED} (search, SQL, other runs).</p>"
 )
 CSS = (
     "\n/* a static bundle (engine/web/bundle.py): links to pages it does not hold */\n"
-    "a[data-not-bundled] { color: #777; cursor: not-allowed; text-decoration: none; }\n"
+    "a[data-not-bundled] { opacity: 0.5; cursor: not-allowed; text-decoration: none; }\n"
 )
 _ATTR = re.compile(r'\b(href|src|action)="([^"]*)"')
 _FORM = re.compile(r"<form\b[^>]*>.*?</form>", re.S)
