@@ -90,7 +90,9 @@ def test_a_bundle_opens_from_disk_and_every_link_in_it_is_a_file_of_it(runs, tmp
     assert failed == []  # the styles and the script load from disk; nothing is asked of a server
 
 
-def test_bad_input_is_a_one_line_error_and_nothing_is_written(runs, tmp_path):
+def test_bad_input_is_a_one_line_error_and_nothing_is_written(tmp_path):
+    runs = tmp_path / "data"  # (what is refused is refused before any run is read)
+    (runs / "runs").mkdir(parents=True)
     out = tmp_path / "bundle"
     r = _bundle(runs, out, "nosuchrun")
     assert r.exit_code == 1 and r.stderr.startswith("Error: run 'nosuchrun' not found under ")
