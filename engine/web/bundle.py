@@ -17,6 +17,7 @@ a new or empty directory or an earlier bundle (its ``bundle.json``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import html
 import json
@@ -25,10 +26,12 @@ import posixpath
 import re
 import secrets
 import shutil
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlencode, urlsplit
 
 from engine.collection import Collection, open_runs
@@ -97,14 +100,29 @@ def write_bundle(data_dir: Path, names: list[str], out: Path) -> Bundled:
 
 
 class _Source(data.Source):
-    """The server's source of pages, reading one collection (the chosen runs') as it is now."""
+    """The server's source of pages, reading one collection (the chosen runs') as it is now, and each run's catalog
+    opened once for its paths' samples (the server opens one a sample: most of a path page's time); ``close``."""
 
     def __init__(self, data_dir: Path, runs: Collection) -> None:
         super().__init__(data_dir)
         self._runs = runs
+        self._catalogs: dict[str, Any] = {}
+        self._open = contextlib.ExitStack()
+        self._sampling = threading.Lock()  # (one sample at a time: a run's samples share its catalog's connection)
 
     def collection(self) -> Collection:
         return self._runs
+
+    def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None, catalog=None):
+        from engine.derived import Derived
+
+        with self._sampling:
+            if run_id not in self._catalogs:
+                self._catalogs[run_id] = self._open.enter_context(Derived(self.data_dir).open(run_id))
+            return super().sample(run_id, tree_id, leaf_id, selection, catalog or self._catalogs[run_id])
+
+    def close(self) -> None:
+        self._open.close()
 
 
 def _key(raw_path: str, query: str) -> str:
@@ -182,7 +200,7 @@ async def _crawl(data_dir: Path, runs: Collection, campaigns: list[str]) -> dict
     """Every page of the bundle by its file: from the collection page, each page it links to that belongs."""
     token = secrets.token_urlsafe(24)
     app = create_app(data_dir, token)
-    app.state.source = _Source(data_dir, runs)
+    app.state.source = source = _Source(data_dir, runs)
     run_ids, named = set(runs.run_ids), set(campaigns)
     files: dict[str, bytes] = {}
     queue, seen = ["/"], {"/"}
@@ -192,20 +210,23 @@ async def _crawl(data_dir: Path, runs: Collection, campaigns: list[str]) -> dict
             seen.add(key)
             queue.append(key)
 
-    while queue:  # a few pages at once, as the server draws pages at once (each query on a cursor of its own)
-        asked = queue[:AT_ONCE]
-        del queue[:AT_ONCE]
-        answers = await asyncio.gather(*(_get(app, token, k) for k in asked))
-        for key, (status, kind, body) in zip(asked, answers, strict=True):
-            if status >= 500:
-                raise OutputError(f"the page {key} failed to draw ({status}): nothing was written")
-            name = _file(key)
-            if kind.startswith("text/html"):
-                page = _rewritten(body.decode(), name, lambda k: _bundled(k, run_ids, named), found)
-                body = page.encode()
-            elif name == "static/app.css":
-                body += CSS.encode()
-            files[name] = body
+    try:
+        while queue:  # a few pages at once, as the server draws pages at once (each query on a cursor of its own)
+            asked = queue[:AT_ONCE]
+            del queue[:AT_ONCE]
+            answers = await asyncio.gather(*(_get(app, token, k) for k in asked))
+            for key, (status, kind, body) in zip(asked, answers, strict=True):
+                if status >= 500:
+                    raise OutputError(f"the page {key} failed to draw ({status}): nothing was written")
+                name = _file(key)
+                if kind.startswith("text/html"):
+                    page = _rewritten(body.decode(), name, lambda k: _bundled(k, run_ids, named), found)
+                    body = page.encode()
+                elif name == "static/app.css":
+                    body += CSS.encode()
+                files[name] = body
+    finally:
+        source.close()
     return files
 
 
