@@ -172,7 +172,12 @@ def replace_dir(staging: Path, out: Path, recheck: Callable[[], None], then: Cal
         recheck()
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.rename(out, old)
-    os.rename(staging, out)
+    try:
+        os.rename(staging, out)
+    except OSError:
+        if old is not None:
+            os.rename(old, out)
+        raise
     try:
         if then is not None:
             then()

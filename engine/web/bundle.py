@@ -6,8 +6,9 @@ collection page and following its links among the runs chosen - each run's page,
 root-to-leaf path of each tree (selected or not) with its conversation, the attempts a tree page
 compares, a campaign named - and the CSS and JS. Each link to a page saved is rewritten to the
 relative file it was saved as (``file://`` works: no query string, no token, nothing fetched); a
-link to a page not saved (search, SQL, a run not chosen, ticked paths compared) is kept as its
-text, marked "not in this bundle". The collection the pages read holds the chosen runs alone.
+link to a page not saved (search, SQL, a run not chosen, ticked paths compared, a table sorted
+otherwise) is kept as its text, marked "not in this bundle", and a form's button (a filter, a
+search) is disabled. The collection the pages read holds the chosen runs alone.
 
 The directory is built in a hidden sibling and renamed into place: whole or not at all. It is
 never written among a data directory's logs (``ingest.paths.outside_data``), and it replaces only
@@ -21,7 +22,6 @@ import contextlib
 import hashlib
 import html
 import json
-import os
 import posixpath
 import re
 import secrets
@@ -39,7 +39,7 @@ from engine.runset import DamagedRun, is_campaign
 from engine.web import data
 from engine.web.app import create_app
 from ingest.errors import OutputError
-from ingest.paths import TMP_MARK, fsync_dir, outside_data, tmp_path
+from ingest.paths import outside_data, replace_dir, staging_dir
 
 MANIFEST = "bundle.json"  # what marks a bundle (one to replace) and says what it holds
 KIND = "teacher-mcts bundle"
@@ -100,29 +100,32 @@ def write_bundle(data_dir: Path, names: list[str], out: Path) -> Bundled:
 
 
 class _Source(data.Source):
-    """The server's source of pages, reading one collection (the chosen runs') as it is now, and each run's catalog
-    opened once for its paths' samples (the server opens one a sample: most of a path page's time); ``close``."""
+    """The server's source of pages, reading one collection (the chosen runs') as it is now through its reader (the
+    process's one derived state), and each run's catalog opened once for its paths' samples (the server opens one a
+    sample: most of a path page's time); ``close``."""
 
     def __init__(self, data_dir: Path, runs: Collection) -> None:
         super().__init__(data_dir)
+        self.reader = runs.runs.reader
         self._runs = runs
         self._catalogs: dict[str, Any] = {}
-        self._open = contextlib.ExitStack()
+        self._held = contextlib.ExitStack()
         self._sampling = threading.Lock()  # (one sample at a time: a run's samples share its catalog's connection)
 
     def collection(self) -> Collection:
         return self._runs
 
-    def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None, catalog=None):
-        from engine.derived import Derived
+    def ready(self, within: float, read: Callable[[Collection], object]) -> bool:
+        return True  # (a page is drawn when asked, however long: never the page saying it is being prepared)
 
+    def sample(self, run_id: str, tree_id: str, leaf_id: str, selection: str | None, catalog=None):
         with self._sampling:
             if run_id not in self._catalogs:
-                self._catalogs[run_id] = self._open.enter_context(Derived(self.data_dir).open(run_id))
+                self._catalogs[run_id] = self._held.enter_context(self.reader.open(run_id))
             return super().sample(run_id, tree_id, leaf_id, selection, catalog or self._catalogs[run_id])
 
     def close(self) -> None:
-        self._open.close()
+        self._held.close()
 
 
 def _key(raw_path: str, query: str) -> str:
@@ -165,24 +168,14 @@ def _rewritten(text: str, here: str, inside: Callable[[str], bool], found: Calla
     """A page's HTML (saved as ``here``) with each link to a page in the bundle (``inside``) made the relative link
     to its file (``found`` told of it), each other link to the server marked as not in the bundle."""
 
-    def out_of_bundle(value: str) -> bool:
-        parts = urlsplit(html.unescape(value))
-        return (
-            value.startswith("/")
-            and not parts.scheme
-            and not parts.netloc
-            and not inside(_key(parts.path, parts.query))
-        )
-
-    def form(m: re.Match) -> str:  # a form sending to a page not bundled: its button disabled, saying so
-        action = re.search(r'\baction="([^"]*)"', m[0])
-        if action is None or not out_of_bundle(action[1]):
-            return m[0]
+    def form(m: re.Match) -> str:  # a form asks the server (a filter, a search, paths compared): its button disabled
         return m[0].replace('<button type="submit"', f'<button type="submit" disabled title="{NOT_BUNDLED}"')
 
     def attr(m: re.Match) -> str:
         name, value = m[1], m[2]
         parts = urlsplit(html.unescape(value))
+        if value.startswith("?"):  # this page asked otherwise (sorted by another column): the server's to draw
+            return f'data-not-bundled="{value}"' + (f' title="{NOT_BUNDLED}"' if name == "href" else "")
         if not value.startswith("/") or parts.scheme or parts.netloc:
             return m[0]  # an anchor in the page, data:, another site: as it is
         key = _key(parts.path, parts.query)
@@ -298,24 +291,16 @@ def _write(tmp: Path, files: dict[str, bytes]) -> None:
 
 
 def _publish(out: Path, write: Callable[[Path], None]) -> None:
-    """``write`` the directory in a hidden sibling of ``out``, then rename it into place (an earlier bundle or empty
-    directory there is moved aside, then removed): ``out`` holds the whole bundle or what it held before."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _replaceable(out)  # (again: as late as it can be)
-    tmp, old = tmp_path(out), out.with_name(f"{TMP_MARK}{os.getpid()}-old-{out.name}")
+    """``write`` the directory in a hidden sibling of ``out``, then put it in place (an earlier bundle or empty
+    directory there is replaced): ``out`` holds the whole bundle or what it held before."""
     try:
-        tmp.mkdir()
-        write(tmp)
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        fsync_dir(out.parent)
+        staging = staging_dir(out)
+        try:
+            write(staging)
+            replace_dir(staging, out, lambda: _replaceable(out))  # (checked again: as late as it can be)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     except OSError as err:
-        if old.exists() and not out.exists():
-            old.rename(out)
         raise OutputError(
             f"{out}: the bundle could not be written ({err.strerror or err}); nothing was written"
         ) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
