@@ -1,10 +1,17 @@
-"""``serve``: a local web app over a collection's views, live while runs are written.
+"""``serve``: a local web app over a collection's views, live while runs are written; ``bundle``: its pages on disk.
 
-Pages: the collection (runs, tasks, the audit), a run (its trees as the report draws
-them, followed as parts land), a tree (its nodes and their turns), a path (its whole
-conversation as ``export`` writes it), and SQL (the read-only sandbox of ``sql``).
-Every request needs a token (:mod:`engine.web.gate`), kept per data directory so links
-last across restarts (:mod:`engine.web.tokens`).
+Pages: the collection (runs with their start and duration, campaigns, tasks, the audit;
+tables sorted and filtered by their links), a campaign, a run (its trees as the report
+draws them, followed as parts land), a tree (its nodes, their attempts and verdicts), a
+path (any root-to-leaf path, selected or not: its whole conversation as ``export`` writes
+it), compares (a node's attempts side by side with their code; any paths of a tree),
+search (every transcript, failures alone, and the rows a page's count stands for:
+:mod:`engine.web.lists`), and SQL (the read-only sandbox of ``sql``, its ids linked to
+their pages). Failed tool calls and evals are marked wherever they show. Every request
+needs a token (:mod:`engine.web.gate`), kept per data directory so links last across
+restarts (:mod:`engine.web.tokens`). Every page reads through the server's one reader
+(:mod:`engine.web.data`). :mod:`engine.web.bundle` saves chosen runs' pages, drawn by
+the same app, as files that open with no server.
 """
 
 from __future__ import annotations
