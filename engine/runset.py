@@ -72,6 +72,15 @@ class Reader:
                 self._transcripts = Transcripts(derived)
             return self._transcripts
 
+    def stamp(self, run_id: str) -> tuple:
+        """What changes whenever an answer about the run may: the state of its record (it changes whenever a
+        part is published) and of its live writer's mark (a collection reads a live run as of its writer's
+        last state: :mod:`engine.derived.live`)."""
+        from engine.derived.keys import record_stat
+        from engine.derived.live import mark_stamp
+
+        return record_stat(EventLog(self.data_dir, run_id).log_dir), mark_stamp(self.data_dir, run_id)
+
     def open(self, run_id: str) -> Catalog:
         """A catalog of one run's state now (:meth:`engine.derived.Derived.open`; ``close()`` it, or use it in a
         ``with``); LogError names the run when it does not exist."""

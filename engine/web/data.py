@@ -26,9 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.collection import Collection, Limits
-from engine.derived.keys import record_stat
-from engine.derived.live import mark_stamp
-from engine.derived.transcripts import Transcripts
 from engine.runset import Reader
 from ingest.errors import InputError, LogError, ProjectError
 from ingest.log import EventLog, run_ids
@@ -56,8 +53,7 @@ class Source:
         """Which runs, and the state of each one's record (it changes whenever a part is published) and of its
         live writer's mark (a collection reads a live run as of its writer's last state: engine/derived/live.py)."""
         return tuple(
-            (run_id, record_stat(EventLog(self.data_dir, run_id).log_dir), mark_stamp(self.data_dir, run_id))
-            for run_id in (runs if runs is not None else run_ids(self.data_dir))
+            (run_id, *self.reader.stamp(run_id)) for run_id in (runs if runs is not None else run_ids(self.data_dir))
         )
 
     def collection(self) -> Collection:
@@ -102,8 +98,9 @@ class Source:
                 self._opening, self._read_once = None, done
 
     @property
-    def transcripts(self) -> Transcripts:
-        """The runs' transcripts to search, read through the server's reader (LogError when there is no run yet)."""
+    def transcripts(self):
+        """The runs' transcripts to search (:class:`engine.derived.transcripts.Transcripts`), read through the
+        server's reader (LogError when there is no run yet)."""
         self.collection()
         return self.reader.transcripts
 
