@@ -1,26 +1,19 @@
 """The training set: runs' recorded selections exported as training samples (``export``).
 
-``--format chat|atif`` (the default ``chat``): one sample per path of a recorded path
-selection (the run's default one, or the one named) - the conversation the model had
-along the path, root to leaf, with the path's fields, its nodes' scores and tokens and
-its turns' eval results. ``--format dpo|kto|steps``: a recorded supervision selection's
-preference pairs, labelled attempts and step labels (:mod:`engine.export.supervised`).
-Each export writes a manifest and a dataset card beside its files. The rooms:
+``chat`` and ``atif``: one sample per path of a recorded path selection (the run's default
+one, or the one named) - the conversation the model had along the path, root to leaf, with
+the path's fields, its nodes' scores and tokens and its turns' eval results; ``dpo``, ``kto``,
+``steps``: a supervision selection's pairs, labelled attempts and step labels. Each export
+writes a manifest and a dataset card beside its files. The rooms: ``conversations`` (a
+path's conversation from its turns' recorded ones, read from the log; ``candidates``: any
+path's, for the viewer), ``formats`` (chat and ATIF v1.4 samples), ``supervised`` (the
+other three), ``output`` (the files, streamed, hashed, moved into place whole), ``card`` and
+``features`` (the dataset card), ``training`` (a chat template and trainers that score the
+assistant's tokens only).
 
-- ``conversations``: a path's conversation from its turns' recorded conversations
-  (read from the Parquet log, only for the turns exported), and the workspace
-  placeholder; ``candidates`` the same for any path, selected or not (the viewer's);
-- ``formats``: the ``chat`` (OpenAI messages and tools) and ``atif`` (ATIF v1.4)
-  samples; ``supervised``: the ``dpo``, ``kto`` and ``steps`` rows;
-- ``output``: the files, written as they stream and hashed, moved into place whole;
-  ``card`` and ``features``: the dataset card and its declared features;
-- ``training``: what a trainer needs beside the files (a chat template scoring the
-  assistant's tokens only, assistant-only DPO and KTO trainers).
-
-Which paths and attempts, in which order, and which turns make them come from the
-views (``int_paths__recorded``, ``int_path_turns``, ``pairs``, ``labels``, ``steps``); an
-export is a function of the logs and its options, so the same logs and selection give
-byte-identical files.
+Which rows, in which order, and which turns make them come from the views
+(``int_paths__recorded``, ``int_path_turns``, ``pairs``, ``labels``, ``steps``); an export is a
+function of the logs and its options: the same logs and selection give byte-identical files.
 """
 
 from __future__ import annotations
