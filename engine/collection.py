@@ -225,7 +225,7 @@ class Collection:
         if len(wanted) > 1:
             from engine.derived.batch import derive_together
 
-            derive_together(self.derived, wanted, variables, views)
+            derive_together(self.derived, self.derived.catalogs, wanted, variables, views)
 
     def _check_defaults(self, states: dict[str, State]) -> None:
         for name in RUN_DEFAULTS:
@@ -261,7 +261,10 @@ class Collection:
             for run in stale:  # (a view's file stored already is read as it is, checked)
                 views = [v for v in named if not self._checked_file(held[run], v)]
                 lacking[run] = (held[run], tuple(v for v in views if self.derived.stored_view(held[run], v) is None))
-            for run, paths in view_rows_together(self.derived, {r: w for r, w in lacking.items() if w[1]}).items():
+            together = view_rows_together(
+                self.derived, self.derived.catalogs, {r: w for r, w in lacking.items() if w[1]}
+            )
+            for run, paths in together.items():
                 for view, path in paths.items():
                     self._files[(held[run].dir, view)] = path
             stale = [r for r in stale if any(not self._checked_file(held[r], v) for v in named)]
@@ -291,7 +294,7 @@ class Collection:
         files = {name: tuple(str(self._files[(held[run].dir, name)]) for run in wanted) for name in named}
         if only is None and len(wanted) > 1:  # every run's rows: one file, once the runs are still
             for name, listed in files.items():
-                whole = combined_file(self.derived, name, list(listed))
+                whole = combined_file(self.derived, self.derived.con, name, list(listed))
                 if whole is not None:
                     files[name] = (whole,)
         return files

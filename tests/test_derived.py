@@ -508,8 +508,13 @@ def test_runs_derived_together_store_what_each_run_derived_alone_stores(data, tm
             copy_run(data, run, here)
         together = Derived(here)
         views = ("trees", "top_paths", "coverage_strata")  # (the last one's rows are no run's: constants)
-        assert derive_together(together, ["rounds", "async"], variables, views) == ["rounds", "async"]
-        assert derive_together(together, ["rounds", "async"], variables) == []  # (stored: nothing cold left)
+        assert derive_together(together, together.catalogs, ["rounds", "async"], variables, views) == [
+            "rounds",
+            "async",
+        ]
+        assert (
+            derive_together(together, together.catalogs, ["rounds", "async"], variables) == []
+        )  # (stored: nothing cold left)
         for run in ("rounds", "async"):
             mine, theirs = together.find(run, variables), Derived(alone).state(run, variables, views=views)
             assert mine is not None and (mine.values, mine.explicit) == (theirs.values, theirs.explicit)
@@ -578,6 +583,8 @@ def test_runs_whose_configs_set_different_defaults_are_not_derived_together(data
 
     copy_with_other_knowledge(data, "async", "other")
     derived = Derived(data)
-    assert derive_together(derived, ["rounds", "other"], NOW) == []  # one value of a variable serves a catalog
+    assert (
+        derive_together(derived, derived.catalogs, ["rounds", "other"], NOW) == []
+    )  # one value of a variable serves a catalog
     assert not derived.built and not (data / "derived" / "other").exists()
-    assert derive_together(derived, ["rounds", "async", "other"], NOW) == []
+    assert derive_together(derived, derived.catalogs, ["rounds", "async", "other"], NOW) == []

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 
+from engine.derived.catalogs import Catalogs
 from engine.derived.files import Damaged
-from engine.derived.keys import flavour_key
+from engine.derived.keys import Source, State, flavour_key
+from engine.derived.states import States
+from engine.derived.store import base_state, set_flavour, write_rows
 from ingest.errors import LogError
-
-if TYPE_CHECKING:
-    from engine.derived import Derived
-    from engine.derived.keys import Source, State
+from ingest.text import sql_text
 
 __all__ = ["CHUNK_EVENTS", "derive_together", "view_rows_together"]
 
@@ -39,12 +39,15 @@ CHUNK_EVENTS = 1_000_000
 
 
 def derive_together(
-    derived: Derived, run_ids: list[str], variables: dict[str, Any], views: tuple[str, ...] = ()
+    derived: States,
+    catalogs: Catalogs,
+    run_ids: list[str],
+    variables: dict[str, Any],
+    views: tuple[str, ...] = (),
 ) -> list[str]:
     """Derive and store, in one catalog (of CHUNK_EVENTS at most), the states under ``variables`` (with the rows
     of ``views``) of those of ``run_ids`` that have nothing stored to read or start from; the runs stored so. A
-    catalog needs two runs."""
-    from engine.derived.store import base_state
+    catalog needs two runs (``catalogs``: the ones it is made in)."""
     from ingest.reader import EventLog
 
     flavour = flavour_key(derived.digest, variables)
@@ -63,7 +66,7 @@ def derive_together(
     for chunk in _chunks(cold):
         if len(chunk) < 2:
             continue
-        held = derived.catalogs.new()
+        held = catalogs.new()
         try:
             if _load(derived, held.catalog, chunk, variables):
                 held.how = "cold"  # (from the log alone, as a run derived alone)
@@ -90,11 +93,10 @@ def _chunks(cold: dict[str, Source]) -> list[dict[str, Source]]:
     return chunks
 
 
-def _load(derived: Derived, catalog: Any, cold: dict[str, Source], variables: dict[str, Any]) -> bool:
+def _load(derived: States, catalog: Any, cold: dict[str, Source], variables: dict[str, Any]) -> bool:
     """Load every run's source into ``catalog`` and refresh it under ``variables``; False when the runs
     cannot share it."""
     from engine.config import defaults_agree, recorded_config
-    from engine.derived.store import set_flavour
     from ingest.reader import EventLog
 
     logs = {run_id: EventLog(derived.data_dir, run_id) for run_id in cold}
@@ -113,15 +115,14 @@ def _load(derived: Derived, catalog: Any, cold: dict[str, Source], variables: di
 
 
 def view_rows_together(
-    derived: Derived, wanted: dict[str, tuple[State, tuple[str, ...]]]
+    derived: States, catalogs: Catalogs, wanted: dict[str, tuple[State, tuple[str, ...]]]
 ) -> dict[str, dict[str, Path]]:
     """Write, for each run, the rows of the views its stored state lacks (``wanted[run] = (state, views)``)
     from one catalog holding the states of many runs, read where they lie (CHUNK_EVENTS at most, states of
     the same variables), each view evaluated once for them all; by run, the files written and checked. A
-    state left out, or a batch that fails, is the run-by-run path's (each state's own catalog)."""
-    from engine.derived.store import write_rows
+    state left out, or a batch that fails, is the run-by-run path's (each state's own catalog; ``catalogs``: where
+    the one catalog is made)."""
     from ingest.reader import EventLog
-    from ingest.text import sql_text
 
     groups: dict[str, dict[str, Source]] = {}
     for run_id, (state, _views) in wanted.items():
@@ -133,7 +134,7 @@ def view_rows_together(
             if len(chunk) < 2:
                 continue
             states = [wanted[run_id][0] for run_id in chunk]
-            held = derived.catalogs.new()
+            held = catalogs.new()
             try:
                 files: dict[str, list[Path]] = {}
                 for state in states:

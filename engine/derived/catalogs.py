@@ -15,34 +15,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
 from engine.derived.files import Damaged, discard, write_named
+from engine.derived.states import Held, States
 from engine.derived.trust import cache_dir
 from ingest.text import sql_text
-
-if TYPE_CHECKING:
-    from engine.catalog import Catalog
-    from engine.derived import Derived
 
 # Catalogs of stored states kept open per process, for the rows of the next views asked: a few holding
 # their events (tens of MB each), many reading them in place (views only: next to nothing held).
 KEPT, KEPT_IN_PLACE = 2, 256
-
-
-class Held:
-    """A catalog in the instance (a database of its own), a lock for its one cursor, and how it was derived."""
-
-    def __init__(self, catalog: Catalog) -> None:
-        self.catalog = catalog
-        self.lock = threading.Lock()
-        self.how = ""
-        self.in_place = False  # its events read where they lie: for reading views only
-
-    def close(self) -> None:
-        self.catalog.close()
 
 
 class Catalogs:
@@ -111,7 +94,7 @@ def template_dir(digest: str) -> Path:
     return cache_dir() / "templates" / digest[:16]
 
 
-def stored_template(derived: Derived, cursor: duckdb.DuckDBPyConnection) -> None:
+def stored_template(derived: States, cursor: duckdb.DuckDBPyConnection) -> None:
     """Give the instance its empty catalog of the views: the stored one (a DuckDB file, checked: making it
     binds every view, ~0.7 s), else made now and stored for the next process (a cache: never an error)."""
     from engine.catalog import Catalog, template_name

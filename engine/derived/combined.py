@@ -23,15 +23,12 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
 from engine.derived.files import Damaged, discard, sweep_tmp, write_named
+from engine.derived.states import States
 from ingest.text import sql_text
-
-if TYPE_CHECKING:
-    from engine.derived import Derived
 
 COMBINED = "_collection"  # <derived>/_collection/<view>/<key>/
 STILL_SECONDS = 60.0  # a view's per-run files all older than this: its runs are still
@@ -45,14 +42,15 @@ KEPT = 8
 SMALL_FILE = 256 * 1024
 
 
-def combined_dirs(derived: Derived) -> list[Path]:
+def combined_dirs(derived: States) -> list[Path]:
     """Where collection files may lie in this process (a query connection must be allowed to read them)."""
     return [root / COMBINED for root in derived.roots.candidates]
 
 
-def combined_file(derived: Derived, view: str, files: list[str]) -> str | None:
+def combined_file(derived: States, con: duckdb.DuckDBPyConnection, view: str, files: list[str]) -> str | None:
     """The checked file of ``view``'s rows in the per-run ``files`` (run order, each checked already), made
-    now when the runs are still and the files small; None otherwise (read the per-run files)."""
+    now (by a cursor of ``con``, whose instance may write where collection files lie) when the runs are still
+    and the files small; None otherwise (read the per-run files)."""
     key = hashlib.sha256("\n".join(files).encode()).hexdigest()[:32]
     relative = f"{COMBINED}/{view}/{key}"
     for root in derived.roots.all:
@@ -70,7 +68,7 @@ def combined_file(derived: Derived, view: str, files: list[str]) -> str | None:
     directory = derived.roots.writable / relative
     listed = "[" + ", ".join(sql_text(f) for f in files) + "]"
     copy = f"copy (select * from read_parquet({listed})) to {{}} (format parquet, compression zstd)"
-    cursor = derived.con.cursor()
+    cursor = con.cursor()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         path = write_named(directory, view, relative, lambda tmp: cursor.execute(copy.format(sql_text(tmp))))

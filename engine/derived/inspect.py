@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.derived.files import Damaged, Outdated, check_named, is_tmp, load_json
 from engine.derived.keys import SOURCE_CACHE, STATE_FILE, VERSION
+from engine.derived.states import States
 from engine.derived.transcripts import DIRECTORY, INDEX, code_key
 from ingest.errors import LogError
-
-if TYPE_CHECKING:
-    from engine.derived import Derived
 
 
 @dataclass(frozen=True)
@@ -27,7 +25,7 @@ class StoredState:
     other: str | None = None  # derived by an earlier version, other views or code: never read (a reader removes it)
 
 
-def inspect(derived: Derived, run_id: str) -> list[StoredState]:
+def inspect(derived: States, run_id: str) -> list[StoredState]:
     """Every state stored for a run (each root), checked whole: its document, every file's digest,
     whether it was derived from the log as it is now. Nothing is changed (a reader drops what fails)."""
     try:

@@ -31,16 +31,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from engine.catalog import Catalog
 from engine.derived.files import MAX_DOCUMENT, Damaged, Listings, discard, dump_json, load_json, read_regular
 from engine.derived.keys import DERIVED, NOW, SOURCE_CACHE, Source, State, flavour_key, source_from
+from engine.derived.states import Held, States
+from engine.derived.store import set_flavour
 from ingest.paths import file_signature, run_dir, write_atomically
 from ingest.record import read_record
-
-if TYPE_CHECKING:
-    from engine.catalog import Catalog
-    from engine.derived import Derived
 
 BUDGET = 0.2  # the share of the writer's time its states may take
 KEEPER = "keeper.json"  # per run: the last state its live writer kept, and the writer's process
@@ -58,7 +57,7 @@ class Keeper:
         self.budget = budget
         self.kept = 0  # states stored (tests count them)
         self.off = False
-        self._derived: Derived | None = None
+        self._states: States | None = None  # (no catalog of its own: it stores the engine's)
         self._next = 0.0
         self._since = 0  # when the last state was begun (the wall clock, as files' times)
 
@@ -101,13 +100,9 @@ class Keeper:
 
     def _keep(self, catalog: Catalog) -> State | None:
         """Store the state of the log the catalog holds, unless stored already (the state; None: not stored)."""
-        from engine.derived import Derived
-        from engine.derived.catalogs import Held
-        from engine.derived.store import set_flavour
-
-        if self._derived is None:
-            self._derived = Derived(self.data_dir)
-        derived = self._derived
+        if self._states is None:
+            self._states = States(self.data_dir)
+        derived = self._states
         source = Source.of(self.data_dir, self.run_id)  # (not derived.source: its cache is the readers' sign)
         if catalog.tail_seq() != source.tail:  # something staged, or the log moved on: not this log's state
             return None
@@ -132,7 +127,7 @@ class Keeper:
         except OSError:
             return False
 
-    def _read_views(self, derived: Derived) -> tuple[str, ...]:
+    def _read_views(self, derived: States) -> tuple[str, ...]:
         """The views whose rows readers wrote in the run's stored states of this flavour (what they read)."""
         place = derived.root / self.run_id / flavour_key(derived.digest, NOW)
         listed = Listings()
@@ -154,11 +149,9 @@ class Keeper:
     def close(self) -> None:
         """The run's writer is done: its last state is of its log (see the module doc), nothing is named."""
         self._mark(None)
-        if self._derived is not None:
-            self._derived.close()
 
 
-def kept_state(derived: Derived, run_id: str, source: Source) -> State | None:
+def kept_state(derived: States, run_id: str, source: Source) -> State | None:
     """The last state a live writer kept of a run (``now``), when the run's log (``source``) has only grown
     since; None when its writer is gone, kept none, or the log changed otherwise (quarantined, replaced)."""
     try:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from engine.catalog import Catalog
 from engine.derived.files import (
     MAX_DOCUMENT,
     Damaged,
@@ -35,8 +36,7 @@ from engine.derived.keys import (
 from ingest.paths import TMP_MARK, fsync_dir
 from ingest.text import sql_text
 
-if TYPE_CHECKING:
-    from engine.catalog import Catalog
+if TYPE_CHECKING:  # (a type only: the log's reader loads Arrow, which reading stored state never needs)
     from ingest.reader import EventLog
 
 

@@ -26,7 +26,7 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 
@@ -41,12 +41,10 @@ from engine.derived.files import (
     unwritable,
     write_named,
 )
+from engine.derived.states import States
 from ingest.errors import LogError
 from ingest.listing import while_moving
 from ingest.paths import run_dir, write_atomically
-
-if TYPE_CHECKING:
-    from engine.derived import Derived
 
 DIRECTORY = "transcripts"
 INDEX = "index.json"
@@ -109,7 +107,7 @@ def code_key() -> str:
 class Transcripts:
     """The transcripts of the runs of one data directory (kept where its derived state is kept)."""
 
-    def __init__(self, derived: Derived) -> None:
+    def __init__(self, derived: States) -> None:
         self.derived = derived
         self.code = code_key()
         self._lock = threading.Lock()  # one builder of a run's segments at a time in this process
