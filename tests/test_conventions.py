@@ -498,3 +498,79 @@ def test_no_source_file_passes_the_500_line_cap():
     files = [ROOT / "cli.py", *(p for folder in ("ingest", "engine", "views") for p in (ROOT / folder).rglob("*.py"))]
     long = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 500}
     assert long == {} or set(long) == {"cli.py"} and long["cli.py"] <= 800, long
+
+
+def derived_loops(root) -> list[str]:
+    """What in ``root``'s engine/derived/ points back up at the package, as ``file:line what``: a module of it
+    importing ``engine.derived`` (the package, whose ``__init__`` imports its modules) or ``Derived``, anywhere
+    in it; and an import under ``if TYPE_CHECKING:`` of a module that imports the importer back (one of the
+    package's, or one importing any of them) - an import hidden to break a loop."""
+    import ast
+
+    def imported(path, tree) -> list[tuple[ast.stmt, str, list[str]]]:
+        package = list(path.relative_to(root).with_suffix("").parts)[:-1]  # (an __init__'s is itself)
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                found.append((node, module, [a.name for a in node.names]))
+            elif isinstance(node, ast.Import):
+                found += [(node, a.name, []) for a in node.names]
+        return found
+
+    def source(module: str):
+        for candidate in (root / module.replace(".", "/")).with_suffix(".py"), root / module.replace(".", "/"):
+            if candidate.is_file():
+                return candidate
+            if (candidate / "__init__.py").is_file():
+                return candidate / "__init__.py"
+        return None
+
+    def derived(module: str) -> bool:
+        return module == "engine.derived" or module.startswith("engine.derived.")
+
+    found = []
+    for path in sorted((root / "engine" / "derived").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        where = path.relative_to(root)
+        for node, module, names in imported(path, tree) if path.name != "__init__.py" else ():
+            if module == "engine.derived" or (derived(module) and "Derived" in names):
+                found.append(f"{where}:{node.lineno} imports {module} {', '.join(names)}".strip())
+            elif module == "engine" and "derived" in names:
+                found.append(f"{where}:{node.lineno} imports engine.derived")
+        hidden = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
+        for block in hidden:
+            for node, module, _names in imported(path, ast.Module(body=block.body, type_ignores=[])):
+                target = source(module)
+                back = derived(module) or (
+                    target is not None
+                    and any(derived(m) for _n, m, _ in imported(target, ast.parse(target.read_text())))
+                )
+                if back:
+                    found.append(f"{where}:{node.lineno} hides {module} behind TYPE_CHECKING")
+    return found
+
+
+def test_no_module_of_derived_points_back_at_the_package(tmp_path):
+    """Derived was one class spread over its package's modules by passing ``self``: they imported it (and it
+    them) behind ``if TYPE_CHECKING:``, a loop hidden. Now they are given an engine.derived.states.States (the
+    stored states' verbs), the package's ``__init__`` imports them, and nothing points back up."""
+    assert derived_loops(ROOT) == []
+    # The rule, not a spelling: each way of pointing back is found.
+    (tmp_path / "engine" / "derived").mkdir(parents=True)
+    (tmp_path / "engine" / "other.py").write_text("import engine.derived.a\n")
+    (tmp_path / "engine" / "derived" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.derived import Derived\n"
+        "    from engine.other import x\n    from ingest.reader import EventLog\n"
+    )
+    (tmp_path / "engine" / "derived" / "b.py").write_text("def f():\n    from . import Derived\n")
+    (tmp_path / "engine" / "derived" / "c.py").write_text("from engine import derived\nimport engine.derived\n")
+    assert derived_loops(tmp_path) == [
+        "engine/derived/a.py:3 imports engine.derived Derived",
+        "engine/derived/a.py:3 hides engine.derived behind TYPE_CHECKING",
+        "engine/derived/a.py:4 hides engine.other behind TYPE_CHECKING",
+        "engine/derived/b.py:2 imports engine.derived Derived",
+        "engine/derived/c.py:1 imports engine.derived",
+        "engine/derived/c.py:2 imports engine.derived",
+    ]
