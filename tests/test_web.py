@@ -744,7 +744,7 @@ def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page)
     manifest = json.loads((out / "bundle.json").read_text())
     assert sorted(manifest["runs"]) == sorted(printed["runs"]) and manifest["campaigns"] == ["camp"]
     page.goto((out / "index.html").as_uri())
-    page.click("table.campaigns a:text('camp')")
+    page.click("table.campaigns tbody a:text('camp')")
     page.wait_for_selector("table.tasks")
     page.click(f"table.tasks a:text('{printed['runs'][0]}')")
     page.wait_for_selector("#live")
