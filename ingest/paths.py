@@ -1,4 +1,6 @@
-"""Where runs live: the data directory, run ids and each run's directory."""
+"""Where runs live (the data directory, run ids, each run's directory) and this user's own files (its config
+directory, a private file read), and the file system's rules written once: a file written atomically, a
+directory replaced whole, whether a file is still the one seen."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -123,6 +126,28 @@ def log_command(data_dir: Path | str, command: str, run_id: str, *words: str) ->
     if data.name == CAMPAIGNS and not (run_dir(data.parent, run_id) / "log").exists():
         data = data.parent  # (with a run's directory there, the log's own: right either way)
     return command_line(data, command, run_id, *words)
+
+
+def config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/teacher-mcts`` (``~/.config/teacher-mcts``): this user's settings and secrets, outside
+    every data directory (the derived state's key, serve's kept tokens)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "teacher-mcts"
+
+
+def read_private(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``: a regular file this user owns and no one else may read or write
+    (OSError saying why not; a link is not followed, a FIFO does not block)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise OSError(0, "another user owns it or others may read it (chmod 600 it, or remove it)")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
 
 
 def file_signature(path: Path, portable: bool = False) -> tuple[int, ...]:

@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import sys
 import threading
 from pathlib import Path
 
-from ingest.paths import write_atomically
+from ingest.paths import config_dir, read_private, write_atomically
 
 KEY_ENV = "TEACHER_MCTS_KEY"
 KEY_BYTES = 32
 _lock = threading.Lock()
 _held: dict[str, bytes] = {}
-
-
-def config_dir() -> Path:
-    """``$XDG_CONFIG_HOME/teacher-mcts`` (``~/.config/teacher-mcts``)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "teacher-mcts"
 
 
 def cache_dir() -> Path:
@@ -67,21 +60,6 @@ def _load(path: Path) -> bytes:
         return _read(path)
     except OSError as err:
         return _own(f"{path} cannot be made ({err.strerror or err})")
-
-
-def read_private(path: Path, limit: int) -> bytes:
-    """At most ``limit`` bytes of ``path``: a regular file this user owns and no one else may read or write
-    (OSError saying why not; a link is not followed, a FIFO does not block)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(0, "not a regular file")
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise OSError(0, "another user owns it or others may read it (chmod 600 it, or remove it)")
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
 
 
 def _read(path: Path) -> bytes:

@@ -19,9 +19,8 @@ import re
 import secrets
 from pathlib import Path
 
-from engine.derived.trust import config_dir, read_private
 from ingest.errors import InputError
-from ingest.paths import write_atomically
+from ingest.paths import config_dir, read_private, write_atomically
 
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
@@ -60,7 +59,7 @@ def kept_token(data_dir: Path, new: bool = False) -> tuple[str, str]:
 
 
 def _read(path: Path) -> str:
-    """The token in ``path``: a private file (``trust.read_private``)."""
+    """The token in ``path``: a private file (``ingest.paths.read_private``)."""
     text = read_private(path, 256).decode("ascii", "replace").strip()
     if not TOKEN_RE.fullmatch(text):
         raise OSError(0, "it holds no token")
