@@ -1,6 +1,7 @@
 """A collection: several runs read together, read-only, through the same views.
 
-Each run's views are read from its stored derived state (:mod:`engine.derived`): the
+Each run's views are read from its stored derived state, through the collection's
+:class:`~engine.runset.RunSet` (the door every reader reads through): the
 rows of a view, one Parquet file a run with ``run_id`` first, derived once from the
 run's log and reused by every later process until the log changes, each file checked
 against its digest before it is read (and its size and times before every query: a
@@ -34,11 +35,8 @@ with ``.set(...)`` only.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,9 +44,6 @@ import duckdb
 
 from engine.catalog.definitions import load_graph, read_macros
 from engine.catalog.queries import CheckedQuery, QueryError, RefusedQueryError, check_query, first_line
-from engine.derived import AT_DECISIONS, NOW, Source, State
-from engine.derived.combined import combined_dirs, combined_file
-from engine.derived.live import kept_state
 from engine.results import (
     CANCELLED,
     Cancel,
@@ -60,8 +55,6 @@ from engine.results import (
 from engine.results import parquet_target as parquet_target  # (re-exported: sql's)
 from engine.results import write_parquet as write_parquet
 from engine.runset import DamagedRun, RunSet
-from ingest.errors import InputError, LogError
-from ingest.paths import run_dir
 from ingest.text import sql_text
 
 Runs = str | tuple[str, ...] | None  # a query over every run's rows (None), one run's, or several runs'
@@ -69,9 +62,6 @@ Runs = str | tuple[str, ...] | None  # a query over every run's rows (None), one
 if TYPE_CHECKING:
     import polars as pl
 
-# Variables each run's config gives its views (its defaults, see variables.py): one value
-# serves every run's views queried from the main database, so the runs must agree on it.
-RUN_DEFAULTS = ("knowledge_path_regex", "knowledge_command_regex")
 NO_CONNECTION = (
     "a collection hands out no DuckDB connection (one that reads the runs' logs could write into them): "
     "query with .sql(query), .query(query) or .result(query), read-only"
@@ -105,8 +95,6 @@ class Collection:
         }
         self._variables: dict[str, Any] = {}  # set by the caller (reselection weights, ...)
         self._known_variables = set(graph.variable_tables)
-        self._states: dict[str, dict[str, State]] = {}  # flavour (JSON) -> run -> its state
-        self._files: dict[tuple[Path, str], Path] = {}  # (state, view) -> its checked file of rows
         self._bound: dict[str, tuple[str, ...]] = {}  # union view -> the files it reads
         self._binding_lock = threading.RLock()
         self._connect()
@@ -119,10 +107,7 @@ class Collection:
         con = duckdb.connect(config={"temp_directory": ""})
         _path, macros, _reads = read_macros()
         con.execute(macros)  # node_key, pct, ...: for queries over the union views too
-        readable = [f"{(run_dir(self.data_dir, run_id) / 'log').resolve()}/" for run_id in self.run_ids]
-        readable += [f"{d.resolve()}/" for run_id in self.run_ids for d in self.derived.allowed_dirs(run_id)]
-        readable += [f"{d.resolve()}/" for d in combined_dirs(self.derived)]  # (a view's rows of every run)
-        con.execute("set allowed_directories = ?", [readable])
+        con.execute("set allowed_directories = ?", [[f"{d.resolve()}/" for d in self.runs.readable()]])
         con.execute("set enable_external_access = false")
         con.execute(f"set memory_limit = {sql_text(f'{self.limits.memory}B')}")
         con.execute("set global parquet_metadata_cache = true")  # every cursor's: files read again and again
@@ -133,47 +118,11 @@ class Collection:
     @property
     def damaged(self) -> list[DamagedRun]:
         """The runs left out as damaged (the runs are read to know, if no query has read them yet)."""
-        if not self._states:
-            self.states()
+        if not self.runs.read:
+            self.runs.states(variables=self._variables)
         return list(self.runs.damaged)
 
     # -- the runs' states
-
-    def _flavour(self, at_decisions: bool) -> dict[str, Any]:
-        return (AT_DECISIONS if at_decisions else NOW) | self._variables
-
-    def states(self, at_decisions: bool = False, views: tuple[str, ...] = ()) -> dict[str, State]:
-        """Every readable run's state (evaluated at every decision, or now), built where none is current
-        (with the rows of ``views``, from the catalog in hand).
-
-        A run that cannot be read is left out and named in ``damaged`` (none named), or
-        its error raised (runs named); LogError when every run is damaged.
-        """
-        variables = self._flavour(at_decisions)
-        key = json.dumps(variables, sort_keys=True, default=str)
-        if key not in self._states:
-            states: dict[str, State] = {}
-
-            def one(run_id: str) -> State | LogError:
-                try:
-                    return self._state(run_id, variables, at_decisions, views)
-                except LogError as err:
-                    return err
-
-            # Runs with nothing stored are derived together, in one catalog (engine/derived/batch.py);
-            # what is left (a catch-up, a run the batch could not take) a core each at once (DuckDB
-            # works outside the GIL); results are taken in run order.
-            self._derive_together(variables, at_decisions, views)
-            with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(self.run_ids)))) as pool:
-                found = list(pool.map(one, list(self.run_ids)))
-            for run_id, state in zip(list(self.run_ids), found, strict=True):
-                if isinstance(state, LogError):
-                    self._leave_out(run_id, state)
-                else:
-                    states[run_id] = state
-            self._check_defaults(states)
-            self._states[key] = states
-        return self._states[key]
 
     def read_ahead(self, queries: list[str]) -> None:
         """Derive now the rows of every view these queries name, for every run: runs with nothing stored are
@@ -189,119 +138,12 @@ class Collection:
             with self._binding_lock:
                 self._view_files(names)
 
-    def _leave_out(self, run_id: str, err: LogError) -> None:
-        """A run that cannot be read: its error raised (runs named), else left out and named in ``damaged``;
-        LogError when no run is left."""
-        for states in self._states.values():
-            states.pop(run_id, None)
-        self.runs.leave_out(run_id, err)
-
-    def _state(self, run_id: str, variables: dict[str, Any], at_decisions: bool, views: tuple[str, ...]) -> State:
-        source = self.derived.source(run_id)
-        return self._held(run_id, variables, at_decisions, source) or self.derived.state(
-            run_id, variables, source, views
-        )
-
-    def _held(self, run_id: str, variables: dict[str, Any], at_decisions: bool, source: Source) -> State | None:
-        """A stored state to read for ``variables`` other than its own (None: the run's own, found or derived)."""
-        if at_decisions:
-            return None
-        # final rows are the same at either: use a current state at decisions if stored
-        held = self.derived.find(run_id, variables, source) or self.derived.find(run_id, self._flavour(True), source)
-        if held is None and variables == NOW:  # a live run: as of its writer's last state (engine/derived/live.py)
-            held = kept_state(self.derived, run_id, source)
-        return held
-
-    def _derive_together(self, variables: dict[str, Any], at_decisions: bool, views: tuple[str, ...]) -> None:
-        """Derive in one catalog the states of the runs that have none to read (each a state of its own, with
-        the rows of ``views``)."""
-        wanted = []
-        for run_id in self.run_ids:
-            try:
-                if self._held(run_id, variables, at_decisions, self.derived.source(run_id)) is None:
-                    wanted.append(run_id)
-            except LogError:
-                continue  # (left out by the run-by-run path, which says why)
-        if len(wanted) > 1:
-            from engine.derived.batch import derive_together
-
-            derive_together(self.derived, self.derived.catalogs, wanted, variables, views)
-
-    def _check_defaults(self, states: dict[str, State]) -> None:
-        for name in RUN_DEFAULTS:
-            found = {s.values.get(name) for s in states.values()}
-            if len(found) > 1:
-                msg = (
-                    f"the runs {', '.join(states)} record different {name.replace('_', '.', 1)} "
-                    "patterns - read them in separate collections"
-                )
-                raise InputError(msg)
-
     def _view_files(self, names: set[str], only: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
-        """The files of the rows of each view the query names, of every run (or of the runs ``only``), in run order;
-        every run's of a still collection: one file of them all (:mod:`engine.derived.combined`).
-
-        Each file was checked against its digest when first read, and is again whenever it
-        is no longer the file checked (its size, times or inode changed): a damaged one is
-        dropped and derived again from the log before the query runs.
-        """
+        """The checked files of the rows of each view the query names (:meth:`RunSet.view_files`), evaluated
+        at every recorded decision when one of them has a row per evaluation point or path selection."""
         named = sorted(names & set(self.views))
-        if not named:
-            return {}
-        held = self.states(bool(set(named) & self._at_decisions), tuple(named))
-        for run_id in only or ():
-            if run_id not in held:
-                raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(held)})")
-        wanted = list(only) if only is not None else list(held)
-        stale = [r for r in wanted if any(not self._checked_file(held[r], v) for v in named)]
-        if len(stale) > 1:  # each view evaluated once for many runs' states, not once a run
-            from engine.derived.batch import view_rows_together
-
-            lacking: dict[str, tuple[State, tuple[str, ...]]] = {}
-            for run in stale:  # (a view's file stored already is read as it is, checked)
-                views = [v for v in named if not self._checked_file(held[run], v)]
-                lacking[run] = (held[run], tuple(v for v in views if self.derived.stored_view(held[run], v) is None))
-            together = view_rows_together(
-                self.derived, self.derived.catalogs, {r: w for r, w in lacking.items() if w[1]}
-            )
-            for run, paths in together.items():
-                for view, path in paths.items():
-                    self._files[(held[run].dir, view)] = path
-            stale = [r for r in stale if any(not self._checked_file(held[r], v) for v in named)]
-
-        def one(run: str) -> LogError | None:
-            try:
-                for view in named:
-                    if not self._checked_file(held[run], view):
-                        state, path = self.derived.view_rows(held[run], view)
-                        self._files[(state.dir, view)] = path
-                        if state is not held[run]:  # found damaged and derived again: its other files too
-                            held[run] = state
-                            return one(run)
-            except LogError as err:  # (its parts damaged since its state was derived)
-                return err
-            return None
-
-        if len(stale) > 1:  # a core each (DuckDB works outside the GIL)
-            with ThreadPoolExecutor(min(os.cpu_count() or 1, len(stale))) as pool:
-                found = list(pool.map(one, stale))
-        else:
-            found = [one(run) for run in stale]
-        failed = [(run, err) for run, err in zip(stale, found, strict=True) if err is not None]
-        for run, err in failed:
-            self._leave_out(run, err)
-            wanted.remove(run)
-        files = {name: tuple(str(self._files[(held[run].dir, name)]) for run in wanted) for name in named}
-        if only is None and len(wanted) > 1:  # every run's rows: one file, once the runs are still
-            for name, listed in files.items():
-                whole = combined_file(self.derived, self.derived.con, name, list(listed))
-                if whole is not None:
-                    files[name] = (whole,)
-        return files
-
-    def _checked_file(self, state: State, view: str) -> bool:
-        path = self._files.get((state.dir, view))
-        return path is not None and self.derived.checks.unchanged(path)
+        at_decisions = bool(set(named) & self._at_decisions)
+        return self.runs.view_files(named, at_decisions, self._variables, only)
 
     def set(self, **values: Any) -> None:
         """Set view variables (None: reset) for every run, e.g. reselection weights."""
@@ -318,7 +160,7 @@ class Collection:
 
     def refresh(self) -> None:
         """Read the runs again at the next query: a run that grew meanwhile is caught up."""
-        self._states.clear()
+        self.runs.refresh()
 
     @property
     def binding_lock(self) -> threading.RLock:

@@ -8,7 +8,10 @@ are hashed once, one DuckDB instance builds the states, and a file checked once 
 checked again while it is unchanged. It is shared by threads (``serve``'s pages), as
 :class:`~engine.derived.Derived` is.
 
-A :class:`RunSet` is the names a user typed (runs, campaigns; none: every run), resolved once.
+A :class:`RunSet` is the names a user typed (runs, campaigns; none: every run), resolved once,
+and the runs' states as it first read them (each run's stored state for a flavour, derived
+together where none is; the checked files of a view's rows): a collection queries the files
+its set gives it and knows nothing of how they are kept.
 
 A campaign's name stands for its runs, in its tasks' order (its log, under
 ``<data>/campaigns``, lists them: the views of ``views/campaign``). Runs named must
@@ -20,25 +23,31 @@ through its reader (the process's: given, or its own when none is).
 
 from __future__ import annotations
 
+import json
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.catalog import Catalog
 from engine.catalog.definitions import VIEWS_DIR
 from ingest.checks import check_part
-from ingest.errors import LogError
+from ingest.errors import InputError, LogError
 from ingest.listing import has_log, while_moving
 from ingest.listing import run_ids as runs_under
 from ingest.paths import RUN_ID_RE, campaigns_dir, command_line, run_dir, under
 from ingest.reader import EventLog
 
 if TYPE_CHECKING:
-    from engine.derived import Derived
+    from engine.derived import Derived, Source, State
     from engine.derived.transcripts import Transcripts
 
 CAMPAIGN_VIEWS = VIEWS_DIR / "campaign"
+# Variables each run's config gives its views (its defaults, see variables.py): one value
+# serves every run's views queried together, so the runs read together must agree on it.
+RUN_DEFAULTS = ("knowledge_path_regex", "knowledge_command_regex")
 
 
 class Reader:
@@ -108,8 +117,9 @@ class DamagedRun:
 
 
 class RunSet:
-    """The runs a command reads (``run_ids``, in order), those left out (``damaged``), and the ``reader``
-    (its ``derived`` state) every reader of them uses."""
+    """The runs a command reads (``run_ids``, in order), those left out (``damaged``), the ``reader`` (its
+    ``derived`` state) every reader of them uses, and their states as first read (:meth:`states`,
+    :meth:`view_files`: a snapshot until :meth:`refresh`)."""
 
     def __init__(self, data_dir: Path | str, names: list[str] | None = None, reader: Reader | None = None) -> None:
         self.data_dir = Path(data_dir)
@@ -122,6 +132,8 @@ class RunSet:
                 raise LogError(f"run {run_id!r} not found {under(self.data_dir)}")
         self.damaged: list[DamagedRun] = []
         self.reader = reader or Reader(self.data_dir)
+        self._states: dict[str, dict[str, State]] = {}  # flavour (JSON) -> run -> its state
+        self._files: dict[tuple[Path, str], Path] = {}  # (state, view) -> its checked file of rows
 
     @property
     def derived(self) -> Derived:
@@ -131,6 +143,8 @@ class RunSet:
     def leave_out(self, run_id: str, err: LogError) -> None:
         """A run a reader could not read: its error raised (runs named), else left out and named in
         ``damaged`` as ``verify`` diagnoses it; LogError when no run is left."""
+        for states in self._states.values():
+            states.pop(run_id, None)
         if self.named:
             raise err
         from ingest.integrity import verify_log  # (the log's whole check: only for a run that failed)
@@ -171,6 +185,185 @@ class RunSet:
             return while_moving(run_dir(self.data_dir, run_id) / "log", look, "parts kept disappearing - try again")
         except (LogError, OSError) as err:
             return str(err)
+
+    # -- the runs' states
+
+    def readable(self) -> list[Path]:
+        """Every directory a query over these runs reads: their logs and, in each root the derived state may use
+        in this process, their stored states and the files of a view's rows of every run."""
+        from engine.derived.combined import combined_dirs
+
+        dirs = [run_dir(self.data_dir, run_id) / "log" for run_id in self.run_ids]
+        dirs += [d for run_id in self.run_ids for d in self.derived.allowed_dirs(run_id)]
+        return dirs + combined_dirs(self.derived)
+
+    def refresh(self) -> None:
+        """Read the runs again at the next use: a run that grew meanwhile is caught up."""
+        self._states.clear()
+
+    @property
+    def read(self) -> bool:
+        """Whether the runs were read (their states, of any flavour, since the last :meth:`refresh`)."""
+        return bool(self._states)
+
+    def states(
+        self, at_decisions: bool = False, variables: dict[str, Any] | None = None, views: tuple[str, ...] = ()
+    ) -> dict[str, State]:
+        """Every readable run's state (evaluated at every decision, or now; under ``variables`` besides), built
+        where none is current (with the rows of ``views``, from the catalog in hand).
+
+        A run that cannot be read is left out and named in ``damaged`` (none named), or
+        its error raised (runs named); LogError when every run is damaged. InputError when
+        the runs record different patterns one value serves (:data:`RUN_DEFAULTS`).
+        """
+        from engine.derived import AT_DECISIONS, NOW
+
+        variables = variables or {}
+        flavour = (AT_DECISIONS if at_decisions else NOW) | variables
+        key = json.dumps(flavour, sort_keys=True, default=str)
+        if key not in self._states:
+            states: dict[str, State] = {}
+
+            def one(run_id: str) -> State | LogError:
+                try:
+                    source = self.derived.source(run_id)
+                    return self._held(run_id, variables, at_decisions, source) or self.derived.state(
+                        run_id, flavour, source, views
+                    )
+                except LogError as err:
+                    return err
+
+            # Runs with nothing stored are derived together, in one catalog (engine/derived/batch.py);
+            # what is left (a catch-up, a run the batch could not take) a core each at once (DuckDB
+            # works outside the GIL); results are taken in run order.
+            self._derive_together(variables, flavour, at_decisions, views)
+            with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(self.run_ids)))) as pool:
+                found = list(pool.map(one, list(self.run_ids)))
+            for run_id, state in zip(list(self.run_ids), found, strict=True):
+                if isinstance(state, LogError):
+                    self.leave_out(run_id, state)
+                else:
+                    states[run_id] = state
+            _check_defaults(states)
+            self._states[key] = states
+        return self._states[key]
+
+    def _held(self, run_id: str, variables: dict[str, Any], at_decisions: bool, source: Source) -> State | None:
+        """A stored state to read other than the run's own under these variables (None: its own, found or
+        derived)."""
+        if at_decisions:
+            return None
+        from engine.derived import AT_DECISIONS, NOW
+        from engine.derived.live import kept_state
+
+        # final rows are the same at either: use a current state at decisions if stored
+        flavour = NOW | variables
+        held = self.derived.find(run_id, flavour, source) or self.derived.find(run_id, AT_DECISIONS | variables, source)
+        if held is None and flavour == NOW:  # a live run: as of its writer's last state (engine/derived/live.py)
+            held = kept_state(self.derived, run_id, source)
+        return held
+
+    def _derive_together(
+        self, variables: dict[str, Any], flavour: dict[str, Any], at_decisions: bool, views: tuple[str, ...]
+    ) -> None:
+        """Derive in one catalog the states of the runs that have none to read (each a state of its own, with
+        the rows of ``views``)."""
+        wanted = []
+        for run_id in self.run_ids:
+            try:
+                if self._held(run_id, variables, at_decisions, self.derived.source(run_id)) is None:
+                    wanted.append(run_id)
+            except LogError:
+                continue  # (left out by the run-by-run path, which says why)
+        if len(wanted) > 1:
+            from engine.derived.batch import derive_together
+
+            derive_together(self.derived, self.derived.catalogs, wanted, flavour, views)
+
+    def view_files(
+        self,
+        names: list[str],
+        at_decisions: bool = False,
+        variables: dict[str, Any] | None = None,
+        only: tuple[str, ...] | None = None,
+    ) -> dict[str, tuple[str, ...]]:
+        """The files of the rows of each view ``names``, of every run (or of the runs ``only``), in run order;
+        every run's of a still set: one file of them all (:mod:`engine.derived.combined`).
+
+        Each file was checked against its digest when first read, and is again whenever it
+        is no longer the file checked (its size, times or inode changed): a damaged one is
+        dropped and derived again from the log before it is returned.
+        """
+        if not names:
+            return {}
+        held = self.states(at_decisions, variables, tuple(names))
+        for run_id in only or ():
+            if run_id not in held:
+                raise InputError(f"run {run_id!r} is not one of the collection's runs ({', '.join(held)})")
+        wanted = list(only) if only is not None else list(held)
+        stale = [r for r in wanted if any(not self._checked_file(held[r], v) for v in names)]
+        if len(stale) > 1:  # each view evaluated once for many runs' states, not once a run
+            from engine.derived.batch import view_rows_together
+
+            lacking: dict[str, tuple[State, tuple[str, ...]]] = {}
+            for run in stale:  # (a view's file stored already is read as it is, checked)
+                views = [v for v in names if not self._checked_file(held[run], v)]
+                lacking[run] = (held[run], tuple(v for v in views if self.derived.stored_view(held[run], v) is None))
+            together = view_rows_together(
+                self.derived, self.derived.catalogs, {r: w for r, w in lacking.items() if w[1]}
+            )
+            for run, paths in together.items():
+                for view, path in paths.items():
+                    self._files[(held[run].dir, view)] = path
+            stale = [r for r in stale if any(not self._checked_file(held[r], v) for v in names)]
+
+        def one(run: str) -> LogError | None:
+            try:
+                for view in names:
+                    if not self._checked_file(held[run], view):
+                        state, path = self.derived.view_rows(held[run], view)
+                        self._files[(state.dir, view)] = path
+                        if state is not held[run]:  # found damaged and derived again: its other files too
+                            held[run] = state
+                            return one(run)
+            except LogError as err:  # (its parts damaged since its state was derived)
+                return err
+            return None
+
+        if len(stale) > 1:  # a core each (DuckDB works outside the GIL)
+            with ThreadPoolExecutor(min(os.cpu_count() or 1, len(stale))) as pool:
+                found = list(pool.map(one, stale))
+        else:
+            found = [one(run) for run in stale]
+        for run, err in zip(stale, found, strict=True):
+            if err is not None:
+                self.leave_out(run, err)
+                wanted.remove(run)
+        files = {name: tuple(str(self._files[(held[run].dir, name)]) for run in wanted) for name in names}
+        if only is None and len(wanted) > 1:  # every run's rows: one file, once the runs are still
+            from engine.derived.combined import combined_file
+
+            for name, listed in files.items():
+                whole = combined_file(self.derived, self.derived.con, name, list(listed))
+                if whole is not None:
+                    files[name] = (whole,)
+        return files
+
+    def _checked_file(self, state: State, view: str) -> bool:
+        path = self._files.get((state.dir, view))
+        return path is not None and self.derived.checks.unchanged(path)
+
+
+def _check_defaults(states: dict[str, State]) -> None:
+    """InputError when the runs record different values of a variable one value serves (:data:`RUN_DEFAULTS`)."""
+    for name in RUN_DEFAULTS:
+        found = {s.values.get(name) for s in states.values()}
+        if len(found) > 1:
+            msg = (
+                f"the runs {', '.join(states)} record different {name.replace('_', '.', 1)} "
+                "patterns - read them in separate collections"
+            )
+            raise InputError(msg)
 
 
 # ---------------------------------------------------------------- a campaign's name

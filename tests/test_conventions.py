@@ -493,6 +493,39 @@ def test_derived_state_is_built_in_at_most_two_places(tmp_path):
     assert sorted(found) == ["cli.py:3", "engine/a.py:4", "engine/a.py:4", "engine/derived/b.py:2"]
 
 
+def derived_importers(root) -> set[str]:
+    """The modules of ``root``'s cli.py, engine/ and ingest/ outside engine/derived/ that import
+    ``engine.derived`` or any module of it - anywhere, under ``if TYPE_CHECKING:`` too, relative or not."""
+    import ast
+
+    files = [root / "cli.py", *(p for d in ("ingest", "engine") for p in (root / d).rglob("*.py"))]
+    found = set()
+    for path in files:
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[:2] == ["engine", "derived"]:
+            continue
+        package = parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                named = [module, *(f"{module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            else:
+                continue
+            if any(n == "engine.derived" or n.startswith("engine.derived.") for n in named):
+                found.add(str(path.relative_to(root)))
+    return found
+
+
+def test_derived_state_is_read_through_one_door():
+    """Six modules outside engine/derived/ reached into it (the collection, serve's token, the web's data,
+    export, campaign verify, the live writer); now two: the door every reader reads through (engine.runset:
+    its Reader, a RunSet's states and files) and the live writer, which keeps its run's state (engine.mcts)."""
+    assert derived_importers(ROOT) == {"engine/runset.py", "engine/mcts/explorer.py"}
+
+
 def derived_loops(root) -> list[str]:
     """What in ``root``'s engine/derived/ points back up at the package, as ``file:line what``: a module of it
     importing ``engine.derived`` (the package, whose ``__init__`` imports its modules) or ``Derived``, anywhere
