@@ -691,14 +691,24 @@ def test_serve_on_a_port_in_use_is_a_clean_error_before_any_address_is_printed(t
 
 
 @pytest.mark.slow
-def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page):
+def test_a_campaign_page_shows_what_the_campaign_command_printed(tmp_path, page, monkeypatch):
     from test_campaign import campaign_file
     from test_campaign import cli as run_cli
+
+    from engine.collection import Collection
+    from engine.web.data import Source, campaign_page
 
     data = tmp_path / "data"
     printed = json.loads(
         run_cli(data, "campaign", str(campaign_file(tmp_path, "coverage", {"edges": 24})), "--json").stdout
     )
+    # The page's summary is the server's collection's answer: no collection (a DuckDB instance) a load.
+    runs = Source(data).collection()
+    made = []
+    monkeypatch.setattr(Collection, "__init__", lambda *a, **k: made.append(a) or pytest.fail("a collection made"))
+    summary = campaign_page(data, "camp", runs)["result"].summary
+    assert made == [] and [(t["run_id"], t["n"]) for t in summary] == [(t["run_id"], t["n"]) for t in printed["tasks"]]
+    monkeypatch.undo()
     with serving(data, tmp_path) as (base, token):
         page.goto(f"{base}/?token={token}")
         page.click("table.campaigns tbody a:text('camp')")  # (a column's name is a link too: it sorts)

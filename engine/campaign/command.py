@@ -9,19 +9,22 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine import __version__
 from engine.campaign.config import load_campaign
 from engine.campaign.log import recorded_campaign, task_run_id
 from engine.campaign.loop import Report, drive, plan_task
 from engine.catalog import Catalog
-from engine.runset import CAMPAIGN_VIEWS, Reader, campaign_log, campaign_runs, open_campaign
+from engine.runset import CAMPAIGN_VIEWS, campaign_log, campaign_runs, open_campaign
 from ingest.errors import InputError
 from ingest.events import CampaignTaskAdded, RunResumed, RunStarted
 from ingest.log import EventLog, LogWriter, check_run_id
 from ingest.names import CAMPAIGN, RUN, claimed, refuse_clashes
 from ingest.paths import campaigns_dir
+
+if TYPE_CHECKING:
+    from engine.collection import Collection
 
 
 @dataclass
@@ -152,25 +155,28 @@ def from_command_line(
 # ---------------------------------------------------------------- reading
 
 
-def campaign_result(data_dir: Path, name: str, resumed: bool, reader: Reader | None = None) -> CampaignResult:
-    """The campaign's state and its summary (per task and in total), read from the logs (the summary through
-    ``reader``: the process's, else one of its own)."""
+def campaign_result(data_dir: Path, name: str, resumed: bool, collection: Collection | None = None) -> CampaignResult:
+    """The campaign's state and its summary (per task and in total), read from the logs (the summary from
+    ``collection`` when it holds every run of the campaign: a server's, else one of the campaign's runs)."""
     catalog = open_campaign(data_dir, name)
     config = recorded_campaign(catalog, name)
     state = catalog.query("select * from campaign_state")[0]
     runs = campaign_runs(data_dir, name)
     return CampaignResult(
-        name, config.policy, resumed, runs, state["rounds"], state["stop_reason"], summary(data_dir, runs, reader)
+        name, config.policy, resumed, runs, state["rounds"], state["stop_reason"], summary(data_dir, runs, collection)
     )
 
 
 SUMMARY = "select * from campaign_summary order by run_id"
 
 
-def summary(data_dir: Path, runs: list[str], reader: Reader | None = None) -> list[dict[str, Any]]:
-    """Per task's run: N (selected paths), N_eff, N_eff/N, roots, stages covered, valid edges and tokens."""
+def summary(data_dir: Path, runs: list[str], collection: Collection | None = None) -> list[dict[str, Any]]:
+    """Per task's run: N (selected paths), N_eff, N_eff/N, roots, stages covered, valid edges and tokens (over
+    ``collection`` when it holds every run, a row each; else a collection of these runs)."""
     if not runs:
         return []
+    if collection is not None and set(runs) <= set(collection.run_ids):
+        return collection.query(SUMMARY, tuple(runs))
     from engine.collection import Collection
 
-    return Collection(data_dir, (reader or Reader(data_dir)).runs(runs)).query(SUMMARY)
+    return Collection(data_dir, runs).query(SUMMARY)

@@ -436,7 +436,7 @@ def campaign_page(data_dir: Path, name: str, runs: Collection) -> dict[str, Any]
     from engine.campaign.policy import spent as campaign_spent
     from engine.runset import open_campaign
 
-    result = campaign_result(data_dir, name, resumed=False, reader=runs.runs.reader)
+    result = campaign_result(data_dir, name, resumed=False, collection=runs)
     catalog = open_campaign(data_dir, name)
     rounds = catalog.query(
         "select seq, round, rule, blocks, edges, granted_edges, reason, marks from campaign_rounds order by seq"
