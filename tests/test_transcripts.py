@@ -163,3 +163,32 @@ def test_a_search_of_failed_calls_finds_the_calls_tool_calls_says_failed(hand):
     found = search(source, Query.of({"tool": "read", "kind": "result"}))
     assert {h["call_id"] for h in found["hits"]} == read and len(read) > len(failed)
     assert search(source, Query.of({"tool": "read", "kind": "result", "knowledge": "1"}))["total"] == 0  # (none is)
+
+
+def test_a_search_counts_a_turn_recorded_twice_once_as_its_last_record(hand):
+    """A turn's conversation recorded again (a later ConversationRecorded of the same edge and turn): the
+    search finds its last record's text, and the first record's pieces neither as hits nor in the counts."""
+    from engine.web.data import Source
+    from engine.web.search import Query, search
+    from ingest.events import ConversationRecorded
+
+    first = next(
+        f for f in hand_run.events() if isinstance(f, ConversationRecorded) and (f.edge_id, f.turn) == ("T1.1/e1-1", 2)
+    )
+    source = Source(hand)
+    before = search(source, Query.of({"edge": "T1.1/e1-1"}))
+    assert before["total"] > 0
+    messages = first.messages
+    shown = [i for i, m in enumerate(messages) if i + first.base >= first.turn_start and m.get("content")]
+    again = [dict(m) for m in messages]
+    again[shown[-1]]["content"] = "zq recorded the second time"
+    with LogWriter.open(hand, "hand") as writer:
+        writer.append([first.model_copy(update={"messages": again})])
+    found = search(Source(hand), Query.of({"q": "zq recorded"}))
+    assert found["total"] == 1 and found["hits"][0]["edge_id"] == "T1.1/e1-1" and found["hits"][0]["turn"] == 2
+    assert found["attempts_total"] == 1 and found["attempts"][0]["hits"] == 1
+    old_text = messages[shown[-1]]["content"]
+    old_text = old_text if isinstance(old_text, str) else "".join(p.get("text", "") for p in old_text)
+    assert all(h["text"] != old_text for h in search(Source(hand), Query.of({"edge": "T1.1/e1-1"}))["hits"])
+    after = search(Source(hand), Query.of({"edge": "T1.1/e1-1"}))
+    assert after["total"] == before["total"]  # the same pieces, one of them with the later text
