@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,22 +191,38 @@ def make_coral_run(
         (tree / ".opencode").mkdir()
         for item in SHARED_ITEMS:
             (tree / ".opencode" / item).symlink_to(coral / "public" / item)
-    grader = daemon(bin_dir, coral, run_dir / "daemon.log")
+    # The first submission is made before the daemon starts: it starts public/.git with nothing written
+    # between the repository's first commit and its checkpoint (a heartbeat of the daemon there would make
+    # the first attempt's checkpoint a commit of its own); it is graded first once the daemon runs.
+    grader = None
     try:
         for i, (agent, value) in enumerate(evals):
             tree = run_dir / "agents" / agent
             (tree / "solution.py").write_text(f"VALUE = {value}\n")
             (tree / ".opencode" / "notes" / f"note-{i}.md").write_text(f"{agent} tried {value}\n")
-            done = coral_eval(bin_dir, tree, f"{agent} tries {value}")
+            done = coral_eval(bin_dir, tree, f"{agent} tries {value}", *(() if grader else ("--no-wait",)))
             assert done.returncode == 0, done.stdout + done.stderr
+            if grader is None:
+                grader = daemon(bin_dir, coral, run_dir / "daemon.log")
+                graded_all(coral)
     finally:
-        stop(grader)
+        if grader is not None:
+            stop(grader)
     for agent, value in pending:
         tree = run_dir / "agents" / agent
         (tree / "solution.py").write_text(f"VALUE = {value}\n")
         done = coral_eval(bin_dir, tree, f"{agent} tries {value}", "--no-wait")
         assert done.returncode == 0, done.stdout + done.stderr
     return run_dir
+
+
+def graded_all(coral: Path, within: float = 600) -> None:
+    """Wait until no attempt of the run is pending (the daemon graded them), at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    attempts = coral / "public" / "attempts"
+    while any(json.loads(p.read_text()).get("status") == "pending" for p in attempts.glob("*.json")):
+        assert time.monotonic() < deadline, f"the grader daemon graded nothing within {within} s"
+        time.sleep(0.1)
 
 
 def attempts_in_order(run: Path) -> list[dict]:
