@@ -496,26 +496,32 @@ def test_a_still_collection_reads_a_view_of_every_run_from_one_checked_file(data
 
 
 @pytest.mark.slow
-def test_runs_derived_together_store_what_each_run_derived_alone_stores(data, tmp_path):
+def test_runs_derived_together_store_what_each_run_derived_alone_stores(data, tmp_path, monkeypatch):
+    """Four runs on two cores: two catalogs of two runs, built at once; each run's state is its own alone."""
+    import os
+
     import pyarrow.parquet as pq
 
     from engine.derived.batch import derive_together
+    from engine.derived.catalogs import Catalogs
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    made = []
+    new = Catalogs.new
+    monkeypatch.setattr(Catalogs, "new", lambda self: made.append(1) or new(self))
+    runs = {"rounds": "rounds", "async": "async", "rounds2": "rounds", "async2": "async"}
     for variables in (NOW, AT_DECISIONS):  # (each on runs with nothing stored: a state of one is the other's base)
         alone, here = (tmp_path / f"{way}-{variables['asof_points']}" for way in ("alone", "together"))
-        for run in ("rounds", "async"):
-            copy_run(data, run, alone)
-            copy_run(data, run, here)
+        for run, source in runs.items():
+            copy_run(data, source, alone, run)
+            copy_run(data, source, here, run)
         together = Derived(here)
         views = ("trees", "top_paths", "coverage_strata")  # (the last one's rows are no run's: constants)
-        assert derive_together(together, together.catalogs, ["rounds", "async"], variables, views) == [
-            "rounds",
-            "async",
-        ]
-        assert (
-            derive_together(together, together.catalogs, ["rounds", "async"], variables) == []
-        )  # (stored: nothing cold left)
-        for run in ("rounds", "async"):
+        made.clear()
+        assert derive_together(together, together.catalogs, list(runs), variables, views) == list(runs)
+        assert len(made) == 2  # a catalog a core
+        assert derive_together(together, together.catalogs, list(runs), variables) == []  # (nothing cold left)
+        for run in runs:
             mine, theirs = together.find(run, variables), Derived(alone).state(run, variables, views=views)
             assert mine is not None and (mine.values, mine.explicit) == (theirs.values, theirs.explicit)
             assert_whole(mine.dir)

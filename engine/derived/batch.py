@@ -1,4 +1,4 @@
-"""A collection's cold runs derived together: one catalog holding them all, refreshed once, a state written per run.
+"""A collection's cold runs derived together: a catalog holding many, refreshed once, a state written per run.
 
 Every view carries ``run_id`` first (docs/DECISIONS.md, "Every view keyed by run_id first"),
 so one catalog can hold many runs: each refresh statement is planned and bound once for
@@ -7,6 +7,8 @@ Each run's state is then written from its own rows and is the state a catalog of
 alone derives (a test compares them file by file); it is stored, checked and read as any.
 The views a reader asked for are evaluated once for the catalog too, and each run's state
 holds its rows of them, so the query that found the runs cold reads them as they are.
+The runs are split over the cores, a catalog each, built at once: planning a statement and
+the Python around it take one core however many runs a catalog holds.
 
 Only runs with nothing to start from are taken (no state of theirs stored, none a catch-up
 could extend), and only runs whose configs give the views' variables the same defaults
@@ -17,6 +19,8 @@ run-by-run path, which names a damaged run's problem as it always has.
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +49,9 @@ def derive_together(
     variables: dict[str, Any],
     views: tuple[str, ...] = (),
 ) -> list[str]:
-    """Derive and store, in one catalog (of CHUNK_EVENTS at most), the states under ``variables`` (with the rows
-    of ``views``) of those of ``run_ids`` that have nothing stored to read or start from; the runs stored so. A
-    catalog needs two runs (``catalogs``: the ones it is made in)."""
+    """Derive and store, in a catalog a core (each of CHUNK_EVENTS at most, the runs split in their order), the
+    states under ``variables`` (with the rows of ``views``) of those of ``run_ids`` that have nothing stored to
+    read or start from; the runs stored so. A catalog needs two runs (``catalogs``: the ones it is made in)."""
     from ingest.reader import EventLog
 
     flavour = flavour_key(derived.digest, variables)
@@ -62,10 +66,10 @@ def derive_together(
                 cold[run_id] = source
         except (LogError, OSError):
             continue  # (the run-by-run path says what is wrong with it)
-    stored: list[str] = []
-    for chunk in _chunks(cold):
-        if len(chunk) < 2:
-            continue
+    chunks = [chunk for chunk in _chunks(cold, parts=min(os.cpu_count() or 1, len(cold) // 2)) if len(chunk) > 1]
+
+    def one(chunk: dict[str, Source]) -> list[str]:
+        stored: list[str] = []
         held = catalogs.new()
         try:
             if _load(derived, held.catalog, chunk, variables):
@@ -77,17 +81,25 @@ def derive_together(
                 for source in chunk.values():
                     stored.append(derived.store(held, source, variables, views, batch).run_id)
         except (LogError, OSError, duckdb.Error):
-            continue
+            pass  # (the runs not stored are the run-by-run path's)
         finally:
             held.close()
-    return stored
+        return stored
+
+    # A catalog a core (DuckDB works outside the GIL): a statement's planning and binding, and the Python
+    # around it, use one core however many runs the catalog holds.
+    with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(chunks)))) as pool:
+        return [run_id for stored in pool.map(one, chunks) for run_id in stored]
 
 
-def _chunks(cold: dict[str, Source]) -> list[dict[str, Source]]:
-    """The runs in catalogs of at most CHUNK_EVENTS events each (a run larger than that alone)."""
+def _chunks(cold: dict[str, Source], parts: int = 1) -> list[dict[str, Source]]:
+    """The runs in catalogs of at most CHUNK_EVENTS events each (a run larger than that alone), in run order;
+    ``parts``: in about that many catalogs of about as many events each (one a core)."""
+    share = -(-sum(s.tail for s in cold.values()) // max(1, parts))  # (the events a part, rounded up)
     chunks: list[dict[str, Source]] = [{}]
     for run_id, source in cold.items():
-        if chunks[-1] and sum(s.tail for s in chunks[-1].values()) + source.tail > CHUNK_EVENTS:
+        held = sum(s.tail for s in chunks[-1].values())
+        if chunks[-1] and (held + source.tail > CHUNK_EVENTS or held >= share):
             chunks.append({})
         chunks[-1][run_id] = source
     return chunks
