@@ -233,9 +233,9 @@ class RunSet:
                 except LogError as err:
                     return err
 
-            # Runs with nothing stored are derived together, in one catalog (engine/derived/batch.py);
-            # what is left (a catch-up, a run the batch could not take) a core each at once (DuckDB
-            # works outside the GIL); results are taken in run order.
+            # Runs with nothing stored, and runs that grew since their last state, are derived together
+            # (engine/derived/batch.py); what is left (a run the batches could not take) a core each at
+            # once (DuckDB works outside the GIL); results are taken in run order.
             self._derive_together(variables, flavour, at_decisions, views)
             with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(self.run_ids)))) as pool:
                 found = list(pool.map(one, list(self.run_ids)))
@@ -266,8 +266,8 @@ class RunSet:
     def _derive_together(
         self, variables: dict[str, Any], flavour: dict[str, Any], at_decisions: bool, views: tuple[str, ...]
     ) -> None:
-        """Derive in one catalog the states of the runs that have none to read (each a state of its own, with
-        the rows of ``views``)."""
+        """Derive together the states of the runs that have none to read (each a state of its own, with the rows
+        of ``views``): those with nothing to start from, then those that grew since their last state."""
         wanted = []
         for run_id in self.run_ids:
             try:
@@ -276,9 +276,10 @@ class RunSet:
             except LogError:
                 continue  # (left out by the run-by-run path, which says why)
         if len(wanted) > 1:
-            from engine.derived.batch import derive_together
+            from engine.derived.batch import catch_up_together, derive_together
 
             derive_together(self.derived, self.derived.catalogs, wanted, flavour, views)
+            catch_up_together(self.derived, self.derived.catalogs, wanted, flavour, views)
 
     def view_files(
         self,

@@ -413,6 +413,36 @@ def _caught_up_equals_fresh(events, tmp_path_factory, earlier: int, later: int) 
     assert not runs.derived.built  # (the states read were those caught up)
 
 
+@pytest.mark.slow
+def test_runs_that_grew_are_caught_up_together_and_answer_as_derived_fresh(runs, tmp_path_factory, monkeypatch):
+    """Two runs whose trees share their ids (T001...), each grown since its states were stored: caught up in one
+    catalog (only the trees their new events concern recomputed), every public and audit view answers as the
+    runs derived fresh from their logs."""
+    from engine.derived import batch
+
+    events = {run: EventLog(runs, run).read_table().sort_by("seq") for run in ("rounds", "async")}
+    grown, fresh = tmp_path_factory.mktemp("grown"), tmp_path_factory.mktemp("fresh")
+    for run, table in events.items():
+        _write_prefix(table, grown, run, [table.num_rows * 3 // 5])
+    _every_view(grown)  # states derived at the earlier cuts, now and at every decision
+    later = {"rounds": events["rounds"].num_rows, "async": events["async"].num_rows * 4 // 5}
+    for run, table in events.items():
+        _write_prefix(table, grown, run, [later[run]])
+        _write_prefix(table, fresh, run, [later[run]])
+    together = []
+    catch_up = batch.catch_up_together
+    monkeypatch.setattr(batch, "catch_up_together", lambda *a, **k: together.append(catch_up(*a, **k)) or together[-1])
+    caught_up = _every_view(grown)
+    assert ["async", "rounds"] in together  # (the states at every decision: the final rows read from them too)
+    assert caught_up == _every_view(fresh)
+    read = open_runs(grown)
+    assert read.query("select run_id, count(*) as n from events group by all order by run_id") == [
+        {"run_id": "async", "n": later["async"]},
+        {"run_id": "rounds", "n": later["rounds"]},
+    ]
+    assert not read.derived.built  # (the states read were those caught up)
+
+
 @pytest.mark.parametrize(
     ("before", "upto"), [("tree_stopped", "end"), ("paths_selected", "end"), ("paths_selected", "paths_selected")]
 )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from engine.derived.store import base_state, set_flavour, write_rows
 from ingest.errors import LogError
 from ingest.text import sql_text
 
-__all__ = ["CHUNK_EVENTS", "derive_together", "view_rows_together"]
+__all__ = ["CHUNK_EVENTS", "catch_up_together", "derive_together", "view_rows_together"]
 
 # Events a catalog of runs derived together holds at most: its memory is about the runs'
 # light columns and tables (measured at ~1M events: see benchmarks/README.md), so a large
@@ -66,29 +67,100 @@ def derive_together(
                 cold[run_id] = source
         except (LogError, OSError):
             continue  # (the run-by-run path says what is wrong with it)
-    chunks = [chunk for chunk in _chunks(cold, parts=min(os.cpu_count() or 1, len(cold) // 2)) if len(chunk) > 1]
+    return _together(
+        derived, catalogs, [cold], variables, views, "cold", lambda c, runs: _load(derived, c, runs, variables)
+    )
+
+
+def catch_up_together(
+    derived: States,
+    catalogs: Catalogs,
+    run_ids: list[str],
+    variables: dict[str, Any],
+    views: tuple[str, ...] = (),
+) -> list[str]:
+    """Catch up together, in a catalog a core, the states under ``variables`` (with the rows of ``views``) of
+    those of ``run_ids`` whose log grew since a state of theirs under these variables was stored: each restored
+    from that state, its new events loaded, only the trees they concern recomputed (each statement once for
+    every run of the catalog), a state stored per run. The runs stored so; the others (a base found damaged, runs
+    that do not share a catalog) are the run-by-run path's."""
+    from ingest.reader import EventLog
+
+    flavour = flavour_key(derived.digest, variables)
+    bases: dict[str, State] = {}
+    groups: dict[str, dict[str, Source]] = {}  # the runs a restore can hold together (one set of values)
+    for run_id in run_ids:
+        try:
+            source = derived.source(run_id)
+            if derived.find(run_id, variables, source) is not None:
+                continue
+            log = EventLog(derived.data_dir, run_id)
+            base = base_state(derived.run_dirs(run_id), log, flavour, source, derived.digest, derived.tables)
+        except (LogError, OSError):
+            continue
+        if base is not None and base.variables == variables:
+            bases[run_id] = base
+            key = json.dumps([base.values, sorted(base.explicit)], sort_keys=True, default=str)
+            groups.setdefault(key, {})[run_id] = source
+
+    def caught_up(catalog: Any, grown: dict[str, Source]) -> bool:
+        logs = {run_id: EventLog(derived.data_dir, run_id) for run_id in grown}
+        files: dict[str, list[Path]] = {}
+        for run_id in grown:
+            for name, path in derived.checked_tables(bases[run_id]).items():
+                files.setdefault(name, []).append(path)
+        first = bases[next(iter(grown))]
+        catalog.restore([(logs[r], bases[r].source.tail) for r in grown], files, first.values, set(first.explicit))
+        if any(catalog.tail_seq(r) != bases[r].source.tail for r in grown):
+            return False  # (parts quarantined since)
+        catalog.load_runs([(logs[r], source.tail) for r, source in grown.items()])  # (one scan of the new events)
+        if any(catalog.tail_seq(r) != source.tail for r, source in grown.items()):
+            return False
+        set_flavour(catalog, variables)
+        catalog.refresh()
+        for run_id, source in grown.items():
+            derived.loaded[run_id] += source.tail - bases[run_id].source.tail
+        return True
+
+    return _together(derived, catalogs, list(groups.values()), variables, views, "caught_up", caught_up)
+
+
+def _together(
+    derived: States,
+    catalogs: Catalogs,
+    groups: list[dict[str, Source]],
+    variables: dict[str, Any],
+    views: tuple[str, ...],
+    how: str,
+    fill: Callable[[Any, dict[str, Source]], bool],
+) -> list[str]:
+    """The runs of each group in catalogs of two runs or more, a core's share of them each, built at once: each
+    catalog filled and refreshed by ``fill`` (False: the runs cannot share it), then a state stored per run
+    (``how`` it was built; with the rows of ``views``, evaluated once for them all). The runs stored so."""
 
     def one(chunk: dict[str, Source]) -> list[str]:
         stored: list[str] = []
         held = catalogs.new()
         try:
-            if _load(derived, held.catalog, chunk, variables):
-                held.how = "cold"  # (from the log alone, as a run derived alone)
+            if fill(held.catalog, chunk):
+                held.how = how
                 batch = {}
                 for view in views:  # every run's rows at once, then each run's copied from them
                     batch[view] = f'"batch__{view}"'
                     held.catalog.con.execute(f"create temp table {batch[view]} as select * from {view}")
                 for source in chunk.values():
                     stored.append(derived.store(held, source, variables, views, batch).run_id)
-        except (LogError, OSError, duckdb.Error):
+        except (Damaged, LogError, OSError, duckdb.Error):
             pass  # (the runs not stored are the run-by-run path's)
         finally:
             held.close()
         return stored
 
+    cores = os.cpu_count() or 1
+    chunks = [c for group in groups for c in _chunks(group, parts=min(cores, len(group) // 2)) if len(c) > 1]
     # A catalog a core (DuckDB works outside the GIL): a statement's planning and binding, and the Python
     # around it, use one core however many runs the catalog holds.
-    with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, len(chunks)))) as pool:
+    with ThreadPoolExecutor(max(1, min(cores, len(chunks)))) as pool:
         return [run_id for stored in pool.map(one, chunks) for run_id in stored]
 
 
