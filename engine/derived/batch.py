@@ -1,4 +1,4 @@
-"""A collection's cold runs derived together: a catalog holding many, refreshed once, a state written per run.
+"""A collection's runs derived together: a catalog holding many, refreshed once, a state written per run.
 
 Every view carries ``run_id`` first (docs/DECISIONS.md, "Every view keyed by run_id first"),
 so one catalog can hold many runs: each refresh statement is planned and bound once for
@@ -10,10 +10,12 @@ holds its rows of them, so the query that found the runs cold reads them as they
 The runs are split over the cores, a catalog each, built at once: planning a statement and
 the Python around it take one core however many runs a catalog holds.
 
-Only runs with nothing to start from are taken (no state of theirs stored, none a catch-up
-could extend), and only runs whose configs give the views' variables the same defaults
-(one value serves a catalog). Anything that goes wrong here leaves the runs to the
-run-by-run path, which names a damaged run's problem as it always has.
+Runs with nothing to start from (no state of theirs stored, none a catch-up could extend)
+are derived from their logs; runs that grew since a state of theirs was stored are caught up
+from those states together (:func:`catch_up_together`). Only runs whose configs give the
+views' variables the same defaults share a catalog (one value serves it). Anything that goes
+wrong here leaves the runs to the run-by-run path, which names a damaged run's problem as it
+always has.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from engine.derived.keys import Source, State, flavour_key
 from engine.derived.states import States
 from engine.derived.store import base_state, set_flavour, write_rows
 from ingest.errors import LogError
+from ingest.listing import Moved
 from ingest.text import sql_text
 
 __all__ = ["CHUNK_EVENTS", "catch_up_together", "derive_together", "view_rows_together"]
@@ -150,7 +153,7 @@ def _together(
                     held.catalog.con.execute(f"create temp table {batch[view]} as select * from {view}")
                 for source in chunk.values():
                     stored.append(derived.store(held, source, variables, views, batch).run_id)
-        except (Damaged, LogError, OSError, duckdb.Error):
+        except (Damaged, Moved, LogError, OSError, duckdb.Error):
             pass  # (the runs not stored are the run-by-run path's)
         finally:
             held.close()
