@@ -56,20 +56,7 @@ def derive_together(
     """Derive and store, in a catalog a core (each of CHUNK_EVENTS at most, the runs split in their order), the
     states under ``variables`` (with the rows of ``views``) of those of ``run_ids`` that have nothing stored to
     read or start from; the runs stored so. A catalog needs two runs (``catalogs``: the ones it is made in)."""
-    from ingest.reader import EventLog
-
-    flavour = flavour_key(derived.digest, variables)
-    cold: dict[str, Source] = {}
-    for run_id in run_ids:
-        try:
-            source = derived.source(run_id)
-            if derived.find(run_id, variables, source) is not None:
-                continue
-            log = EventLog(derived.data_dir, run_id)
-            if base_state(derived.run_dirs(run_id), log, flavour, source, derived.digest, derived.tables) is None:
-                cold[run_id] = source
-        except (LogError, OSError):
-            continue  # (the run-by-run path says what is wrong with it)
+    cold = {run_id: source for run_id, (source, base) in _lacking(derived, run_ids, variables).items() if base is None}
     return _together(
         derived, catalogs, [cold], variables, views, "cold", lambda c, runs: _load(derived, c, runs, variables)
     )
@@ -89,18 +76,9 @@ def catch_up_together(
     that do not share a catalog) are the run-by-run path's."""
     from ingest.reader import EventLog
 
-    flavour = flavour_key(derived.digest, variables)
     bases: dict[str, State] = {}
     groups: dict[str, dict[str, Source]] = {}  # the runs a restore can hold together (one set of values)
-    for run_id in run_ids:
-        try:
-            source = derived.source(run_id)
-            if derived.find(run_id, variables, source) is not None:
-                continue
-            log = EventLog(derived.data_dir, run_id)
-            base = base_state(derived.run_dirs(run_id), log, flavour, source, derived.digest, derived.tables)
-        except (LogError, OSError):
-            continue
+    for run_id, (source, base) in _lacking(derived, run_ids, variables).items():
         if base is not None and base.variables == variables:
             bases[run_id] = base
             key = json.dumps([base.values, sorted(base.explicit)], sort_keys=True, default=str)
@@ -126,6 +104,26 @@ def catch_up_together(
         return True
 
     return _together(derived, catalogs, list(groups.values()), variables, views, "caught_up", caught_up)
+
+
+def _lacking(derived: States, run_ids: list[str], variables: dict[str, Any]) -> dict[str, tuple[Source, State | None]]:
+    """The runs with no state under ``variables`` for their log as it is now: each one's source, and the stored
+    state a new one would start from (None: nothing, it is derived from its log). A run that cannot be read is
+    left out (the run-by-run path says what is wrong with it)."""
+    from ingest.reader import EventLog
+
+    flavour = flavour_key(derived.digest, variables)
+    found: dict[str, tuple[Source, State | None]] = {}
+    for run_id in run_ids:
+        try:
+            source = derived.source(run_id)
+            if derived.find(run_id, variables, source) is None:
+                log = EventLog(derived.data_dir, run_id)
+                base = base_state(derived.run_dirs(run_id), log, flavour, source, derived.digest, derived.tables)
+                found[run_id] = (source, base)
+        except (LogError, OSError):
+            continue
+    return found
 
 
 def _together(
