@@ -276,10 +276,9 @@ class RunSet:
             except LogError:
                 continue  # (left out by the run-by-run path, which says why)
         if len(wanted) > 1:
-            from engine.derived.batch import catch_up_together, derive_together
+            from engine.derived.batch import derive_together
 
             derive_together(self.derived, self.derived.catalogs, wanted, flavour, views)
-            catch_up_together(self.derived, self.derived.catalogs, wanted, flavour, views)
 
     def view_files(
         self,

@@ -12,7 +12,7 @@ the Python around it take one core however many runs a catalog holds.
 
 Runs with nothing to start from (no state of theirs stored, none a catch-up could extend)
 are derived from their logs; runs that grew since a state of theirs was stored are caught up
-from those states together (:func:`catch_up_together`). Only runs whose configs give the
+from those states together. Only runs whose configs give the
 views' variables the same defaults share a catalog (one value serves it). Anything that goes
 wrong here leaves the runs to the run-by-run path, which names a damaged run's problem as it
 always has.
@@ -38,7 +38,7 @@ from ingest.errors import LogError
 from ingest.listing import Moved
 from ingest.text import sql_text
 
-__all__ = ["CHUNK_EVENTS", "catch_up_together", "derive_together", "view_rows_together"]
+__all__ = ["CHUNK_EVENTS", "derive_together", "view_rows_together"]
 
 # Events a catalog of runs derived together holds at most: its memory is about the runs'
 # light columns and tables (measured at ~1M events: see benchmarks/README.md), so a large
@@ -53,57 +53,48 @@ def derive_together(
     variables: dict[str, Any],
     views: tuple[str, ...] = (),
 ) -> list[str]:
-    """Derive and store, in a catalog a core (each of CHUNK_EVENTS at most, the runs split in their order), the
-    states under ``variables`` (with the rows of ``views``) of those of ``run_ids`` that have nothing stored to
-    read or start from; the runs stored so. A catalog needs two runs (``catalogs``: the ones it is made in)."""
-    cold = {run_id: source for run_id, (source, base) in _lacking(derived, run_ids, variables).items() if base is None}
-    return _together(
-        derived, catalogs, [cold], variables, views, "cold", lambda c, runs: _load(derived, c, runs, variables)
-    )
-
-
-def catch_up_together(
-    derived: States,
-    catalogs: Catalogs,
-    run_ids: list[str],
-    variables: dict[str, Any],
-    views: tuple[str, ...] = (),
-) -> list[str]:
-    """Catch up together, in a catalog a core, the states under ``variables`` (with the rows of ``views``) of
-    those of ``run_ids`` whose log grew since a state of theirs under these variables was stored: each restored
-    from that state, its new events loaded, only the trees they concern recomputed (each statement once for
-    every run of the catalog), a state stored per run. The runs stored so; the others (a base found damaged, runs
-    that do not share a catalog) are the run-by-run path's."""
+    """Derive and store together the states under ``variables`` (with the rows of ``views``) of those of
+    ``run_ids`` that have none for their log as it is now: runs with nothing stored to start from, from their
+    logs; runs that grew since a state of theirs under these variables was stored, caught up from it (restored,
+    their new events loaded, only the trees those concern recomputed, each statement once for every run of the
+    catalog). In a catalog a core, each of CHUNK_EVENTS at most and two runs at least (``catalogs``: where they
+    are made), the runs split in their order. The runs stored so; the others (a base found damaged, runs that do
+    not share a catalog) are the run-by-run path's."""
     from ingest.reader import EventLog
 
+    cold: dict[str, Source] = {}
     bases: dict[str, State] = {}
-    groups: dict[str, dict[str, Source]] = {}  # the runs a restore can hold together (one set of values)
+    grown: dict[str, dict[str, Source]] = {}  # the runs a restore can hold together (one set of values)
     for run_id, (source, base) in _lacking(derived, run_ids, variables).items():
-        if base is not None and base.variables == variables:
+        if base is None:
+            cold[run_id] = source
+        elif base.variables == variables:  # (a state under other variables: the run-by-run path reflavours it)
             bases[run_id] = base
             key = json.dumps([base.values, sorted(base.explicit)], sort_keys=True, default=str)
-            groups.setdefault(key, {})[run_id] = source
+            grown.setdefault(key, {})[run_id] = source
 
-    def caught_up(catalog: Any, grown: dict[str, Source]) -> bool:
-        logs = {run_id: EventLog(derived.data_dir, run_id) for run_id in grown}
+    def caught_up(catalog: Any, runs: dict[str, Source]) -> bool:
+        logs = {run_id: EventLog(derived.data_dir, run_id) for run_id in runs}
         files: dict[str, list[Path]] = {}
-        for run_id in grown:
+        for run_id in runs:
             for name, path in derived.checked_tables(bases[run_id]).items():
                 files.setdefault(name, []).append(path)
-        first = bases[next(iter(grown))]
-        catalog.restore([(logs[r], bases[r].source.tail) for r in grown], files, first.values, set(first.explicit))
-        if any(catalog.tail_seq(r) != bases[r].source.tail for r in grown):
+        first = bases[next(iter(runs))]
+        catalog.restore([(logs[r], bases[r].source.tail) for r in runs], files, first.values, set(first.explicit))
+        if any(catalog.tail_seq(r) != bases[r].source.tail for r in runs):
             return False  # (parts quarantined since)
-        catalog.load_runs([(logs[r], source.tail) for r, source in grown.items()])  # (one scan of the new events)
-        if any(catalog.tail_seq(r) != source.tail for r, source in grown.items()):
+        catalog.load_runs([(logs[r], source.tail) for r, source in runs.items()])  # (one scan of the new events)
+        if any(catalog.tail_seq(r) != source.tail for r, source in runs.items()):
             return False
         set_flavour(catalog, variables)
         catalog.refresh()
-        for run_id, source in grown.items():
+        for run_id, source in runs.items():
             derived.loaded[run_id] += source.tail - bases[run_id].source.tail
         return True
 
-    return _together(derived, catalogs, list(groups.values()), variables, views, "caught_up", caught_up)
+    work = [("cold", lambda c, runs: _load(derived, c, runs, variables), cold)]
+    work += [("caught_up", caught_up, group) for group in grown.values()]
+    return _together(derived, catalogs, work, variables, views)
 
 
 def _lacking(derived: States, run_ids: list[str], variables: dict[str, Any]) -> dict[str, tuple[Source, State | None]]:
@@ -129,17 +120,16 @@ def _lacking(derived: States, run_ids: list[str], variables: dict[str, Any]) -> 
 def _together(
     derived: States,
     catalogs: Catalogs,
-    groups: list[dict[str, Source]],
+    work: list[tuple[str, Callable[[Any, dict[str, Source]], bool], dict[str, Source]]],
     variables: dict[str, Any],
     views: tuple[str, ...],
-    how: str,
-    fill: Callable[[Any, dict[str, Source]], bool],
 ) -> list[str]:
-    """The runs of each group in catalogs of two runs or more, a core's share of them each, built at once: each
-    catalog filled and refreshed by ``fill`` (False: the runs cannot share it), then a state stored per run
-    (``how`` it was built; with the rows of ``views``, evaluated once for them all). The runs stored so."""
+    """Each ``(how, fill, runs)`` of ``work``: the runs in catalogs of two runs or more, a core's share of them
+    each, all built at once: each catalog filled and refreshed by ``fill`` (False: the runs cannot share it), then
+    a state stored per run (built ``how``; with the rows of ``views``, evaluated once for them all). The runs
+    stored so."""
 
-    def one(chunk: dict[str, Source]) -> list[str]:
+    def one(how: str, fill: Callable[[Any, dict[str, Source]], bool], chunk: dict[str, Source]) -> list[str]:
         stored: list[str] = []
         held = catalogs.new()
         try:
@@ -158,11 +148,16 @@ def _together(
         return stored
 
     cores = os.cpu_count() or 1
-    chunks = [c for group in groups for c in _chunks(group, parts=min(cores, len(group) // 2)) if len(c) > 1]
+    chunks = [
+        (how, fill, chunk)
+        for how, fill, runs in work
+        for chunk in _chunks(runs, parts=min(cores, len(runs) // 2))
+        if len(chunk) > 1
+    ]
     # A catalog a core (DuckDB works outside the GIL): a statement's planning and binding, and the Python
     # around it, use one core however many runs the catalog holds.
     with ThreadPoolExecutor(max(1, min(cores, len(chunks)))) as pool:
-        return [run_id for stored in pool.map(one, chunks) for run_id in stored]
+        return [run_id for stored in pool.map(lambda c: one(*c), chunks) for run_id in stored]
 
 
 def _chunks(cold: dict[str, Source], parts: int = 1) -> list[dict[str, Source]]:
