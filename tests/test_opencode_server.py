@@ -330,6 +330,32 @@ def test_a_fork_whose_sources_lane_is_full_runs_in_a_new_lane_with_its_own_datab
     assert marked_processes(Path(tmp_path / "run").resolve()) == []
 
 
+@pytest.mark.slow
+def test_a_server_killed_a_moment_ago_is_lost_and_a_live_one_is_not(tmp_path, coral_on_path):  # noqa: F811
+    """A request can fail while the server is on its way out (its sockets closed, its process not yet
+    gone): such a turn names the lost server, as every other turn of that crash does, so the crash
+    counts once. A live server that failed a request is not lost (each of its turns counts)."""
+    import os
+    import signal
+
+    from engine.config import RunConfig
+    from engine.teachers.opencode import OpenCodeTeacher
+
+    model = FakeModel(local_script).start()
+    options = {"model": "fake/scripted", "endpoint": model.base_url, "eval_command": "local-eval -m"}
+    config = RunConfig(task="speedup", backend="opencode", backend_options=options)
+    teacher = OpenCodeTeacher(config, tmp_path / "run")
+    try:
+        server, lane = teacher.servers.acquire(None)
+        assert server.lost() is None and server.alive()
+        os.kill(server.proc.pid, signal.SIGKILL)
+        assert server.lost() == server.name  # (however soon after the kill it is asked)
+        teacher.servers.release(server, lane)
+    finally:
+        teacher.close()
+        model.stop()
+
+
 def test_a_file_that_is_no_database_among_the_lanes_is_named_not_a_traceback(tmp_path):
     """A store's lane databases are looked up by name: a file there that is not one (dropped in,
     truncated) is a clean error naming it; a database its server is still creating holds nothing."""

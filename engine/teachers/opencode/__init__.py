@@ -66,7 +66,8 @@ from engine.teachers.opencode.recorder import (
     model_phases,
     unreported_steps,
 )
-from engine.teachers.opencode.server import Servers, run_served
+from engine.teachers.opencode.served import run_served
+from engine.teachers.opencode.server import Servers
 from engine.teachers.opencode.sessions import bring_session, export_session, holding
 from engine.teachers.opencode.worktrees import Worktrees, copy_dir, git
 from engine.teachers.protocol import RootInfo, TurnCancelled, TurnRequest

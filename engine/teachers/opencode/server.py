@@ -24,7 +24,7 @@ Each server writes a database of its own (a lane: ``Servers`` says why, and how 
 The server carries the run's and the supervisor's marks, so a resumed run and the watchdog stop it and every
 tool process it started, as they stop ``opencode run``. A server that served ``recycle_turns`` turns takes no
 more (Bun's heap grows with every instance it made): the next turn starts a new one, and the old one is stopped
-when its last turn ends. The turns a server's loss fails name it (``Served.lost``): it counts once.
+when its last turn ends. The turns a server's loss fails name it (``served.Served.lost``): it counts once.
 """
 
 from __future__ import annotations
@@ -36,18 +36,16 @@ import json
 import re
 import secrets
 import socket
-import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from engine.teachers.opencode.processes import MARKER_ENV, Supervisor, kill_marked
-from engine.teachers.opencode.sessions import bring_session, has_session, move_session
+from engine.teachers.opencode.sessions import bring_session, has_session
 from ingest.errors import ProjectError
 
 LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -55,10 +53,10 @@ LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 # denies the question tool, which would wait for a person, for every session).
 RUN_PERMISSIONS = [{"permission": p, "pattern": "*", "action": "deny"} for p in ("question", "plan_enter", "plan_exit")]
 REQUEST_TIMEOUT_S = 120.0
-QUIET_S = 5.0  # a session idle this long after its prompt was stored, with no answer, ended without one
 START_S = 120.0  # from ``opencode serve``'s start to its listening (about 2 s here)
 STALL_S = 180.0  # a server with turns silent this long is killed (one spun in madvise for 20 min at 2 GB)
 WATCH_S = 5.0  # how often the watchdog asks
+EXIT_S = 2.0  # a server that stopped answering, given this long to finish exiting (Server.lost)
 
 
 class ServerGone(Exception):
@@ -222,6 +220,13 @@ class Server:
 
     def alive(self) -> bool:
         return not self._stopped and self.proc.poll() is None
+
+    def lost(self) -> str | None:
+        """Its name when it died (given EXIT_S to finish exiting: a request can fail while it is on its way
+        out), else None: a live server failed a request."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=EXIT_S)
+        return None if self.alive() else self.name
 
     def stop(self) -> None:
         self._stopped = True
@@ -398,103 +403,3 @@ class Servers:
                 lane.server = None
         for server in live:
             server.stop()
-
-
-@dataclass
-class Served:
-    """How a served turn ended (``completed``, ``timeout``, ``startup``, ``cancelled`` or ``gone``: the server
-    exited, or could not start or fork it; ``why`` says, else the session's error, if any), its session, the
-    session's messages (empty when gone) and, when the server died under it, that server's ``Server.name``."""
-
-    outcome: str
-    session: str | None
-    messages: list[dict[str, Any]]
-    why: str | None = None
-    lost: str | None = None
-
-
-def run_served(
-    servers: Servers,
-    *,
-    worktree: Path,
-    source: str | None,
-    title: str,
-    prompt: str,
-    model: str,
-    cancel: threading.Event,
-    timeout_s: float,
-    startup_s: float | None,
-    bind: Callable[[str], None],
-    work_started: Callable[[], float | None] | None,
-) -> Served:
-    """One turn on a server of the store: a session in ``worktree`` (forked from ``source`` and moved
-    there, or new), the prompt, and its wait - until the session is idle, ``cancel``, or a
-    deadline as :meth:`Supervisor.run` keeps it (``timeout_s`` of work, ``startup_s`` before it).
-    A turn cut short is aborted (the running tool's process group goes with it) and what it left
-    running in the worktree is killed."""
-    t0 = time.monotonic()
-    try:
-        server, lane = servers.acquire(source)
-    except ProjectError as err:
-        return Served("gone", None, [], str(err))
-    session = None
-    try:
-        try:
-            if source:
-                servers.bring(source, lane, worktree)
-                session = server.fork(source)
-                move_session(lane.store.database, session, worktree)
-                base = len(server.messages(session) or [])  # the conversation it forked
-            else:
-                session, base = server.create(worktree, title), 0
-            servers.placed(session, lane)
-            bind(session)
-            idle = server.prompt(session, prompt, model)
-        except (ServerGone, ProjectError, sqlite3.Error, subprocess.SubprocessError) as err:  # a backend failure
-            return Served("gone", session, [], str(err), None if server.alive() else server.name)
-        outcome, messages, woken, quiet_since, check_at = "completed", None, False, None, 0.0
-        while True:
-            if idle.wait(0.1):
-                idle.clear()
-                woken = True
-                if not server.alive():
-                    why = server.stalled or f"opencode serve exited with {server.proc.returncode}"
-                    return Served("gone", session, [], why, server.name)
-            now = time.monotonic()
-            if woken and now >= check_at:  # idle once: wait for its answer to be stored
-                check_at = now + 0.2
-                with contextlib.suppress(ServerGone, ProjectError):
-                    state, messages = server.progress(session, base)
-                    if state == "answered":
-                        break
-                    quiet_since = quiet_since or now if state == "quiet" else None
-                    if quiet_since is not None and now - quiet_since > QUIET_S:  # ended with no answer at all
-                        break
-            if cancel.is_set():
-                outcome = "cancelled"
-                break
-            begun = work_started() if work_started else t0
-            if begun is None and now > t0 + (startup_s if startup_s is not None else timeout_s):
-                outcome = "startup"
-                break
-            if begun is not None and now > begun + timeout_s:
-                outcome = "timeout"
-                break
-        if outcome != "completed":
-            server.abort(session)
-            deadline = time.monotonic() + 30
-            with contextlib.suppress(ServerGone):
-                while server.busy(session) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-        # Nothing the turn started outlives it (as with a process a turn): a tool left in the
-        # background, or the npm install OpenCode starts in a ``.opencode/`` it finds.
-        server.kill_tools(worktree)
-        try:
-            messages = messages if outcome == "completed" and messages is not None else server.messages(session)
-        except (ServerGone, ProjectError) as err:
-            return Served("gone", session, [], str(err), None if server.alive() else server.name)
-        return Served(outcome, session, messages, server.error(session))
-    finally:
-        if session is not None:
-            server.release(session, worktree)
-        servers.release(server, lane)
