@@ -51,7 +51,9 @@ COLUMNS = {
     "node_selected": ["seq", "watermark", "tree_id", "node_id", "select_score", "q", "t"],
     "tree_stopped": ["seq", "watermark", "tree_id", "reason"],
     "paths_selected": ["seq", "watermark", "weights", "top_k", "paths"],
-    "supervision_selected": ["seq", "watermark", "rule", "min_margin", "threshold", "pairs", "labels", "step_paths"],
+    "supervision_selected": [
+        *("seq", "watermark", "rule", "min_margin", "threshold", "against_verdict", "pairs", "labels", "step_paths")
+    ],
 }
 EDGE_ID = re.compile(r"^(.+)/e(\d+)-(\d+)$")
 INF_SEQ = 2**63
@@ -628,9 +630,13 @@ def r12(x: float) -> float:
 
 def check_supervision(ev, trees, result) -> None:
     """Each SupervisionSelected: at its watermark, under its rule, exactly its pairs (and margins),
-    labels (and values) and step paths (their edges and labels)."""
+    labels (and values) and step paths (their edges and labels). Under ``against_verdict = 'drop'`` no
+    pair's chosen attempt failed the prune test (pruned, retry, kept_exempt) while the rejected one
+    passed it (kept); a selection recorded before the rule had this part kept such pairs."""
+    failed = ("pruned", "retry", "kept_exempt")
     for r in ev["supervision_selected"]:
         w, threshold, margin = r["watermark"], r12(r["threshold"]), r12(r["min_margin"])
+        drop = (r.get("against_verdict") or "keep") == "drop"
         done = [e for t in trees.values() for e in t.edges.values() if e.verdict and e.completed_seq <= w]
         value = {e.edge_id: r12(e.soft or 0.0) if r["rule"] == "soft" else (1.0 if e.improved else 0.0) for e in done}
         labels = {(e.tree_id, e.edge_id): (value[e.edge_id] >= threshold, value[e.edge_id]) for e in done}
@@ -642,7 +648,9 @@ def check_supervision(ev, trees, result) -> None:
             for attempts in by_node.values()
             for c in attempts
             for o in attempts
-            if value[c.edge_id] > value[o.edge_id] and r12(value[c.edge_id] - value[o.edge_id]) >= margin
+            if value[c.edge_id] > value[o.edge_id]
+            and r12(value[c.edge_id] - value[o.edge_id]) >= margin
+            and not (drop and c.verdict in failed and o.verdict == "kept")
         }
         kept = {(e.tree_id, e.child_id): e for e in done if e.child_id is not None}
         parents = {(e.tree_id, e.parent_id) for e in kept.values()}

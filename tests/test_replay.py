@@ -42,6 +42,21 @@ def test_replay_passes_on_sim_runs(runs, run):
     assert sum(t["kept_edges"] for t in out["trees"]) > 20
 
 
+def test_the_benchmarks_plain_python_baseline_agrees_with_replay(runs):
+    """benchmarks/plain_replay.py re-derives every decision independently of the views; the
+    collection benchmark stops when it and replay disagree, so a rule the views gained and the
+    baseline lacks (the supervision rule's against_verdict, once) breaks the benchmark."""
+    from benchmarks.collection import summary
+    from benchmarks.plain_replay import replay
+
+    r = invoke(runs, "replay", "--json")
+    assert r.exit_code == 0, r.output
+    plain = [replay(runs, run) for run in ("async", "rounds")]
+    assert [p.differences for p in plain] == [[], []]
+    counted = {k: sum(getattr(p, k) for p in plain) for k in ("trees", "nodes", "decisions", "edges")}
+    assert summary("replay", json.loads(r.stdout)) == {**counted, "differ": 0}
+
+
 def test_replay_times_each_of_its_phases(runs):
     """The benchmark's breakdown: every phase timed, in order, adding up to the whole."""
     from engine.replay import PHASES, replay_run
