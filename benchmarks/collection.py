@@ -19,7 +19,7 @@ RSS is the kernel's ``ru_maxrss`` of that process; its time is the command's, fr
 parsing the arguments to the last line printed, without starting Python):
 
 - replay: ``python cli.py --data DIR replay --json``, every run of the collection in turn;
-- audit: ``python cli.py --data DIR audit --json``;
+- audit: ``python cli.py --data DIR audit --json``, nothing derived before (from the log, as replay);
 - export: ``python cli.py --data DIR export --out OUT`` (every run's default selection).
 
 Reads go through the runs' stored derived state (``engine/derived/``), so each read
@@ -28,7 +28,7 @@ collection) and warm (a later process, the state stored):
 
 - sql: ``python cli.py --data DIR sql "select count(*) from trees" --json``, and a second
   typical query over the coverage view (``sql-coverage``);
-- audit and report (``report --out FILE``) cold, then warm;
+- audit and report (``report --out FILE``) cold, then warm (each warm read after one of its own);
 - incremental: one run (a copy of the collection's first) grows by one turn's events
   (~100 tool calls appended by a writer), then one warm ``sql`` query: beside the same
   query with no growth.
@@ -315,6 +315,8 @@ def main() -> None:
             floors["light"].append(scan_floor(files, light))
             floors["export"].append(scan_floor(files, light + EXPORT_COLUMNS))
             for command in COMMANDS if i < args.repeat else ():
+                if command == "audit":  # from the log, as replay and the baseline are: no state stored before
+                    shutil.rmtree(data / "derived", ignore_errors=True)
                 runs[command].append(measure(command, data, out))
                 loads.append(os.getloadavg()[0])
             if i < args.baseline_repeat:
@@ -337,13 +339,15 @@ def main() -> None:
 
 def measure_reads(data: Path, out: Path, repeat: int) -> dict[str, dict]:
     """The COLD commands once with nothing derived (``<data>/derived`` deleted first), every read
-    command warm ``repeat`` times (what the cold reads stored), and the floor process (a new Python
-    process scanning the light columns) ``repeat`` times."""
+    command warm ``repeat`` times after a read of its own that is not measured (what it reads is stored
+    then, whatever the reads before stored: a cold audit leaves the states of another flavour than
+    sql's), and the floor process (a new Python process scanning the light columns) ``repeat`` times."""
     found: dict[str, dict] = {}
     for command in COLD:
         shutil.rmtree(data / "derived", ignore_errors=True)
         found[command] = {"cold": measure(command, data, out, as_user=True)}
     for command in READS:
+        measure(command, data, out, as_user=True)
         warm = [measure(command, data, out, as_user=True) for _ in range(repeat)]
         found.setdefault(command, {})["warm"] = {k: median_of(warm, k) for k in ("seconds", "wall")}
         found[command]["rss"] = max(
