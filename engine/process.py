@@ -154,7 +154,7 @@ def run_to_exit(command: Callable[[], object]) -> NoReturn:
         code: int = 0
     except SystemExit as done:
         code = exit_status(done.code)
-    threading._shutdown()  # type: ignore[attr-defined] # noqa: SLF001 - what Python's exit does first
+    threading._shutdown()  # type: ignore[attr-defined] # what Python's exit does first
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader gone (click has said so): quiet

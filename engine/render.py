@@ -125,7 +125,7 @@ class _Cells:
             end = self._file.tell()
             self._file.seek(0)
             while self._file.tell() < end:
-                yield pickle.load(self._file)  # noqa: S301 - what add() wrote
+                yield pickle.load(self._file)  # what add() wrote
         yield from self._held
 
 

@@ -118,7 +118,7 @@ class FakeModel:
             def log_message(self, *args: object) -> None:
                 return None
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server naming
+            def do_POST(self) -> None:  # http.server naming
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 step, where = fake._answer(body, self.headers.get("x-teacher-mcts-turn"))

@@ -198,7 +198,7 @@ def test_sql_prints_a_wide_result_within_a_memory_limit(two_runs):  # noqa: F811
 class _Recorder(http.server.BaseHTTPRequestHandler):
     seen: list[dict[str, str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+    def do_GET(self) -> None:  # the standard library's name
         _Recorder.seen.append(dict(self.headers))
         self.send_response(200)
         self.send_header("Content-Type", "text/html")

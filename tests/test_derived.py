@@ -366,7 +366,7 @@ def _write_prefix(events, data: Path, run_id: str, cuts: list[int]) -> None:
         for cut in cuts:
             start = writer.tail
             if cut > start:
-                writer._pending = [events.slice(start, cut - start)]  # noqa: SLF001 - the rows as recorded
+                writer._pending = [events.slice(start, cut - start)]  # the rows as recorded
                 writer.flush()
 
 

@@ -30,7 +30,7 @@ def _live_writer(events, data: Path, run_id: str, cuts: list[int], keeper: Keepe
     with LogWriter.create(data, run_id) as writer:
         for cut in cuts:
             rows = events.slice(writer.tail, cut - writer.tail)
-            writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
+            writer._pending = [rows]  # staged: the rows as recorded
             catalog.insert(rows)
             keeper.publishing(cut in whole)
             writer.flush()
@@ -169,7 +169,7 @@ def test_a_live_run_is_read_as_of_its_writers_last_state_and_as_its_log_once_the
 
         def publish(cut: int, keep: bool) -> None:
             rows = events.slice(writer.tail, cut - writer.tail)
-            writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
+            writer._pending = [rows]  # staged: the rows as recorded
             catalog.insert(rows)
             writer.flush()
             if keep:
@@ -225,7 +225,7 @@ def test_a_mark_is_read_only_while_its_process_writes_the_run_and_within_its_bou
     body["until"] = time.time_ns() + int((MAX_LAG - 1) * 1e9)  # (within the bound: the pid is what is checked)
     with LogWriter.open(data, "rounds") as writer:  # the run grows, written by this process
         rows = events.slice(writer.tail, n // 2 - writer.tail)
-        writer._pending = [rows]  # noqa: SLF001 - staged: the rows as recorded
+        writer._pending = [rows]  # staged: the rows as recorded
         writer.flush()
         if who == "killed":
             gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)

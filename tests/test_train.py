@@ -61,7 +61,7 @@ def test_the_readme_training_code_trains_on_the_export(export_dir, monkeypatch):
     monkeypatch.chdir(export_dir)
     monkeypatch.setenv("HF_DATASETS_CACHE", str(export_dir / "hf-cache"))
     scope: dict = {}
-    exec(compile(snippet(), "docs/TRAINING.md", "exec"), scope)  # noqa: S102 - the snippet as written
+    exec(compile(snippet(), "docs/TRAINING.md", "exec"), scope)  # the snippet as written
     train, tokenizer, trainer = scope["train"], scope["tokenizer"], scope["trainer"]
     manifest = json.loads((export_dir / "data" / "out" / "train" / "manifest.json").read_text())
     assert len(train) == manifest["samples"] > 2
@@ -116,7 +116,7 @@ def preference(export_dir) -> dict:
         mp.setenv("HF_DATASETS_CACHE", str(export_dir / "hf-cache"))
         code = snippet("AssistantOnlyDPOTrainer")
         assert "AssistantOnlyKTOTrainer(" in code
-        exec(compile(code, "docs/TRAINING.md", "exec"), scope)  # noqa: S102 - the snippet as written
+        exec(compile(code, "docs/TRAINING.md", "exec"), scope)  # the snippet as written
     return scope
 
 

@@ -275,7 +275,7 @@ def test_the_collection_sorts_by_start_and_filters_by_text_with_and_without_scri
         base = f"{server.base}/t/{server.token}"
         for script in (True, False):
             context = browser.new_context(viewport={"width": 1024, "height": 800}, java_script_enabled=script)
-            page = context.new_page()  # noqa: F811
+            page = context.new_page()
             try:
                 page.goto(f"{base}/")
                 rows = page.locator("table.runs tbody tr")

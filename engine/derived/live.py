@@ -176,7 +176,7 @@ def kept_state(derived: States, run_id: str, source: Source) -> State | None:
         return None
     try:
         record = read_record(log_dir, run_id)
-    except Exception:  # noqa: BLE001 - a record that cannot be read now is the log's reader's to report
+    except Exception:  # a record that cannot be read now is the log's reader's to report
         return None
     if record is None or not record.extends(kept.entries, kept.last_sha):
         return None

@@ -196,7 +196,7 @@ class Lengths:
                 messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
             try:
                 ids = self.tokenizer.apply_chat_template(messages, tools=conv.tools, tokenize=True)
-            except Exception as err:  # noqa: BLE001 - a template error names the sample, not a traceback
+            except Exception as err:  # a template error names the sample, not a traceback
                 raise InputError(
                     f"--tokenizer {self.name}: its chat template cannot render the sample of "
                     f"{path['tree_id']} {path['leaf_id']} ({err})"
@@ -225,7 +225,7 @@ def _load_tokenizer(directory: str) -> Any:
         raise InputError("--tokenizer needs transformers: pip install -e '.[train]'") from err
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except Exception as err:  # noqa: BLE001 - any loading problem is the directory's
+    except Exception as err:  # any loading problem is the directory's
         raise InputError(f"--tokenizer {directory}: not a local tokenizer directory ({err})") from err
     if not getattr(tokenizer, "chat_template", None):
         raise InputError(f"--tokenizer {directory}: the tokenizer has no chat template to render samples with")

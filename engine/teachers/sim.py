@@ -248,7 +248,7 @@ class SimTeacher:
         status = "improved" if sign * (score - quality) > 0 else "regressed"
         return score, status, new_quality
 
-    def _stream(  # noqa: PLR0913
+    def _stream(
         self,
         rng: random.Random,
         traits: dict[str, float],

@@ -56,7 +56,7 @@ async def _frames(data_dir, run_id: str, reader: Reader) -> AsyncIterator[str]:
                     put("alive", {})
         except ProjectError as err:
             put("problem", {"message": str(err)})
-        except Exception as err:  # noqa: BLE001 - the page says what ended the stream
+        except Exception as err:  # the page says what ended the stream
             put("problem", {"message": f"following the run stopped: {err}"})
 
     log = EventLog(data_dir, run_id)

@@ -139,7 +139,7 @@ async def _unless_gone(request: Request, cancel: Cancel, work: Callable[[], Awai
         group.start_soon(watch)
         try:
             done = await work()
-        except Exception as err:  # noqa: BLE001 - raised below, as itself (not in a group)
+        except Exception as err:  # raised below, as itself (not in a group)
             failed = err
         group.cancel_scope.cancel()
     if failed is not None:
@@ -188,7 +188,7 @@ class _Chunks:
         except QueryCancelledError as err:
             _note_gone(self._query, started)
             self._put(err)
-        except Exception as err:  # noqa: BLE001 - the download says what stopped it
+        except Exception as err:  # the download says what stopped it
             self._put(err)
         finally:
             chunks.close()  # (the query's result, if the loop left it open)

@@ -213,10 +213,10 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: object) -> None:
             return None
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server naming
+        def do_POST(self) -> None:  # http.server naming
             self._forward("POST")
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self._forward("GET")
 
         def _forward(self, method: str) -> None:
