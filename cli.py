@@ -1,13 +1,13 @@
-"""Command line: select snapshots, explore, replay, and read the views of a run.
+"""Command line: select snapshots, explore and run campaigns, replay, read, serve and export runs, verify logs.
 
-Each command parses its options, makes one library call and prints the result through
-one helper (``show``: text, ``--json`` or ``--csv``; what each result prints is in
-engine/outputs/, the terminal's layout in engine/render.py). What the commands share (the
-group, the option groups as decorators, the option checks) is in engine/commandline.py. stdout carries data only;
-progress and warnings go to stderr. Errors the project raises on purpose become
-``Error: <message>`` with exit code 1, never a traceback. The algorithm the commands run
-is explained in docs/ALGORITHM.md. A new command: a function under ``@cli.command()``
-that ends with ``show(outputs.<its result>(...), fmt)``.
+Each command parses its options, makes one library call and prints its result: most through ``show`` (text,
+``--json`` or ``--csv``; what each result prints is in engine/outputs/, the terminal's layout in
+engine/render.py), ``sql`` its rows as they stream, ``watch`` its frames; ``report``, ``bundle`` and ``serve``
+write files or serve pages. What the commands share (the group, the option groups as decorators, the option
+checks, the command's one reader of derived state) is in engine/commandline.py. stdout carries data only;
+progress and warnings go to stderr. Errors the project raises on purpose become ``Error: <message>`` with exit
+code 1, never a traceback. The algorithm the commands run is explained in docs/ALGORITHM.md. A new command: a
+function under ``@cli.command()`` that reads derived state through ``reader()`` and shows what it returns.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from engine.commandline import (
     name_damaged,
     output,
     parallel_checked,
+    reader,
     run_id_checked,
     show,
     show_replayed_collection,
@@ -338,11 +339,10 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, fmt: str) -> 
         python cli.py paths demo --tree T001
         python cli.py paths demo --csv > paths.csv
     """
-
     from engine import outputs
     from engine.selections import selected_paths
 
-    show(outputs.paths(*selected_paths(data_dir(), run_id, selection, tree_id)), fmt)
+    show(outputs.paths(*selected_paths(reader(), run_id, selection, tree_id)), fmt)
 
 
 @cli.command()
@@ -451,8 +451,8 @@ def watch(run_id: str, once: bool, period: float) -> None:
     if is_campaign(data_dir(), run_id):  # a campaign's rounds and budget, a line per task's run
         from engine.campaign.watch import follow_campaign
 
-        return show_campaign_frames(follow_campaign(data_dir(), run_id, period), once, click.echo)
-    show_frames(follow(data_dir(), run_id, period), once, click.echo)
+        return show_campaign_frames(follow_campaign(reader(), run_id, period), once, click.echo)
+    show_frames(follow(reader(), run_id, period), once, click.echo)
 
 
 @cli.command()
@@ -716,7 +716,7 @@ def export(
     from engine.export import export_runs
 
     result = export_runs(
-        data_dir(),
+        reader(),
         list(run_ids),
         out,
         selection=selection,
@@ -759,7 +759,7 @@ def verify(run_id: str, fmt: str) -> None:
     from engine.campaign.integrity import derived_states, verify_named
 
     found = verify_named(data_dir(), run_id)  # a run's log, or a campaign's: its own and each of its runs'
-    show(outputs.verified(found, data_dir(), derived_states(data_dir(), found)), fmt)
+    show(outputs.verified(found, data_dir(), derived_states(reader(), found)), fmt)
     if not found.ok:
         sys.exit(1)
 

@@ -4,7 +4,8 @@
 A command's options that several commands take are declared once here, as decorators:
 ``output()`` adds ``--json`` (and ``--csv``) and hands the command one ``fmt``;
 ``executor_options()`` adds ``--executor`` and ``--ray-address`` and checks they go together;
-every command takes ``--data`` (added by :class:`Command`), read with :func:`data_dir`.
+every command takes ``--data`` (added by :class:`Command`), read with :func:`data_dir`; a command reads
+derived state through :func:`reader`, the one door of its process.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +25,9 @@ from engine.process import Terminated, exit_signalled, unwind_on_signals
 from ingest.errors import OptionError, ProjectError, os_problem
 from ingest.paths import DATA_ENV
 from ingest.text import as_utf8
+
+if TYPE_CHECKING:
+    from engine.runset import Reader
 
 AGAINST_VERDICT_HELP = "With --rule: drop or keep pairs preferring an attempt failing the prune test to one passing it."
 EXPLORE_DIRECTION_HELP = "Score direction (default: the one the roots were selected for; refused when it disagrees)."
@@ -48,6 +52,17 @@ def data_dir() -> Path:
     """--data as given after the subcommand, else before it, else $TEACHER_MCTS_DATA, else ./data."""
     ctx = click.get_current_context()
     return ctx.meta.get("data_dir") or ctx.find_root().obj["data_dir"]
+
+
+def reader() -> Reader:
+    """The command's one :class:`~engine.runset.Reader` of :func:`data_dir` (made on first use): every
+    engine call of the command that reads derived state is given it, so the process builds one."""
+    from engine.runset import Reader
+
+    meta = click.get_current_context().meta
+    if meta.get("reader") is None or meta["reader"].data_dir != data_dir():
+        meta["reader"] = Reader(data_dir())
+    return meta["reader"]
 
 
 class Command(click.Command):

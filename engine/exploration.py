@@ -22,7 +22,8 @@ from engine.roots import (
     run_started,
     task_direction,
 )
-from engine.runs import growing, open_run
+from engine.runs import growing
+from engine.runset import Reader
 from engine.supervision import default_rule, supervision_counts
 from engine.teachers import Teacher, check_memory, make_teacher, turn_memory_mb
 from ingest.errors import InputError, LogError, OptionError
@@ -390,8 +391,9 @@ def resumed_config(
 
 
 def run_summary(data_dir: Path, run_id: str, resumed: bool) -> ExploreResult:
-    """The trees and totals of a run, read back from its log."""
-    with open_run(data_dir, run_id) as catalog:
+    """The trees and totals of a run, read back from its log (through a reader of the writer's own: the
+    process that explored reads once, at its end)."""
+    with Reader(data_dir).open(run_id) as catalog:
         trees = catalog.query("select * from trees order by tree_id")
         progress = catalog.query("select * from run_progress")[0]
         top_k = catalog.query("select top_k from run_config")[0]["top_k"]

@@ -1,4 +1,5 @@
-"""Opening a recorded run: its catalog, once the configuration it records is valid."""
+"""Working over recorded runs: each in a catalog of its own, a few at a time (:func:`over_runs`), any work on
+items in order a few at a time (:func:`in_order`), and a run opened to grow (:func:`growing`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import duckdb
 
 from engine.catalog import DECISION_THREADS, Catalog, sandbox
 from engine.config import recorded_config
-from engine.runset import Reader
 from ingest.reader import EventLog
 
 if TYPE_CHECKING:
@@ -23,21 +23,7 @@ if TYPE_CHECKING:
     from ingest.writer import LogWriter
 
 T = TypeVar("T")
-
-
-def open_run(data_dir: Path, run_id: str, reader: Reader | None = None) -> Catalog:
-    """A catalog over the published prefix of a run whose recorded config is valid, now, in memory
-    (``close()`` it, or use it in a ``with``), read through ``reader`` (the process's; none: a reader of
-    ``data_dir`` for this run alone).
-
-    Its tables are read from the run's stored derived state (:mod:`engine.derived`;
-    derived from the log first when none matches it, checked when read), its events
-    from the log's parts. For reading only: a decision to record is derived from the
-    log alone (:meth:`Catalog.for_log`). LogError names the run when it does not
-    exist, and the log when its recorded config is not one this version accepts (a
-    forged or damaged log: the views could not use it).
-    """
-    return (reader or Reader(data_dir)).open(run_id)
+U = TypeVar("U")
 
 
 def over_runs(
@@ -59,38 +45,46 @@ def over_runs(
     runs before it were yielded).
     """
     logs = [EventLog(data_dir, run_id).require() for run_id in dict.fromkeys(run_ids)]
-    workers = max(1, workers or os.cpu_count() or 1)
     con = duckdb.connect(config={"temp_directory": ""})
     sandbox(con, [Path(data_dir) / "runs"])  # the logs: no other file
     Catalog.template(con)  # made once, before the threads copy it
 
-    def one(i: int, log: EventLog) -> T:
+    def one(numbered: tuple[int, EventLog]) -> T:
+        i, log = numbered
         started = time.perf_counter()
         own = con.cursor()  # a connection busy in one thread refuses another's statements
-        catalog = Catalog.inside(own, f"run_{i}")
+        name = f"run_{i}"
+        catalog = Catalog.inside(own, name)
         try:
             return work(log, catalog, started)
         finally:
             catalog.con.close()
-            own.execute(f"detach run_{i}")
+            own.execute(f"detach {name}")
             own.close()
 
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="run") as pool:
-            pending: deque = deque()
-            todo = iter(enumerate(logs, start=1))
-            try:
-                for i, log in todo:
-                    pending.append(pool.submit(one, i, log))
-                    if len(pending) > workers:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:
-                for future in pending:
-                    future.cancel()
+        yield from in_order(list(enumerate(logs, start=1)), one, workers)
     finally:
         con.close()
+
+
+def in_order(items: list[U], work: Callable[[U], T], workers: int | None = None) -> Iterator[T]:
+    """``work(item)`` of each item, yielded in the items' order, up to ``workers`` (default: the machine's
+    cores) at once in threads: at most ``workers`` results wait to be taken. A failure is raised when its
+    item's turn comes (the results before it were yielded); the items not yet started are not."""
+    workers = max(1, workers or os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers, thread_name_prefix="run") as pool:
+        pending: deque = deque()
+        try:
+            for item in items:
+                pending.append(pool.submit(work, item))
+                if len(pending) > workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def run_finished(catalog: Catalog) -> bool:

@@ -91,8 +91,11 @@ class Reader:
         return record_stat(EventLog(self.data_dir, run_id).log_dir), mark_stamp(self.data_dir, run_id)
 
     def open(self, run_id: str) -> Catalog:
-        """A catalog of one run's state now (:meth:`engine.derived.Derived.open`; ``close()`` it, or use it in a
-        ``with``); LogError names the run when it does not exist."""
+        """A catalog over the published prefix of a run, now, in memory (``close()`` it, or use it in a ``with``):
+        its tables read from the run's stored derived state (:meth:`engine.derived.Derived.open`: derived from the
+        log first when none matches it, checked when read), its events from the log's parts. For reading only: a
+        decision to record is derived from the log alone (:meth:`engine.catalog.Catalog.for_log`). LogError names
+        the run when it does not exist, and the log when its recorded config is not one this version accepts."""
         EventLog(self.data_dir, run_id).require()
         return self.derived.open(run_id)
 

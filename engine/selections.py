@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from engine.catalog import DECISION_THREADS, Catalog
 from engine.config import MAX_WEIGHT, PathWeights, problems, recorded_config
-from engine.runs import open_run
+from engine.runset import Reader
 from ingest.errors import InputError, LogError, OptionError
 from ingest.events import PathsSelected
 from ingest.log import EventLog, LogWriter
@@ -267,10 +267,10 @@ def recorded_selection(catalog: Catalog, run_id: str, selection: str | None) -> 
 
 
 def selected_paths(
-    data, run_id: str, selection: str | None, tree_id: str | None
+    reader: Reader, run_id: str, selection: str | None, tree_id: str | None
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A recorded selection (default: the run config's) and its paths, maybe one tree's."""
-    with open_run(data, run_id) as catalog:
+    """A recorded selection (default: the run config's) and its paths, maybe one tree's, read through ``reader``."""
+    with reader.open(run_id) as catalog:
         chosen = recorded_selection(catalog, run_id, selection)
     wanted = chosen["selection_id"]
     rows = [p for p in chosen["paths"] if tree_id is None or p["tree_id"] == tree_id]

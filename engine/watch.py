@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import watchfiles
@@ -71,22 +70,16 @@ def read_frame(catalog: Catalog, run_id: str, writing: bool = True) -> Frame:
     )
 
 
-def follow(
-    data_dir: Path | str,
-    run_id: str,
-    period: float = 5.0,
-    stop: threading.Event | None = None,
-    reader: Reader | None = None,
-) -> Iterator[Frame]:
-    """Frames of a run as its log grows: one now, then one per change, until it finishes.
+def follow(reader: Reader, run_id: str, period: float = 5.0, stop: threading.Event | None = None) -> Iterator[Frame]:
+    """Frames of a run as its log grows, read through ``reader`` (the process's): one now, then one per
+    change, until it finishes.
 
     ``period``: seconds between looks when no change is noticed (a frame is given then
-    too, so the ages of turns in flight move on). ``stop`` ends following early. ``reader``:
-    the process's (``serve``'s), else one of ``data_dir`` for this run.
+    too, so the ages of turns in flight move on). ``stop`` ends following early.
     """
-    log = EventLog(data_dir, run_id).require()
-    with (reader or Reader(data_dir)).open(run_id) as catalog:  # the stored state, then what the writer appends
-        yield from _frames(data_dir, log, catalog, period, stop)
+    log = EventLog(reader.data_dir, run_id).require()
+    with reader.open(run_id) as catalog:  # the stored state, then what the writer appends
+        yield from _frames(reader.data_dir, log, catalog, period, stop)
 
 
 def _frames(data_dir, log: EventLog, catalog, period: float, stop: threading.Event | None) -> Iterator[Frame]:

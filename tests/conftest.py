@@ -149,6 +149,22 @@ latency_s = 0.2
 """
 
 
+@pytest.fixture
+def derived_made(monkeypatch) -> list:
+    """The derived states built from now on in this process (the real class's, each counted as it is made)."""
+    from engine.derived import Derived
+
+    made: list = []
+    build = Derived.__init__
+
+    def counted(self, *args, **kwargs) -> None:
+        made.append(self)
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(Derived, "__init__", counted)
+    return made
+
+
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> Path:
     """A data dir with two small sim runs of 4 roots: ``rounds`` and ``async``.

@@ -170,6 +170,15 @@ def test_verify_of_a_campaign_verifies_its_log_and_every_run_a_section_each(buil
     assert alone.exit_code == 0 and alone.stdout.startswith("run camp-a: ") and "camp-b" not in alone.stdout
 
 
+def test_a_campaigns_watch_and_verify_each_build_one_derived_state(built, derived_made):
+    """Every run of the campaign is read through the command's one reader (issue 55)."""
+    for command in (["watch", "camp", "--once"], ["verify", "camp"]):
+        derived_made.clear()
+        r = invoke(built, *command)
+        assert r.exit_code == 0 and "camp-b" in r.output, r.output
+        assert len(derived_made) == 1, command
+
+
 @pytest.mark.slow
 def test_a_damaged_campaign_record_names_a_verify_and_a_quarantine_that_work_as_printed(data):
     """Finding 7: replay, audit and watch of a campaign whose record was overwritten said 'verify NAME',

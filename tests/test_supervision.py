@@ -260,6 +260,7 @@ def test_each_export_is_the_recorded_selection_and_byte_identical_run_to_run(run
 def test_a_pair_is_the_two_attempts_conversations_cut_at_their_fork(runs, tmp_path):
     """prompt + chosen is the chosen attempt's whole conversation, as the SFT export renders a path to it."""
     from engine.export import path_sample
+    from engine.runset import Reader
 
     out = tmp_path / "pairs"
     assert invoke(runs, "export", "rounds", "--format", "dpo", "--out", str(out)).exit_code == 0
@@ -282,7 +283,7 @@ def test_a_pair_is_the_two_attempts_conversations_cut_at_their_fork(runs, tmp_pa
         path = next((p for p in paths if p["leaf_id"] == child), None)
         if path is None:
             continue  # the chosen attempt's node is no leaf of a selected path
-        sample, _ = path_sample(runs, "rounds", path["tree_id"], child)
+        sample, _ = path_sample(Reader(runs), "rounds", path["tree_id"], child)
         assert [*row["prompt"], *row["chosen"]] == sample["messages"]
         assert row["tools"] == sample["tools"]
         checked += 1
@@ -349,6 +350,7 @@ def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_re
     import hand_run
 
     from engine.export import path_sample
+    from engine.runset import Reader
 
     data = tmp_path / "data"
     hand_run.write(data)
@@ -359,7 +361,7 @@ def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_re
     rows = {json.loads(x)["metadata"]["attempt"]["edge_id"]: json.loads(x) for x in (out / "hand.kto.jsonl").open()}
     assert set(rows) == {"T1/e1-1", "T1.1/e1-1", "T1.1/e2-1"}
     for edge_id, leaf in (("T1.1/e1-1", "T1.1.1"), ("T1.1/e2-1", "T1.1.2")):
-        sample, _ = path_sample(data, "hand", "T1", leaf)
+        sample, _ = path_sample(Reader(data), "hand", "T1", leaf)
         row = rows[edge_id]
         assert [*row["prompt"], *row["completion"]] == sample["messages"]
         assert row["metadata"]["interrupted_calls"] == sample["metadata"]["interrupted_calls"] != []

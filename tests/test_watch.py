@@ -18,6 +18,7 @@ from conftest import ROOT, SNAPSHOTS, copy_run
 
 from cli import cli
 from engine.catalog import Catalog
+from engine.runset import Reader
 from engine.watch import follow
 from ingest.columns import LIGHT_SCHEMA
 from ingest.log import EventLog
@@ -89,7 +90,7 @@ def test_every_frame_is_a_consistent_prefix_while_a_writer_appends(tmp_path):
     log = EventLog(data, "live")
     try:
         wait_for_log(log, proc)
-        frames = list(follow(data, "live", period=0.5))
+        frames = list(follow(Reader(data), "live", period=0.5))
     finally:
         proc.wait(timeout=300)
     assert proc.returncode == 0 and frames[-1].finished

@@ -1,7 +1,8 @@
-"""serve reads through one door (issue 55): its pages share the server's one derived state, so after the first
-page no page opens a DuckDB instance of its own. The server runs in this process (uvicorn in a thread, the app
-``serve`` runs), its pages requested over the loopback as tests/test_web.py requests them, and every
-``duckdb.connect`` counted (the real one called)."""
+"""A process reads through one door (issue 55). serve's pages share the server's one derived state, so after the
+first page no page opens a DuckDB instance of its own: the server runs in this process (uvicorn in a thread, the
+app ``serve`` runs), its pages requested over the loopback as tests/test_web.py requests them, and every
+``duckdb.connect`` counted (the real one called). Every other command that reads derived state builds one
+(``engine.commandline.reader``), counted on the real class as the command runs in this process."""
 
 from __future__ import annotations
 
@@ -14,9 +15,13 @@ from contextlib import contextmanager
 from urllib.parse import quote, urlencode
 
 import duckdb
+import pytest
 import uvicorn
+from click.testing import CliRunner
+from conftest import SMALL, SNAPSHOTS
 from test_web import two_runs  # noqa: F401 - fixture
 
+from cli import cli
 from engine.catalog import Catalog
 from engine.web.app import create_app
 from ingest.log import EventLog
@@ -122,3 +127,34 @@ def test_the_first_visit_of_a_cold_collection_says_what_it_is_doing(two_runs):  
             time.sleep(0.2)
         assert "rounds" in shown and "async" in shown and "table" in shown
         assert app.state.source.ready(0, lambda runs: None)  # read once: no page waits again
+
+
+READING = {  # (runs named: tests add runs of their own beside them)
+    "paths": ["paths", "rounds"],
+    "watch": ["watch", "rounds", "--once"],
+    "verify": ["verify", "async"],
+    "sql": ["sql", "rounds", "async", "select count(*) as n from edges"],
+    "audit": ["audit", "rounds", "async"],
+    "report": ["report", "rounds", "async", "--out", "{tmp}/report.html"],
+    "export": ["export", "rounds", "async", "--out", "{tmp}/chat"],
+    "export-dpo": ["export", "rounds", "async", "--format", "dpo", "--out", "{tmp}/dpo"],
+    "bundle": ["bundle", "rounds", "async", "--out", "{tmp}/bundle"],
+}
+
+
+@pytest.mark.parametrize("command", READING.values(), ids=READING.keys())
+def test_a_command_builds_one_derived_state(runs, tmp_path, derived_made, command):
+    """Paths, watch, verify, the collection's commands and export (each run's catalog opened through the
+    command's reader, none beside it) read the runs through one derived state."""
+    r = CliRunner().invoke(cli, ["--data", str(runs), *(a.format(tmp=tmp_path) for a in command)])
+    assert r.exit_code == 0, r.output
+    assert len(derived_made) == 1
+
+
+def test_an_exploration_builds_one_derived_state(tmp_path, derived_made):
+    """The writer stores its states without one (engine.derived.live) and reads its summary through one."""
+    (tmp_path / "small.toml").write_text(SMALL)
+    args = ["--select", "--task", "kernel-speedup", "--num-roots", "2", "--config", str(tmp_path / "small.toml")]
+    r = CliRunner().invoke(cli, ["--data", str(tmp_path / "data"), "explore", str(SNAPSHOTS), *args])
+    assert r.exit_code == 0, r.output
+    assert len(derived_made) == 1

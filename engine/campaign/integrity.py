@@ -44,10 +44,10 @@ def verify_named(data_dir: Path, name: str) -> Verification | CampaignVerificati
     return verify_log(EventLog(data_dir, name))
 
 
-def derived_states(data_dir: Path, found: Verification | CampaignVerification) -> dict[str, list]:
+def derived_states(reader: Reader, found: Verification | CampaignVerification) -> dict[str, list]:
     """The stored derived state of each run ``verify`` checked (:meth:`engine.derived.Derived.inspect`), read
-    through the command's reader."""
-    derived = Reader(data_dir).derived
+    through ``reader`` (the command's)."""
+    derived = reader.derived
     runs = found.runs if isinstance(found, CampaignVerification) else [found]
     return {v.run_id: derived.inspect(v.run_id) for v in runs}
 

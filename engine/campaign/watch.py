@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import watchfiles
@@ -76,13 +75,13 @@ def read_campaign_frame(reader: Reader, name: str, catalogs: dict[str, Catalog],
 
 
 def follow_campaign(
-    data_dir: Path | str, name: str, period: float = 5.0, stop: threading.Event | None = None
+    reader: Reader, name: str, period: float = 5.0, stop: threading.Event | None = None
 ) -> Iterator[CampaignFrame]:
-    """Frames of a campaign: one now, then one per change (or per ``period`` s), until it finishes."""
-    data_dir = Path(data_dir)
+    """Frames of a campaign, every run's catalog read through ``reader`` (the process's): one now, then one per
+    change (or per ``period`` s), until it finishes."""
+    data_dir = reader.data_dir
     log = campaign_log(data_dir, name)
     catalogs: dict[str, Catalog] = {}
-    reader = Reader(data_dir)  # (the command's: every run's catalog read through it)
     frame = read_campaign_frame(reader, name, catalogs, writer_alive(log))
     yield frame
     if frame.finished:

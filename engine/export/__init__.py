@@ -44,8 +44,8 @@ from engine.export.supervised import (
     supervised_samples,
 )
 from engine.export_formats import BY_NAME, FORMATS
-from engine.runs import open_run, over_runs
-from engine.runset import DamagedRun, RunSet
+from engine.runs import in_order
+from engine.runset import DamagedRun, Reader
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError, OutputError, os_problem
 from ingest.log import EventLog
@@ -87,7 +87,7 @@ class ExportResult:
 
 
 def export_runs(
-    data_dir: Path,
+    reader: Reader,
     run_ids: list[str],
     out: Path,
     *,
@@ -106,7 +106,7 @@ def export_runs(
 
     Runs are exported one after another, one file each (``<run>.<format>.jsonl``),
     then ``manifest.json``. What a run's samples are made of (its paths, their turns'
-    conversations) is read while the run before is written (:func:`~engine.runs.over_runs`:
+    conversations) is read while the run before is written (:func:`~engine.runs.in_order`:
     a run per core at once, so at most that many runs' conversations are held). Any
     error leaves ``out`` as it was. ``invalid``: keep or drop the samples with a call
     of a tool the model was not offered; ``tokenizer``: a local Hugging Face tokenizer
@@ -122,15 +122,16 @@ def export_runs(
     lengths = Lengths(tokenizer)
     if not workspace.startswith("/") or len(workspace) < 2:
         raise InputError(f"--workspace must be an absolute directory path, not {workspace!r}")
-    found = RunSet(data_dir, run_ids).checked()
-    runs, damaged, derived = found.run_ids, found.damaged, found.derived
+    data_dir = reader.data_dir
+    found = reader.runs(run_ids or None).checked()
+    runs, damaged = found.run_ids, found.damaged
     if not run_ids:
         runs = _runs_with_selections(data_dir, runs, BY_NAME[fmt].decision)
     target = ExportDir(outside_data(Path(out), data_dir, "the export"), overwrite)
     try:
 
-        def prepare(log: EventLog, _catalog: Catalog, _started: float) -> _RunExport | SupervisedRun:
-            with derived.open(log.run_id) as catalog:
+        def prepare(log: EventLog) -> _RunExport | SupervisedRun:
+            with reader.open(log.run_id) as catalog:
                 if supervised:
                     run = prepare_supervised(log, catalog, selection, fmt, task=task, stage=stage, workspace=workspace)
                 else:
@@ -144,7 +145,7 @@ def export_runs(
             _write_supervised(target, run, fmt, workspace, reasoning, invalid)
             if supervised
             else _write_run(target, run, fmt, workspace, reasoning, invalid, lengths)
-            for run in over_runs(data_dir, runs, prepare)
+            for run in in_order([EventLog(data_dir, r) for r in runs], prepare)
         ]
         if not any(r["samples"] for r in records):
             _nothing_written(records, runs, fmt, task, stage)
@@ -263,7 +264,7 @@ class _RunExport:
 
 
 def path_sample(
-    data_dir: Path,
+    reader: Reader,
     run_id: str,
     tree_id: str,
     leaf_id: str,
@@ -273,12 +274,12 @@ def path_sample(
     reasoning: bool = True,
 ) -> tuple[dict[str, Any], PathConversation]:
     """The ``chat`` sample ``export`` writes for one path of a run's selection (default: the run's
-    default one), and the path's conversation (which turn each message belongs to).
+    default one), and the path's conversation (which turn each message belongs to), read through ``reader``.
 
     InputError when the selection has no path of that tree to that leaf.
     """
-    log = EventLog(data_dir, run_id).require()
-    with open_run(data_dir, run_id) as catalog:
+    log = EventLog(reader.data_dir, run_id).require()
+    with reader.open(run_id) as catalog:
         return sample_in(log, catalog, tree_id, leaf_id, selection=selection, workspace=workspace, reasoning=reasoning)
 
 

@@ -32,7 +32,7 @@ def _event(kind: str, body: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps(body, default=str)}\n\n"
 
 
-async def _frames(data_dir, run_id: str, reader: Reader) -> AsyncIterator[str]:
+async def _frames(run_id: str, reader: Reader) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
     stop = threading.Event()
@@ -43,7 +43,7 @@ async def _frames(data_dir, run_id: str, reader: Reader) -> AsyncIterator[str]:
     def work() -> None:
         last = None
         try:
-            for frame in follow(data_dir, run_id, PERIOD_S, stop, reader):
+            for frame in follow(reader, run_id, PERIOD_S, stop):
                 if stop.is_set():
                     return
                 if frame.finished:
@@ -59,6 +59,7 @@ async def _frames(data_dir, run_id: str, reader: Reader) -> AsyncIterator[str]:
         except Exception as err:  # the page says what ended the stream
             put("problem", {"message": f"following the run stopped: {err}"})
 
+    data_dir = reader.data_dir
     log = EventLog(data_dir, run_id)
     try:
         if not log.exists():  # wait for the run's first part
@@ -94,7 +95,7 @@ async def run_events(request: Request) -> Response:
         return PlainTextResponse(why + "\n", 404)
     source = request.app.state.source
     return StreamingResponse(
-        _frames(source.data_dir, run_id, source.reader),
+        _frames(run_id, source.reader),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
