@@ -2,7 +2,8 @@
 
 stdout carries data only (a table, one JSON document, CSV); progress goes to stderr. JSON
 has no NaN or infinity: they are written as null. Every wall-clock figure comes from the
-``run_progress`` and ``run_pace`` views; this module only lays them out.
+``run_progress``, ``run_pace`` and ``turns_in_flight`` views (a turn in flight's age is counted
+against now); this module only lays them out.
 """
 
 from __future__ import annotations

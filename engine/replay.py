@@ -2,8 +2,9 @@
 
 With ``asof_points = 'decisions'`` the views are evaluated at the watermark of
 every recorded decision at once - the tree views at each selection, stop and path
-selection, the snapshot views at each pick - and each ``audit_*`` view lists the
-decisions that the log prefix they saw does not imply. Replay is that: evaluate
+selection (and a campaign run's block grants and their closes), the snapshot views at
+each pick - and each ``audit_*`` view lists the decisions that the log prefix they saw
+does not imply. Replay is that: evaluate
 at the watermarks, read every audit view. It works on a run that is still being
 written: it checks the published prefix.
 

@@ -14,7 +14,7 @@ kill from outside would have to land by luck:
     spool.renamed      a finished turn is in the spool, not yet in the log
     edge.started       the engine staged an edge start, in the middle of a fill
     campaign.decided   a campaign's round is in its log, its grants not yet in the runs'
-    derived.written    a file of derived state is written and fsynced under its temporary name
+    derived.written    a file of derived state is written under its temporary name (not fsynced), not yet renamed
     derived.built      a derived state's temporary directory is complete, not yet renamed into place
 
 ``<point>:<n>:<SIGNAL>`` (SIGHUP, SIGTERM, SIGINT) sends that signal instead, so a

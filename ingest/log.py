@@ -10,10 +10,10 @@ Layout of a run::
         spool/                            finished turns not yet appended (engine)
         quarantine/                       files moved aside by ``quarantine`` (integrity)
 
-The rooms: ``paths`` (run ids and directories), ``parts`` (part names, checksums,
-encoding), ``checks`` (what a reader checks before it uses a part), ``record``
-(which parts make the log), ``reader`` (:class:`EventLog`), ``writer``
-(:class:`LogWriter`, its lock, compaction). This module gathers their public names.
+The rooms: ``paths`` (run ids and directories), ``parts`` (part names, checksums),
+``encoding`` (a part's columns, row groups and bytes), ``checks`` (what a reader checks
+before it uses a part), ``record`` (which parts make the log), ``reader``
+(:class:`EventLog`), ``writer`` (:class:`LogWriter`, its lock, compaction). This module gathers their public names.
 Sequence numbers are assigned by the writer, per run, without gaps.
 """
 

@@ -18,7 +18,7 @@ not part of the log: nothing reads it, ``verify`` lists it as foreign, and the w
 refuses to append until it is moved aside.
 
 Runs written before records have no record file: their log is the gapless cover of
-the part files in ``log/``, widest parts first (:func:`legacy_parts`), where parts
+the part files in ``log/``, widest parts first (:func:`legacy_cover`), where parts
 that overlap must hold the same events; the writer adopts such a run (writes its
 record) when it next opens it.
 """

@@ -26,8 +26,8 @@ log before the next one reads it, in an order a kill -9 cannot break:
 every run, and goes on; in rounds mode it reaches the same campaign.
 
 The package imports nothing: ``config`` (the campaign's file) and ``log`` (its log and
-views) are read where runs are, without the loop; a campaign's name stands for its runs
-in every command that reads runs (:mod:`engine.runset`). ``command`` starts, resumes
+views) hold no engine; where runs are read, a campaign's log is read by :mod:`engine.runset`
+(``views/campaign``), and its name stands for its runs in every command that reads runs. ``command`` starts, resumes
 and sums up a campaign; ``loop`` grows its runs; ``policy`` decides its rounds;
 ``replay`` re-derives them; ``watch`` follows one; ``integrity`` verifies and
 quarantines its logs and its runs'.

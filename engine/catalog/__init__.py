@@ -1,10 +1,11 @@
-"""The view catalog: a DuckDB connection holding a run's events and every view over them.
+"""The view catalog: a DuckDB connection holding one or more runs' events and every view over them.
 
-Five rooms: ``definitions`` (the ``views/*.sql`` files and their dependency order),
+Six rooms: ``definitions`` (the ``views/*.sql`` files and their dependency order),
 ``tables`` (the log's events, one table per kind), ``refresh`` (keeping the
 materialized views fresh), ``variables`` (the session variables and what each
-makes stale) and ``templates`` (this process's file of the empty catalog, which
-later catalogs copy). :class:`Catalog` puts them together: it creates the macros and the
+makes stale), ``templates`` (this process's file of the empty catalog, which
+later catalogs copy) and ``queries`` (SQL parsed by DuckDB: a user's query checked
+read-only, and the relations a statement reads). :class:`Catalog` puts them together: it creates the macros and the
 views in dependency order, takes events in (a whole log, or appended rows), and
 answers queries after refreshing the tables they read.
 """

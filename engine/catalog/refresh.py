@@ -3,7 +3,7 @@
 DuckDB inlines a view at every reference, so a DAG with diamonds plans in seconds;
 a view marked ``materialized: table`` is instead a table holding its ``select``'s
 rows. Events that arrive for a tree make that tree's rows of every tree-scoped
-table (grain starting with ``tree_id``) that reads their kind stale, and so the
+table (grain starting with ``run_id, tree_id``) that reads their kind stale, and so the
 tables downstream of those; a query first recomputes the stale rows of the tables
 it reads, in dependency order. After a load, or a variable a table reads changing,
 the table is recomputed whole when next read (so are tables whose grain has no

@@ -2,7 +2,8 @@
 
 ``log_<kind>`` holds the light columns of one kind (the envelope and that kind's own
 fields), so a staging view scans only its own kind; the view ``event_log`` is their
-union and ``log_tail`` the largest seq held. Only the ``stg_*`` views read them.
+union and ``log_tail`` the largest seq held. Only the ``stg_*`` views (and ``events``, over
+``event_log``) read them.
 """
 
 from __future__ import annotations

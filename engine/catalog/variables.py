@@ -2,9 +2,10 @@
 
 Views read parameters only through ``getvariable('<name>')`` (directly or in a
 macro of ``_macros.sql``): the log prefix (``watermark``), replay's evaluation
-points (``asof_points``), a reselection's weights (``path_w_*``, ``path_top_k``),
-the knowledge patterns. Setting one makes every materialized table that reads it,
-directly or through views, stale as a whole; the catalog recomputes those tables
+points (``asof_points``), a reselection's weights (``path_w_*``, ``path_top_k``,
+``path_diversity``), a supervision rule (``supervision_*``), the knowledge patterns.
+Setting one makes every materialized table that reads it, directly or through views,
+stale as a whole; the catalog recomputes those tables
 when a query next reads them. Internal variables that a statement only reads while
 it runs (the trees being refreshed, the files being loaded) are set with
 :meth:`Variables.scoped`, which makes nothing stale.

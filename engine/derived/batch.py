@@ -12,8 +12,9 @@ the Python around it take one core however many runs a catalog holds.
 
 Runs with nothing to start from (no state of theirs stored, none a catch-up could extend)
 are derived from their logs; runs that grew since a state of theirs was stored are caught up
-from those states together. Only runs whose configs give the
-views' variables the same defaults share a catalog (one value serves it). Anything that goes
+from those states together. Runs caught up together are grouped by the defaults their configs
+give the views' variables (one value serves a catalog); a catalog of new runs whose defaults
+differ is given up. Anything that goes
 wrong here leaves the runs to the run-by-run path, which names a damaged run's problem as it
 always has.
 """

@@ -1,8 +1,8 @@
 """The catalogs of stored states a process keeps open: a state's next view is derived from the catalog in hand.
 
 Each catalog is a database of its own in the instance of :class:`engine.derived.Derived`,
-its definitions copied from the instance's template (made once); a few are kept, the
-newest last, the others dropped (detached) as new ones come.
+its definitions copied from the instance's template (made once); two are kept whole and up
+to 256 read in place (``KEPT``, ``KEPT_IN_PLACE``), the newest last, the others dropped (detached) as new ones come.
 """
 
 from __future__ import annotations

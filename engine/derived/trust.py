@@ -8,8 +8,8 @@ never trusted. The secret is 32 random bytes in ``$TEACHER_MCTS_KEY`` (a file's 
 else ``$XDG_CONFIG_HOME/teacher-mcts/derived.key`` (``~/.config/...``), made on first use
 owner-only; a key file another user owns or others may read is not used. Where no key
 file can be kept, the process uses a key of its own (its states serve that process only)
-and says so once. The views' empty catalog, which holds their SQL (code), is cached
-beside it (:func:`cache_dir`), never in a data directory.
+and says so once. The views' empty catalog, which holds their SQL (code), is cached in this
+user's cache directory (:func:`cache_dir`, ``$XDG_CACHE_HOME/teacher-mcts``), never in a data directory.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Files are written into a hidden sibling of the output directory and renamed into
 place at the end, so the output directory never holds a partial export; an earlier
 export is replaced only with ``overwrite`` (a directory holding a manifest written
-by ``export`` and the files it lists, nothing else).
+by ``export``, its dataset card and the files it lists, nothing else).
 """
 
 from __future__ import annotations

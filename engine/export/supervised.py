@@ -17,7 +17,7 @@ a pair's two sides share their prompt up to the model's first answer. A log reco
 when turn prompts named their edge (``[edge <id> turn <n>]``) gives siblings
 different turn prompts: a pair's prompt then ends before them and each side starts
 with its own turn prompt, and ``metadata.shared_prompt`` is false (see
-:func:`_split`).
+:func:`_pair` and :func:`_answer_at`).
 
 ``dpo``: TRL's conversational preference format (``prompt``, ``chosen``,
 ``rejected``) for ``DPOTrainer``; a pair is written only when both attempts received

@@ -9,7 +9,7 @@ into decisions (``decisions``) and starts the turns the edges need (``turns``)::
             (root directions, owed retries, then the node with the highest Select)
         run the turns the open edges need          int_edges__open
         record their facts, then each skip of turn 2 and each verdict now due
-    record the default Top-k path selection, then RunFinished
+    record the default Top-k path selection and the default supervision selection, then RunFinished
 
 Every decision records the seq of the last event its query saw as its watermark.
 A resumed run is the same loop over the log it finds: turns already recorded (or

@@ -7,7 +7,7 @@ A turn, in the rooms of this package:
    dir at ``.opencode/`` (where CORAL exposes it to OpenCode agents; never committed);
 2. ``sessions``: the session it forks is pointed at that worktree (a fresh session
    from a root), or brought in from another node's store (a cluster);
-3. ``server`` (the default): a session of one of the store's ``opencode serve``
+3. ``server`` and ``served`` (the default): a session of one of the store's ``opencode serve``
    processes, created or forked, runs the prompt until it ends, its timeout or a
    cancel (then it is aborted), and nothing it started in the worktree outlives it;
    its stored messages become the lines ``opencode run`` prints. With ``serve =
