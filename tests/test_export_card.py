@@ -95,6 +95,16 @@ def test_declared_features_load_rows_whose_fields_appear_late_where_inferred_one
         load(tmp_path / "inferred", tmp_path / "hf", chunksize=4096)
 
 
+def test_a_chunks_fields_are_typed_in_the_order_its_rows_first_give_them():
+    """The card is written byte for byte again from the same logs: Arrow typing a chunk's blocks on several
+    threads ordered a struct's new fields by which block finished first (4 orders in 30 typings of this chunk)."""
+    rows = [{"a": i, "text": "x" * 60, f"k{i // 4000}": i} for i in range(40_000)]  # a new key every ~0.4 MB
+    chunk = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    assert len(chunk) > 3 * features.BLOCK
+    typed = {features.chunk_shape(chunk) for _ in range(10)}
+    assert [[name for name, _ in shape[1]] for shape in typed] == [["a", "text", *(f"k{i}" for i in range(10))]]
+
+
 def test_values_no_arrow_type_holds_together_are_declared_json_and_load_as_written(tmp_path, monkeypatch):
     rows = [{"content": "text"}, {"content": [{"type": "text", "text": "parts"}]}, {"content": None}]
     shape = NULL
