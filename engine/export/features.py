@@ -31,8 +31,9 @@ BLOCK = 1 << 20  # Arrow's JSON reader parses a chunk in blocks of this size, in
 class RowShapes:
     """The shape of the JSON lines added, merged, a struct's fields in the order the rows first give
     them. Arrow's JSON reader types a chunk of them at a time (C++, without the GIL, its blocks in
-    order: faster than walking rows in Python) on a thread of its own, so the rows go on being made meanwhile; a chunk whose values Arrow cannot
-    type together (text here, a list there) is walked in Python instead."""
+    order: faster than walking rows in Python) on a thread of its own, so the rows go on being made
+    meanwhile; a chunk whose values Arrow cannot type together (text here, a list there) is walked
+    in Python instead."""
 
     def __init__(self) -> None:
         self._shape = NULL
