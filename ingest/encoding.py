@@ -19,7 +19,7 @@ from ingest.parts import content_digest
 
 # A kind with at least 1/GROUP_SHARE of a merged part's rows gets a row group of its own
 # (the tool calls, ~85% of a run's events): the catalog's scans of the other kinds skip
-# it. A flushed part, small, stays one row group. Measured: docs/DECISIONS.md.
+# it. A flushed part, small, stays one row group. Measured: benchmarks/README.md ("Measurements behind decisions").
 GROUP_SHARE = 8
 
 
