@@ -259,7 +259,7 @@ def test_each_export_is_the_recorded_selection_and_byte_identical_run_to_run(run
 @pytest.mark.slow
 def test_a_pair_is_the_two_attempts_conversations_cut_at_their_fork(runs, tmp_path):
     """prompt + chosen is the chosen attempt's whole conversation, as the SFT export renders a path to it."""
-    from engine.export import path_sample
+    from engine.export.paths import path_sample
     from engine.runset import Reader
 
     out = tmp_path / "pairs"
@@ -349,7 +349,7 @@ def test_a_killed_attempt_is_labelled_with_its_conversation_as_the_sft_export_re
     one in turn 2): each kto row is the SFT sample of the path to the attempt's node, cut at its fork."""
     import hand_run
 
-    from engine.export import path_sample
+    from engine.export.paths import path_sample
     from engine.runset import Reader
 
     data = tmp_path / "data"

@@ -49,7 +49,7 @@ from ingest.paths import run_dir, write_atomically
 DIRECTORY = "transcripts"
 INDEX = "index.json"
 MERGE_AT = 8  # segments of a run past which they are merged into one
-WORKSPACE = "/workspace"  # (the export's placeholder, engine.export.DEFAULT_WORKSPACE)
+WORKSPACE = "/workspace"  # (the export's placeholder, engine.export.paths.DEFAULT_WORKSPACE)
 COLUMNS = ["seq", "tree_id", "edge_id", "turn", "base", "turn_start", "workspace", "messages"]
 
 # The rows of a batch of ConversationRecorded events (the Arrow table ``conv``).

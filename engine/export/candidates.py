@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from engine.catalog import Catalog
-from engine.export import PATH_FIELDS, TURN_FIELDS
-from engine.export.conversations import PathConversation, invalid_calls, join_turns, read_conversations
+from engine.export.conversations import PathConversation, join_turns, read_conversations
 from engine.export.formats import chat_sample
-from ingest.errors import InputError, LogError
+from engine.export.paths import path_metadata, unrecorded
+from ingest.errors import InputError
 from ingest.log import EventLog
 
 
@@ -36,35 +36,9 @@ def candidate_sample(
     )
     for row in walk:
         if row["turn"] and not row["has_conversation"]:
-            msg = (
-                f"run {run_id!r}: turn {row['turn']} of edge {row['edge_id']} (on the path to {leaf_id}) "
-                "has no recorded conversation - it was run by a version before conversations were recorded, "
-                "or by an opencode backend without --endpoint (whose requests nothing records)"
-            )
-            raise LogError(msg)
+            raise unrecorded(run_id, row)
     needed = {(t["edge_id"], t["turn"]) for t in walk if t["turn"]}
     conversations, contents = read_conversations(log, catalog, catalog.tail_seq(), needed, workspace)
     conv = join_turns([conversations.parsed(tree_id, (t["edge_id"], t["turn"])) for t in walk if t["turn"]], contents)
-    nodes: dict[str, dict[str, Any]] = {}
-    for t in walk:
-        nodes.setdefault(
-            t["node_id"], {"node_id": t["node_id"], "depth": t["depth"], "score": t["node_score"], "tok": t["node_tok"]}
-        )
-    metadata = {
-        "run_id": run_id,
-        "selection_id": None,
-        "selected": path["selected"],
-        "task": path["task"],
-        "stage": path["stage"],
-        "snapshot": path["snapshot"],
-        "tree_id": tree_id,
-        "leaf_id": leaf_id,
-        "node_ids": path["node_ids"],
-        **{k: path[k] for k in PATH_FIELDS},
-        "nodes": list(nodes.values()),
-        "turns": [{k: t[k] for k in TURN_FIELDS} for t in walk if t["turn"]],
-        "interrupted_calls": conv.interrupted,
-        "invalid_calls": invalid_calls(conv),
-        "workspace": workspace,
-    }
+    metadata = path_metadata(run_id, None, path, walk, conv, workspace, selected=path["selected"])
     return chat_sample(conv, metadata, reasoning), conv

@@ -17,7 +17,7 @@ a pair's two sides share their prompt up to the model's first answer. A log reco
 when turn prompts named their edge (``[edge <id> turn <n>]``) gives siblings
 different turn prompts: a pair's prompt then ends before them and each side starts
 with its own turn prompt, and ``metadata.shared_prompt`` is false (see
-:func:`_pair` and :func:`_answer_at`).
+:func:`_pair` and :func:`answer_at`).
 
 ``dpo``: TRL's conversational preference format (``prompt``, ``chosen``,
 ``rejected``) for ``DPOTrainer``; a pair is written only when both attempts received
@@ -50,7 +50,6 @@ from engine.export.conversations import (
     invalid_calls,
     join_turns,
     read_conversations,
-    same_content,
 )
 from engine.export_formats import BY_NAME
 from engine.supervision import recorded_supervision, supervision_counts
@@ -167,7 +166,7 @@ def prepare_supervised(
             f"select tree_id, edge_id, {', '.join(ATTEMPT_FIELDS)} from edges where verdict is not null"
         )
     }
-    creators, turns = _shapes(catalog)
+    creators, turns = shapes(catalog)
     needed: set[TurnKey] = set()  # only the turns the rows render
     for row in rows:
         node, edges = _sides(fmt, row)
@@ -183,7 +182,7 @@ def prepare_supervised(
     return SupervisedRun(run_id, chosen, tail, rows, attempts, creators, turns, conversations, contents, counts)
 
 
-def _shapes(catalog: Catalog, tree_id: str | None = None):
+def shapes(catalog: Catalog, tree_id: str | None = None):
     """The edge that created each node, and each edge's finished turns (one tree's, or every tree's)."""
     where, args = ("where tree_id = ?", [tree_id]) if tree_id is not None else ("", [])
     creators = {
@@ -198,67 +197,6 @@ def _shapes(catalog: Catalog, tree_id: str | None = None):
     for r in catalog.query(f"select tree_id, edge_id, turn from int_turns {where} order by edge_id, turn", args):
         turns.setdefault((r["tree_id"], r["edge_id"]), []).append(r["turn"])
     return creators, turns
-
-
-COMPARED = (
-    "select e.tree_id, e.edge_id, e.parent_id as node_id, e.slot, e.attempt, e.verdict, e.child_id, e.improved, "
-    "e.soft, e.s1, e.s2, e.outcome, e.cleanliness, e.knowledge, e.regression_stability, e.tool_calls, "
-    "e.tool_errors, e.tok, l.rule, l.value, l.label "
-    "from edges as e left join labels as l using (tree_id, edge_id) where e.tree_id = ? and e.parent_id = ? "
-    "and exists (select 1 from int_turns as t where t.tree_id = e.tree_id and t.edge_id = e.edge_id) "
-    "order by e.slot, e.attempt"
-)
-
-
-def node_attempts(catalog: Catalog, log: EventLog, tree_id: str, node_id: str, workspace: str) -> dict[str, Any]:
-    """The attempts from one node that finished a turn, side by side (``serve``'s compare page).
-
-    ``prompt``: what they received before they parted, as the first attempt's model
-    received it: the conversation they were forked from, and the turn prompt when every
-    attempt read the same one and answered it (``same_prompt``: every attempt received that
-    one); ``attempts``: each attempt's edge with its scores and, once it finished, its
-    value and label under the current rule (``labels``), and its messages from there on,
-    each with the turn it belongs to and its index in the conversation (``messages`` None:
-    a turn of it recorded no conversation). Rendered as ``export --format kto`` renders the
-    attempt.
-    """
-    rows = catalog.query(COMPARED, [tree_id, node_id])
-    creators, turns = _shapes(catalog, tree_id)
-    needed = {k for r in rows for keys in turn_keys(creators, turns, tree_id, node_id, r["edge_id"]) for k in keys}
-    conversations, contents = read_conversations(log, catalog, catalog.tail_seq(), needed, workspace)
-    run = SupervisedRun(log.run_id, {}, catalog.tail_seq(), [], {}, creators, turns, conversations, contents, [])
-    made = [run.attempt(tree_id, node_id, row["edge_id"]) for row in rows]
-    answers = [None if m is None else _answer_at(*m) for m in made]
-    leads = {
-        json.dumps(m[0].messages[m[1] : a], sort_keys=True) for m, a in zip(made, answers, strict=True) if m is not None
-    }
-    shared_lead = len(leads) == 1 and all(a is not None for m, a in zip(made, answers, strict=True) if m is not None)
-    prompts, attempts = [], []
-    for row, attempt, answer in zip(rows, made, answers, strict=True):
-        if attempt is None:
-            attempts.append(row | {"messages": None})
-            continue
-        conv, start = attempt
-        start = answer if shared_lead else start  # (the turn prompt they all read is the prompt's end)
-        prompts.append(([*conv.system, *conv.messages[:start]], conv.tools))
-        own = list(zip(conv.messages[start:], conv.owners[start:], strict=True))
-        attempts.append(
-            row | {"messages": [{"message": m, "owner": o, "idx": start + i} for i, (m, o) in enumerate(own)]}
-        )
-    prompt, tools = prompts[0] if prompts else ([], [])
-    return {
-        "prompt": prompt,
-        "tools": tools,
-        "same_prompt": all(p == prompts[0] for p in prompts),
-        "attempts": attempts,
-        "diverge": _diverge([[m["message"] for m in a["messages"]] for a in attempts if a["messages"] is not None]),
-    }
-
-
-def _diverge(own: list[list[dict[str, Any]]]) -> int | None:
-    """Where the attempts' own messages first differ in content (an offset into each; None: fewer than two
-    attempts)."""
-    return same_content(own) if len(own) >= 2 else None
 
 
 @dataclass
@@ -318,7 +256,7 @@ def _where(row: dict[str, Any], workspace: str) -> dict[str, Any]:
     return {"task": row["task"], "stage": row["stage"], "tree_id": row["tree_id"], "workspace": workspace}
 
 
-def _answer_at(conv: PathConversation, start: int) -> int | None:
+def answer_at(conv: PathConversation, start: int) -> int | None:
     """Where the model's first answer from ``start`` on is (None: it never answered): the attempt's
     turn prompt is ``conv.messages[start:answer]``, what the model made starts at the answer."""
     return next((i for i in range(start, len(conv.messages)) if conv.messages[i].get("role") == "assistant"), None)
@@ -332,7 +270,7 @@ def _pair(run, row, metadata, reasoning, written) -> dict[str, Any] | None:
         written.unrecorded += 1
         return None
     (c, cs), (r, rs) = chosen, rejected
-    ca, ra = _answer_at(c, cs), _answer_at(r, rs)
+    ca, ra = answer_at(c, cs), answer_at(r, rs)
     if ca is None or ra is None:
         written.no_answer += 1
         return None
@@ -370,7 +308,7 @@ def _label(run, row, attempt, shared, metadata, reasoning, written) -> dict[str,
         written.unrecorded += 1
         return None
     conv, start = attempt
-    answer = _answer_at(conv, start)
+    answer = answer_at(conv, start)
     if answer is None:
         written.no_answer += 1
         return None
@@ -408,7 +346,7 @@ def _steps(run, row, metadata, reasoning, written) -> dict[str, Any] | None:
     if None in starts:  # an edge of the path has no message of its own in the leaf's conversation
         written.unrecorded += 1
         return None
-    first = _answer_at(conv, starts[0])
+    first = answer_at(conv, starts[0])
     if first is None or (len(starts) > 1 and first >= starts[1]):
         written.no_answer += 1
         return None

@@ -126,8 +126,8 @@ class Source:
         """The export's chat sample of a path and its conversation (a path the selection does not hold: its
         walk as of now, :func:`~engine.export.candidates.candidate_sample`), kept while the run's log is unchanged
         (``catalog``: the run's, open already; else one is opened when the sample is not kept)."""
-        from engine.export import DEFAULT_WORKSPACE, sample_in
         from engine.export.candidates import candidate_sample
+        from engine.export.paths import DEFAULT_WORKSPACE, sample_in
 
         def make():
             log = EventLog(self.data_dir, run_id).require()
@@ -157,10 +157,10 @@ class Source:
             return (self.fingerprint([run_id]), tree_id, leaf_id, selection) in self._samples
 
     def attempts(self, run_id: str, tree_id: str, node_id: str) -> dict[str, Any]:
-        """The attempts from a node side by side (:func:`~engine.export.supervised.node_attempts`), each with the
+        """The attempts from a node side by side (:func:`~engine.export.attempts.node_attempts`), each with the
         code it changed (:func:`~engine.web.code.changes`), kept while the run's log is unchanged."""
-        from engine.export import DEFAULT_WORKSPACE
-        from engine.export.supervised import node_attempts
+        from engine.export.attempts import node_attempts
+        from engine.export.paths import DEFAULT_WORKSPACE
         from engine.web.code import changes
 
         def make():
