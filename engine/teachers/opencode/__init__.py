@@ -26,7 +26,8 @@ run's model (a run with nothing listening is refused at once).
 With ``coral_dir`` (the Student run's ``.coral``), ``coral`` gives every edge a CORAL run of its own
 around its worktree, and CORAL's grader daemon runs beside the turn's OpenCode process, so that the
 real ``coral eval`` grades there. Before the first turn, ``check_grader`` has the same daemon grade a
-root's own commit in a throwaway edge layout (``GraderChecked``; the engine stops the run when it fails).
+root's own commit in a throwaway edge layout (``grader``: ``GraderChecked``; the engine stops the run when it
+fails).
 
 Every recorded state - commit, session, shared-dir snapshot - stays immutable and
 can be forked again (by turn 2, the node's children, a resumed run). Paths are absolute.
@@ -49,6 +50,7 @@ from typing import Any
 from engine.teachers.opencode.coral import CoralLayout, check_daemon
 from engine.teachers.opencode.endpoint import check_endpoint
 from engine.teachers.opencode.environment import Environment, api_key, node_store
+from engine.teachers.opencode.grader import grade_root, grader_output
 from engine.teachers.opencode.options import (  # noqa: F401 - re-exported
     TURN1,
     TURN2,
@@ -235,7 +237,7 @@ class OpenCodeTeacher:
                 source=result.source,
                 feedback=result.feedback,
                 error=result.error if outcome == "completed" else None,
-                grader_log=_tail(grader_log) if self.coral else None,
+                grader_log=grader_output(grader_log) if self.coral else None,
             )
         )
         state = {
@@ -275,84 +277,19 @@ class OpenCodeTeacher:
         return facts
 
     def check_grader(self, root: RootInfo, start: dict[str, Any]) -> GraderChecked | None:
-        """Grade the root's own code unchanged with CORAL's grader, as a turn's eval is graded.
-
-        None without ``coral_dir`` or with ``grader_check`` off. The root's commit
-        gets a throwaway edge layout (``<tree>/grader-check``: a worktree at it, a copy
-        of the root's shared dir, the edge's CORAL run) and a pending attempt
-        (``CoralLayout.submit_root``); CORAL's grader daemon then runs as it runs beside
-        a turn, until it has graded the attempt or ``turn_timeout_s`` passed, and is
-        stopped. The layout is removed; what the daemon printed is in the fact.
-        """
+        """Grade the root's own code unchanged with CORAL's grader, as a turn's eval is graded
+        (:mod:`engine.teachers.opencode.grader`); None without ``coral_dir`` or with ``grader_check`` off."""
         if self.coral is None or not self.opts.grader_check:
             return None
-        repo, commit = Path(start["repo"]), start["commit"]
-        edge_dir = self.worktrees.edge_dir(root.tree_id, "grader-check")
-        worktree, t0 = edge_dir / "wt", time.monotonic()
-        shared = worktree / self.opts.shared_dir
-        self.worktrees.prepare(repo, worktree, commit, fresh=True)
-        try:
-            copy_dir(Path(start["shared"]) if start.get("shared") else None, shared)
-            coral = self.coral.prepare(edge_dir, worktree, shared, 0)
-            attempt = self.coral.submit_root(shared, commit)
-            daemon = self.coral.daemon(coral, self.environment.env, edge_dir / "grader-check.log")
-            finished, output = self._grade(attempt, daemon, edge_dir, root.tree_id)
-            result = coral_eval.from_attempt(attempt)
-            if result is None or result.status == "pending":
-                why = (
-                    f"the grader did not grade the root within {self.opts.turn_timeout_s:.0f} s"
-                    if finished.outcome == "timeout"
-                    else f"CORAL's grader daemon exited with {finished.returncode} before grading the root"
-                )
-                result = coral_eval.EvalResult(
-                    None, "timeout" if finished.outcome == "timeout" else "crashed", why, "none"
-                )
-        finally:
-            self.coral.finish(edge_dir, worktree, shared, 0)
-            self.worktrees.discard(repo, worktree)
-        return GraderChecked(
-            tree_id=root.tree_id,
-            commit_hash=commit,
-            score=result.score,
-            recorded_score=root.score,
-            eval_status=result.status,
-            error=result.error,
-            wall_seconds=round(time.monotonic() - t0, 3),
-            feedback=result.feedback,
-            grader_log=output,
+        return grade_root(
+            root,
+            start,
+            coral=self.coral,
+            worktrees=self.worktrees,
+            processes=self.processes,
+            env=self.environment.env,
+            opts=self.opts,
         )
-
-    def _grade(self, attempt: Path, daemon: Companion, edge_dir: Path, tree_id: str):
-        """Run the grader daemon until ``attempt`` is no longer pending (or the deadline); its output."""
-        graded = threading.Event()
-
-        def watch() -> None:  # the daemon never exits by itself: it is stopped once it has graded
-            while not graded.wait(0.2):
-                found = coral_eval.from_attempt(attempt)
-                if found is not None and found.status != "pending":
-                    graded.set()
-
-        lines: list[str] = []
-        stdin = edge_dir / "grader-check.stdin"
-        stdin.write_text("")
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        try:
-            finished = self.processes.run(
-                daemon.args,
-                label=f"{tree_id}#grader-check",
-                cwd=daemon.cwd,
-                env=daemon.env or self.environment.env,
-                stdin=stdin,
-                stderr=daemon.output,
-                on_line=lines.append,
-                timeout_s=self.opts.turn_timeout_s,
-                cancel=graded,
-            )
-        finally:
-            graded.set()
-            watcher.join(timeout=10)
-        return finished, "".join(lines) + _tail(daemon.output)
 
     # -- the turn
 
@@ -482,16 +419,4 @@ def _nothing(_session: str) -> None:
     return None
 
 
-GRADER_LOG_LIMIT = 64 * 1024
 LOCKED_ATTEMPTS = 3  # starts of a turn whose OpenCode found its database locked
-
-
-def _tail(path: Path) -> str:
-    """The grader daemon's output of a turn, its last 64 KiB when longer (all of it stays on disk)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    if len(data) > GRADER_LOG_LIMIT:
-        data = b"[... earlier output in " + str(path).encode() + b"]\n" + data[-GRADER_LOG_LIMIT:]
-    return data.decode("utf-8", "replace")
