@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -166,10 +167,11 @@ def derived_made(monkeypatch) -> list:
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory) -> Iterator[Path]:
     """A data dir with two small sim runs of 4 roots: ``rounds`` and ``async``.
 
-    Tests read them; a test that changes a run works on a copy (forge, copy_run).
+    Tests read them; a test that changes a run, or adds one beside them, works on a copy (forge, copy_run):
+    a command over every run must see these two whatever ran before it (checked when the session ends).
     """
     from cli import cli
 
@@ -201,7 +203,9 @@ def runs(tmp_path_factory) -> Path:
             ],
         )
         assert r.exit_code == 0, r.output
-    return data
+    yield data
+    added = sorted(p.name for p in (data / "runs").iterdir() if p.name not in ("rounds", "async"))
+    assert not added, f"tests added runs to the shared runs, where every test reads them: {added} (use a copy)"
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,15 @@ def invoke(data: Path, *args: str):
     return CliRunner().invoke(cli, ["--data", str(data), *args])
 
 
+@pytest.fixture(scope="module")
+def runs(runs, tmp_path_factory) -> Path:
+    """The shared runs, copied: this module forges runs beside them (bad-config, tiled, ...)."""
+    data = tmp_path_factory.mktemp("replayed") / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+    return data
+
+
 @pytest.mark.parametrize("run", ["rounds", "async"])
 def test_replay_passes_on_sim_runs(runs, run):
     r = invoke(runs, "replay", run, "--json")

@@ -25,6 +25,15 @@ def invoke(data: Path, *args: str):
     return CliRunner().invoke(cli, ["--data", str(data), *args])
 
 
+@pytest.fixture(scope="module")
+def runs(runs, tmp_path_factory) -> Path:
+    """The shared runs, copied: this module forges runs beside them (forged-pairs, unrecorded, ...)."""
+    data = tmp_path_factory.mktemp("supervised") / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+    return data
+
+
 def hand_tree():
     """One tree with every case a pair or a label meets.
 
