@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEFAULT_WORKSPACE = "/workspace"  # what a sample says for the worktree (``--workspace``), and the transcripts'
+
 
 @dataclass(frozen=True)
 class Format:

@@ -16,7 +16,8 @@ import hand_run
 import pytest
 
 from engine.derived import Derived
-from engine.derived.transcripts import INDEX, WORKSPACE, Transcripts
+from engine.derived.transcripts import INDEX, Transcripts
+from engine.export_formats import DEFAULT_WORKSPACE
 from ingest.events import RunStarted
 from ingest.log import EventLog, LogWriter
 
@@ -52,7 +53,7 @@ def reference(data: Path, run_id: str) -> list[tuple]:
             ]
             for kind, text, tool, call_id in pieces:
                 if text:
-                    text = text.replace(row["workspace"], WORKSPACE) if row["workspace"] else text
+                    text = text.replace(row["workspace"], DEFAULT_WORKSPACE) if row["workspace"] else text
                     role = "assistant" if kind == "call" else m["role"]
                     rows.append((edge_id, turn, i, role, kind, tool, call_id, text))
     return sorted(rows, key=repr)

@@ -42,6 +42,7 @@ from engine.derived.files import (
     write_named,
 )
 from engine.derived.states import States
+from engine.export_formats import DEFAULT_WORKSPACE
 from ingest.errors import LogError
 from ingest.listing import while_moving
 from ingest.paths import run_dir, write_atomically
@@ -49,7 +50,6 @@ from ingest.paths import run_dir, write_atomically
 DIRECTORY = "transcripts"
 INDEX = "index.json"
 MERGE_AT = 8  # segments of a run past which they are merged into one
-WORKSPACE = "/workspace"  # (the export's placeholder, engine.export.paths.DEFAULT_WORKSPACE)
 COLUMNS = ["seq", "tree_id", "edge_id", "turn", "base", "turn_start", "workspace", "messages"]
 
 # The rows of a batch of ConversationRecorded events (the Arrow table ``conv``).
@@ -100,8 +100,9 @@ order by p.seq, p.idx, p.kind, p.call_id
 
 
 def code_key() -> str:
-    """What the rows are made by (this module's source): rows made by other code are built again."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    """What the rows are made by (this module's source, and the placeholder they say for a worktree): rows made
+    by other code are built again."""
+    return hashlib.sha256(Path(__file__).read_bytes() + DEFAULT_WORKSPACE.encode()).hexdigest()[:16]
 
 
 class Transcripts:
@@ -200,7 +201,7 @@ class Transcripts:
             if not batches:
                 return pa.table({})
             con.register("conv", pa.concat_tables(batches))
-            return con.sql(ROWS, params=[run_id, WORKSPACE]).to_arrow_table()
+            return con.sql(ROWS, params=[run_id, DEFAULT_WORKSPACE]).to_arrow_table()
         finally:
             con.close()
 

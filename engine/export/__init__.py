@@ -28,14 +28,14 @@ from typing import Any
 from engine.export.card import card, coverage, provenance
 from engine.export.formats import Lengths
 from engine.export.output import MADE_BY, ExportDir
-from engine.export.paths import DEFAULT_WORKSPACE, PathRun, prepare_paths, write_paths
+from engine.export.paths import PathRun, prepare_paths, write_paths
 from engine.export.supervised import (
     SupervisedRun,
     Written,
     prepare_supervised,
     supervised_samples,
 )
-from engine.export_formats import BY_NAME, FORMATS
+from engine.export_formats import BY_NAME, DEFAULT_WORKSPACE, FORMATS
 from engine.runs import in_order
 from engine.runset import DamagedRun, Reader
 from ingest.errors import InputError, OutputError, os_problem

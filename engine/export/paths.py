@@ -25,12 +25,12 @@ from engine.export.conversations import (
 )
 from engine.export.formats import Lengths, atif_trajectory, chat_sample
 from engine.export.output import ExportDir
+from engine.export_formats import DEFAULT_WORKSPACE
 from engine.runset import Reader
 from engine.selections import recorded_selection
 from ingest.errors import InputError, LogError
 from ingest.log import EventLog
 
-DEFAULT_WORKSPACE = "/workspace"  # the placeholder of the worktree in every sample
 PATH_FIELDS = (
     "rank",
     "path_score",

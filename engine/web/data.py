@@ -127,7 +127,8 @@ class Source:
         walk as of now, :func:`~engine.export.candidates.candidate_sample`), kept while the run's log is unchanged
         (``catalog``: the run's, open already; else one is opened when the sample is not kept)."""
         from engine.export.candidates import candidate_sample
-        from engine.export.paths import DEFAULT_WORKSPACE, sample_in
+        from engine.export.paths import sample_in
+        from engine.export_formats import DEFAULT_WORKSPACE
 
         def make():
             log = EventLog(self.data_dir, run_id).require()
@@ -160,7 +161,7 @@ class Source:
         """The attempts from a node side by side (:func:`~engine.export.attempts.node_attempts`), each with the
         code it changed (:func:`~engine.web.code.changes`), kept while the run's log is unchanged."""
         from engine.export.attempts import node_attempts
-        from engine.export.paths import DEFAULT_WORKSPACE
+        from engine.export_formats import DEFAULT_WORKSPACE
         from engine.web.code import changes
 
         def make():
