@@ -129,7 +129,7 @@ def test_the_first_visit_of_a_cold_collection_says_what_it_is_doing(two_runs):  
         assert app.state.source.ready(0, lambda runs: None)  # read once: no page waits again
 
 
-READING = {  # (runs named: tests add runs of their own beside them)
+READING = {  # each reading command, over the runs named
     "paths": ["paths", "rounds"],
     "watch": ["watch", "rounds", "--once"],
     "verify": ["verify", "async"],
