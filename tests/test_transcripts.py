@@ -193,3 +193,18 @@ def test_a_search_counts_a_turn_recorded_twice_once_as_its_last_record(hand):
     assert all(h["text"] != old_text for h in search(Source(hand), Query.of({"edge": "T1.1/e1-1"}))["hits"])
     after = search(Source(hand), Query.of({"edge": "T1.1/e1-1"}))
     assert after["total"] == before["total"]  # the same pieces, one of them with the later text
+
+
+def test_a_search_past_its_memory_limit_says_so(hand):
+    """A search holds its hits' keys in memory (nothing spills): it runs under the query limit serve's SQL page
+    has, and past it says what stopped it (the page shows the message) instead of taking the machine's memory."""
+    from engine.results import Limits, QueryLimitError
+    from engine.web.data import Source
+    from engine.web.search import Query, search
+
+    query = Query.of({"kind": "result"})
+    assert search(Source(hand), query)["total"] > 0
+    small = Source(hand, Limits.resolve("2MB"))  # (the collection's queries fit in it: the search's scan does not)
+    assert small.collection().query("select count(*) as n from edges")[0]["n"] > 0
+    with pytest.raises(QueryLimitError, match="more memory than its limit of 2MB"):
+        search(small, query)

@@ -22,6 +22,7 @@ import duckdb
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from engine.results import QueryLimitError
 from engine.web.lists import listed
 from engine.web.pages import page
 from ingest.errors import ProjectError
@@ -204,7 +205,8 @@ def search(source: Any, query: Query) -> dict[str, Any]:
         tables["knowledge_calls"] = runs.arrow("select run_id, edge_id, call_id from tool_calls where is_knowledge")
     where, args = query.where()
     listed = "[" + ", ".join(sql_text(f) for f in files) + "]"
-    con = duckdb.connect(config={"temp_directory": ""})
+    limits = source.limits  # (a query's: the hits' keys are held in memory, nothing spills)
+    con = duckdb.connect(config={"temp_directory": "", "memory_limit": f"{limits.memory}B"})
     try:
         for name, table in tables.items():
             con.register(name, table)
@@ -215,6 +217,8 @@ def search(source: Any, query: Query) -> dict[str, Any]:
         offset = (query.page - 1) * SHOWN
         rows = _rows(con.execute(SHOWN_HITS.format(files=listed, order=ORDER, limit=SHOWN, offset=offset)))
         attempts = _rows(con.execute(HIT_ATTEMPTS.format(limit=ATTEMPTS_SHOWN)))
+    except duckdb.OutOfMemoryException as err:
+        raise QueryLimitError(limits.memory_message(err)) from err
     finally:
         con.close()
     for row in rows:
