@@ -26,7 +26,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, SNAPSHOTS, copy_run
 from fake_model import FakeModel
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import expect, sync_playwright
 from test_opencode_e2e import coral_on_path, explore_opencode, roots, script, student, value_for  # noqa: F401 - fixtures
 
 from cli import cli
@@ -563,8 +563,8 @@ def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(two_runs, tmp_pa
         assert page.locator("table.result").count() == 0
         shot(page, "sql-refused")
         page.fill("#q", query)
-        page.click("form.sql button.run")
-        assert page.locator("table.result tbody tr").count() == len(expected)
+        page.click("form.sql button.run")  # (a form: the result is a new page, waited for)
+        expect(page.locator("table.result tbody tr")).to_have_count(len(expected), timeout=120_000)
         assert page.locator("#sql-count").inner_text() == f"{len(expected)} rows."
         assert page.locator("table.views a.view").count() > 50  # every view, with its summary
         shot(page, "sql")
@@ -577,7 +577,7 @@ def test_the_sql_page_refuses_a_write_with_the_sandboxs_message(two_runs, tmp_pa
         assert page.locator("#q").input_value() == "select * from run_config limit 100"
         assert page.locator("table.result").count() == 0
         page.click("form.sql button.run")
-        assert page.locator("table.result tbody tr").count() == 2
+        expect(page.locator("table.result tbody tr")).to_have_count(2, timeout=120_000)
     lines = csv_text.splitlines()
     assert lines[0] == "run_id,tree_id,node_id,score"
     assert [line.split(",")[2] for line in lines[1:]] == [r["node_id"] for r in expected]
