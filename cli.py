@@ -4,10 +4,9 @@ Each command parses its options, makes one library call and prints its result: m
 ``--json`` or ``--csv``; what each result prints is in engine/outputs/, the terminal's layout in
 engine/render.py), ``sql`` its rows as they stream, ``watch`` its frames; ``report``, ``bundle`` and ``serve``
 write files or serve pages. What the commands share (the group, the option groups as decorators, the option
-checks, the command's one reader of derived state) is in engine/commandline.py. stdout carries data only;
-progress and warnings go to stderr. Errors the project raises on purpose become ``Error: <message>`` with exit
-code 1, never a traceback. The algorithm the commands run is explained in docs/ALGORITHM.md. A new command: a
-function under ``@cli.command()`` that reads derived state through ``reader()`` and shows what it returns.
+checks, the command's one reader of derived state) is in engine/commandline.py. stdout carries data only,
+progress and warnings stderr; an error the project raises is ``Error: <message>``, exit 1, never a traceback.
+The algorithm: docs/ALGORITHM.md. A new command: a ``@cli.command()`` function reading through ``reader()``.
 """
 
 from __future__ import annotations
@@ -339,6 +338,7 @@ def paths(run_id: str, tree_id: str | None, selection: str | None, fmt: str) -> 
         python cli.py paths demo --tree T001
         python cli.py paths demo --csv > paths.csv
     """
+
     from engine import outputs
     from engine.selections import selected_paths
 
