@@ -234,6 +234,14 @@ def bundled(tmp_path_factory) -> Path:
     return data
 
 
+def copied_runs(runs: Path, tmp_path_factory, name: str) -> Path:
+    """The shared runs copied into a data dir of their own (for a module that adds runs beside them)."""
+    data = tmp_path_factory.mktemp(name) / "data"
+    for run in ("rounds", "async"):
+        copy_run(runs, run, data)
+    return data
+
+
 def copy_run(src: Path, run_id: str, dst: Path, new_id: str | None = None) -> str:
     """Copy a run's directory to another data dir (to change it without touching the original)."""
     import shutil

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import ENDLESS, ROOT, copy_run, copy_with_other_knowledge
+from conftest import ENDLESS, ROOT, copied_runs, copy_run, copy_with_other_knowledge
 
 from benchmarks.logs import tile
 from cli import cli
@@ -33,10 +33,7 @@ def invoke(data: Path, *args: str):
 @pytest.fixture(scope="module")
 def runs(runs, tmp_path_factory) -> Path:
     """The shared runs, copied: this module forges runs beside them (bad-config, tiled, ...)."""
-    data = tmp_path_factory.mktemp("replayed") / "data"
-    for run in ("rounds", "async"):
-        copy_run(runs, run, data)
-    return data
+    return copied_runs(runs, tmp_path_factory, "replayed")
 
 
 @pytest.mark.parametrize("run", ["rounds", "async"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import copy_run
+from conftest import copied_runs, copy_run
 from facts import catalog, edge, root
 from test_replay import first, forge
 
@@ -28,10 +28,7 @@ def invoke(data: Path, *args: str):
 @pytest.fixture(scope="module")
 def runs(runs, tmp_path_factory) -> Path:
     """The shared runs, copied: this module forges runs beside them (forged-pairs, unrecorded, ...)."""
-    data = tmp_path_factory.mktemp("supervised") / "data"
-    for run in ("rounds", "async"):
-        copy_run(runs, run, data)
-    return data
+    return copied_runs(runs, tmp_path_factory, "supervised")
 
 
 def hand_tree():
